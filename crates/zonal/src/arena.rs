@@ -1,0 +1,184 @@
+//! The memory zonal hands out: one contiguous reservation of address space, with each node's
+//! memory mapped into its own range from its own memfd (`MAP_SHARED`).
+//!
+//! Kernel counterpart: the physical memory map a node's `pgdat` spans. Frame numbers
+//! ([`Pfn`]) count from the arena's base, so `addr -> pfn` is one subtraction and a shift.
+//! Node ranges start on a boundary of the largest block, so buddies never cross nodes; the
+//! gap after a node whose size is not a multiple of that block stays reserved and unmapped.
+//!
+//! Why memfd and `MAP_SHARED`: NUMA balancing (seed 004) will move a frame to another node
+//! by mapping a frame of the target node's memfd at the same address (`MAP_FIXED`), so each
+//! node's memory must be a file that can be mapped piecewise. [`NodeMemory::fd`] and
+//! [`NodeMemory::offset_of`] are what that needs.
+//!
+//! On a real topology each node's range is bound to its node with `mbind(MPOL_BIND)` before
+//! anything touches it; on a fake topology nodes are ranges of whatever memory the machine
+//! gives. The allocator never reads or writes a frame's contents: frame metadata lives in
+//! the zones' `mem_map`, outside the frames.
+
+use crate::error::Result;
+use crate::sys;
+use crate::topology::Topology;
+use crate::types::{Order, Pfn, PAGE_SHIFT, PAGE_SIZE};
+use std::ffi::CString;
+use std::os::fd::OwnedFd;
+
+/// How the arena's memory is set up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArenaOptions {
+    /// Fault every frame in at start (`MADV_POPULATE_WRITE`), so no first touch pays a fault.
+    pub populate: bool,
+    /// Lock the memory (`mlock`), which also populates it.
+    pub mlock: bool,
+    /// Ask for transparent huge pages (`MADV_HUGEPAGE`; shmem THP must be enabled for memfd).
+    pub thp: bool,
+}
+
+/// One node's memory.
+#[derive(Debug)]
+pub struct NodeMemory {
+    /// First frame of the node.
+    pub start_pfn: Pfn,
+    /// Frames of memory the node has.
+    pub nr_pages: usize,
+    fd: OwnedFd,
+}
+
+impl NodeMemory {
+    /// The memfd holding this node's memory.
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    /// Offset in [`NodeMemory::fd`] of a frame of this node.
+    pub fn offset_of(&self, pfn: Pfn) -> usize {
+        (pfn.0 - self.start_pfn.0) << PAGE_SHIFT
+    }
+}
+
+/// The reservation and every node's memory in it.
+#[derive(Debug)]
+pub struct Arena {
+    base: usize,
+    span_pages: usize,
+    raw: usize,
+    raw_len: usize,
+    nodes: Vec<NodeMemory>,
+}
+
+impl Arena {
+    /// Maps the memory of every node of `topo`, node ranges aligned to blocks of `max_order`.
+    pub fn new(topo: &Topology, max_order: Order, opts: ArenaOptions) -> Result<Arena> {
+        let block_pages = max_order.pages();
+        let mut starts = Vec::with_capacity(topo.nr_nodes());
+        let mut span_pages = 0usize;
+        for n in topo.nodes() {
+            starts.push(span_pages);
+            let pages = (n.mem_bytes as usize) >> PAGE_SHIFT;
+            span_pages += pages.div_ceil(block_pages) * block_pages;
+        }
+        let (base, raw, raw_len) = sys::reserve(span_pages << PAGE_SHIFT, max_order.bytes())?;
+        let mut arena = Arena { base, span_pages, raw, raw_len, nodes: Vec::new() };
+        for (n, &start) in topo.nodes().iter().zip(&starts) {
+            let len = n.mem_bytes as usize;
+            let name = CString::new(format!("zonal-node{}", n.id.0)).expect("no NUL in a formatted name");
+            let fd = sys::memfd(&name, len)?;
+            let addr = base + (start << PAGE_SHIFT);
+            // SAFETY: addr..addr+len lies inside the reservation made above, which nothing
+            // else uses; the arena is not yet shared, so no reference points into it.
+            unsafe { sys::map_shared_fixed(addr, len, &fd, 0, false)? };
+            if let (false, Some(os)) = (topo.is_fake(), n.os_node) {
+                sys::mbind_node(addr, len, os)?;
+            }
+            if opts.thp {
+                sys::madvise_hugepage(addr, len)?;
+            }
+            if opts.populate {
+                populate(addr, len);
+            }
+            if opts.mlock {
+                sys::mlock(addr, len)?;
+            }
+            arena.nodes.push(NodeMemory { start_pfn: Pfn(start), nr_pages: len >> PAGE_SHIFT, fd });
+        }
+        Ok(arena)
+    }
+
+    /// The nodes' memory, by node id.
+    pub fn nodes(&self) -> &[NodeMemory] {
+        &self.nodes
+    }
+
+    /// Frames the arena spans, gaps included.
+    pub fn span_pages(&self) -> usize {
+        self.span_pages
+    }
+
+    /// Address of a frame.
+    #[inline]
+    pub fn pfn_to_addr(&self, pfn: Pfn) -> usize {
+        self.base + (pfn.0 << PAGE_SHIFT)
+    }
+
+    /// Frame of an address, if the address lies in the arena's span (gaps included; the
+    /// caller checks that a zone owns it). The address need not be frame-aligned.
+    #[inline]
+    pub fn addr_to_pfn(&self, addr: usize) -> Option<Pfn> {
+        let off = addr.wrapping_sub(self.base);
+        if off < self.span_pages << PAGE_SHIFT {
+            Some(Pfn(off >> PAGE_SHIFT))
+        } else {
+            None
+        }
+    }
+
+    /// Start of the arena.
+    pub fn base(&self) -> usize {
+        self.base
+    }
+}
+
+/// Faults a range in: `MADV_POPULATE_WRITE` (Linux 5.14), else one write per frame, which is
+/// allowed because nothing has been handed out yet and the memory is zero already.
+fn populate(addr: usize, len: usize) {
+    const MADV_POPULATE_WRITE: libc::c_int = 23;
+    // SAFETY: advice on zonal's own fresh mapping; it does not change contents.
+    if unsafe { libc::madvise(addr as *mut libc::c_void, len, MADV_POPULATE_WRITE) } == 0 {
+        return;
+    }
+    for off in (0..len).step_by(PAGE_SIZE) {
+        // SAFETY: addr+off is inside a live read-write mapping of ours that no one has been
+        // given yet; writing the zero it already holds changes nothing but residency.
+        unsafe { std::ptr::write_volatile((addr + off) as *mut u8, 0) };
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: the reservation is ours; the allocator that owned the arena is being dropped,
+        // so no frame is handed out through it any more (callers' pointers dangle, as with any
+        // allocator that is torn down).
+        unsafe { sys::unmap(self.raw, self.raw_len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::Machine;
+
+    #[test]
+    fn nodes_are_aligned_and_mapped() {
+        let m = Machine { nr_cpus: 2, mem_total: 1 << 30 };
+        let t = Topology::parse_for("nodes=2,sizes=6M:4M", m).unwrap();
+        let a = Arena::new(&t, Order(10), ArenaOptions { populate: true, ..Default::default() }).unwrap();
+        assert_eq!(a.nodes()[0].start_pfn, Pfn(0));
+        // 6M rounds up to two 4M blocks, so node 1 starts at 8M.
+        assert_eq!(a.nodes()[1].start_pfn, Pfn(2048));
+        assert_eq!(a.base() % Order(10).bytes(), 0);
+        assert_eq!(a.addr_to_pfn(a.pfn_to_addr(Pfn(2050)) + 17), Some(Pfn(2050)));
+        assert_eq!(a.addr_to_pfn(a.base() - 1), None);
+        assert_eq!(a.addr_to_pfn(a.base() + (3 << 22)), None);
+        assert_eq!(a.nodes()[1].offset_of(Pfn(2049)), 4096);
+    }
+}

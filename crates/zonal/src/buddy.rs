@@ -1,0 +1,278 @@
+//! The buddy allocator of one zone: `free_area[order]` lists of free blocks, split on
+//! allocation (`expand`), merged with their buddy on free (`__free_one_page`).
+//!
+//! Kernel counterpart: `struct free_area`, `__rmqueue_smallest`, `expand`, `__free_one_page`
+//! in mm/page_alloc.c. zonal has one migrate type, so one list per order.
+//!
+//! Locking: every function here takes a [`ZoneLocked`](crate::zone::ZoneLocked) guard or is
+//! called through one; the lists and links are inside the zone's mutex. A frame's *state*
+//! byte is an atomic outside the lock, because the free path claims an allocated block
+//! (compare-and-swap `ALLOCATED|order -> NONE`) before it takes any lock: that CAS is what
+//! makes a double free an error instead of a corruption, even from two threads at once.
+//!
+//! Frame state (the `mem_map`, one byte per frame, outside the frames):
+//! - `BUDDY|o`: first frame of a free block of order `o` on `free_area[o]` (`PageBuddy`);
+//! - `ALLOCATED|o`: first frame of a block of order `o` handed out;
+//! - `PCP|o`: first frame of a block on a per-CPU list (not mergeable, like Linux);
+//! - `NONE`: any other frame (inside a block, or a block in transit under a lock).
+//!
+//! Invariant: `sum(nr_free[o] << o) == zone.nr_free`, each list holds exactly the frames in
+//! state `BUDDY|o`, and no two blocks (free or allocated) overlap.
+
+use crate::sync::{AtomicU8, Ordering};
+use crate::types::{Order, Pfn, MAX_ORDER_LIMIT};
+
+/// State of a frame that heads no block.
+pub const NONE: u8 = 0;
+/// Tag of the head of a free block in the buddy lists.
+pub const BUDDY: u8 = 0x40;
+/// Tag of the head of an allocated block.
+pub const ALLOCATED: u8 = 0x80;
+/// Tag of the head of a block on a per-CPU list.
+pub const PCP: u8 = 0xC0;
+const TAG: u8 = 0xC0;
+const ORDER_MASK: u8 = 0x0F;
+
+/// Builds a state byte.
+#[inline]
+pub const fn state(tag: u8, order: Order) -> u8 {
+    tag | order.0
+}
+
+/// Splits a state byte into its tag and order.
+#[inline]
+pub const fn decode(s: u8) -> (u8, Order) {
+    (s & TAG, Order(s & ORDER_MASK))
+}
+
+const NIL: u32 = u32::MAX;
+
+/// Links of one frame on a free list (indices relative to the zone's first frame).
+#[derive(Clone, Copy, Debug)]
+struct Link {
+    prev: u32,
+    next: u32,
+}
+
+/// The free lists of a zone (`struct free_area free_area[NR_PAGE_ORDERS]`). Lives inside the
+/// zone lock.
+#[derive(Debug)]
+pub struct FreeArea {
+    head: [u32; MAX_ORDER_LIMIT as usize + 1],
+    nr_free: [usize; MAX_ORDER_LIMIT as usize + 1],
+    links: Box<[Link]>,
+}
+
+impl FreeArea {
+    /// Empty lists for a zone of `span` frames.
+    pub fn new(span: usize) -> FreeArea {
+        FreeArea {
+            head: [NIL; MAX_ORDER_LIMIT as usize + 1],
+            nr_free: [0; MAX_ORDER_LIMIT as usize + 1],
+            links: vec![Link { prev: NIL, next: NIL }; span].into_boxed_slice(),
+        }
+    }
+
+    /// Free blocks of one order (`free_area[order].nr_free`).
+    #[inline]
+    pub fn nr_free(&self, order: Order) -> usize {
+        self.nr_free[order.0 as usize]
+    }
+
+    /// Whether there is a free block of `order` or above, up to `max`.
+    #[inline]
+    pub fn has_block_at_least(&self, order: Order, max: Order) -> bool {
+        (order.0..=max.0).any(|o| self.nr_free[o as usize] != 0)
+    }
+
+    /// Adds the block at zone-relative index `idx` to the head of `free_area[order]`.
+    pub(crate) fn add(&mut self, idx: u32, order: Order) {
+        let o = order.0 as usize;
+        let old = self.head[o];
+        self.links[idx as usize] = Link { prev: NIL, next: old };
+        if old != NIL {
+            self.links[old as usize].prev = idx;
+        }
+        self.head[o] = idx;
+        self.nr_free[o] += 1;
+    }
+
+    /// Unlinks the block at `idx` from `free_area[order]`.
+    pub(crate) fn del(&mut self, idx: u32, order: Order) {
+        let o = order.0 as usize;
+        let Link { prev, next } = self.links[idx as usize];
+        if prev == NIL {
+            debug_assert_eq!(self.head[o], idx);
+            self.head[o] = next;
+        } else {
+            self.links[prev as usize].next = next;
+        }
+        if next != NIL {
+            self.links[next as usize].prev = prev;
+        }
+        self.nr_free[o] -= 1;
+    }
+
+    /// The first block on `free_area[order]`, if any.
+    #[inline]
+    pub(crate) fn first(&self, order: Order) -> Option<u32> {
+        let h = self.head[order.0 as usize];
+        (h != NIL).then_some(h)
+    }
+
+    /// Iterates the blocks on `free_area[order]` (for invariant checks and reports).
+    pub fn iter(&self, order: Order) -> impl Iterator<Item = u32> + '_ {
+        let mut cur = self.head[order.0 as usize];
+        std::iter::from_fn(move || {
+            if cur == NIL {
+                return None;
+            }
+            let c = cur;
+            cur = self.links[c as usize].next;
+            Some(c)
+        })
+    }
+}
+
+/// The buddy operations of one zone, over its lists and its frame states. Holding a
+/// `Buddy` means holding the zone lock (it is built only by `ZoneLocked`).
+pub struct Buddy<'a> {
+    pub(crate) area: &'a mut FreeArea,
+    pub(crate) states: &'a [AtomicU8],
+    pub(crate) start: Pfn,
+    pub(crate) max_order: Order,
+}
+
+impl Buddy<'_> {
+    #[inline]
+    fn idx(&self, pfn: Pfn) -> u32 {
+        (pfn.0 - self.start.0) as u32
+    }
+
+    #[inline]
+    fn load(&self, pfn: Pfn) -> u8 {
+        self.states[pfn.0 - self.start.0].load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    fn set(&self, pfn: Pfn, s: u8) {
+        self.states[pfn.0 - self.start.0].store(s, Ordering::Relaxed)
+    }
+
+    /// Takes the smallest free block of at least `order`, splits it down to `order`, and
+    /// returns its first frame (`__rmqueue_smallest` + `expand`). The block's state is left
+    /// `NONE`; the caller tags it (allocated or per-CPU).
+    #[inline]
+    pub fn rmqueue_smallest(&mut self, order: Order) -> Option<Pfn> {
+        for o in order.0..=self.max_order.0 {
+            let cur = Order(o);
+            if let Some(idx) = self.area.first(cur) {
+                self.area.del(idx, cur);
+                let pfn = Pfn(self.start.0 + idx as usize);
+                self.set(pfn, NONE);
+                self.expand(pfn, order, cur);
+                return Some(pfn);
+            }
+        }
+        None
+    }
+
+    /// Returns the upper halves of a block of order `high` split down to `low` to the lists.
+    #[inline]
+    fn expand(&mut self, pfn: Pfn, low: Order, high: Order) {
+        let mut size = high.pages();
+        let mut o = high.0;
+        while o > low.0 {
+            o -= 1;
+            size >>= 1;
+            let half = Pfn(pfn.0 + size);
+            self.area.add(self.idx(half), Order(o));
+            self.set(half, state(BUDDY, Order(o)));
+        }
+    }
+
+    /// Frees a block, merging it with free buddies as far as they go (`__free_one_page`).
+    /// The block's head state must already be `NONE` (claimed by the caller).
+    pub fn free_one(&mut self, mut pfn: Pfn, mut order: Order) {
+        let span = self.states.len();
+        while order < self.max_order {
+            let buddy = pfn.buddy(order);
+            let bi = buddy.0.wrapping_sub(self.start.0);
+            if bi >= span || self.load(buddy) != state(BUDDY, order) {
+                break;
+            }
+            self.area.del(bi as u32, order);
+            self.set(buddy, NONE);
+            pfn = Pfn(pfn.0 & buddy.0);
+            order = Order(order.0 + 1);
+        }
+        self.area.add(self.idx(pfn), order);
+        self.set(pfn, state(BUDDY, order));
+    }
+
+    /// Puts `nr` frames starting at `start` on the lists as the largest aligned blocks that
+    /// fit (`memblock_free_pages` at boot). The frames must not be on any list.
+    pub fn free_range(&mut self, start: Pfn, nr: usize) {
+        let end = start.0 + nr;
+        let mut pfn = start.0;
+        while pfn < end {
+            let mut o = self.max_order.0;
+            while o > 0 && (pfn & ((1 << o) - 1) != 0 || pfn + (1 << o) > end) {
+                o -= 1;
+            }
+            self.free_one(Pfn(pfn), Order(o));
+            pfn += 1 << o;
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn zone(span: usize) -> (FreeArea, Vec<AtomicU8>) {
+        (FreeArea::new(span), (0..span).map(|_| AtomicU8::new(NONE)).collect())
+    }
+
+    #[test]
+    fn split_and_merge_round_trip() {
+        let (mut area, states) = zone(16);
+        let mut b = Buddy { area: &mut area, states: &states, start: Pfn(0), max_order: Order(3) };
+        b.free_range(Pfn(0), 16);
+        assert_eq!(b.area.nr_free(Order(3)), 2);
+        let p = b.rmqueue_smallest(Order(0)).unwrap();
+        // The block freed last is at the head of the list and is split.
+        assert_eq!(p, Pfn(8));
+        // One order-3 block split into 1 (taken) + 1 + 2 + 4.
+        assert_eq!((b.area.nr_free(Order(0)), b.area.nr_free(Order(1)), b.area.nr_free(Order(2))), (1, 1, 1));
+        assert_eq!(decode(states[9].load(Ordering::Relaxed)), (BUDDY, Order(0)));
+        assert_eq!(decode(states[12].load(Ordering::Relaxed)), (BUDDY, Order(2)));
+        let mut b = Buddy { area: &mut area, states: &states, start: Pfn(0), max_order: Order(3) };
+        b.free_one(p, Order(0));
+        assert_eq!(b.area.nr_free(Order(3)), 2);
+        assert_eq!(b.area.nr_free(Order(0)), 0);
+    }
+
+    #[test]
+    fn partial_range_uses_smaller_blocks() {
+        let (mut area, states) = zone(16);
+        let mut b = Buddy { area: &mut area, states: &states, start: Pfn(0), max_order: Order(3) };
+        b.free_range(Pfn(0), 13);
+        // 8 + 4 + 1
+        assert_eq!((b.area.nr_free(Order(3)), b.area.nr_free(Order(2)), b.area.nr_free(Order(0))), (1, 1, 1));
+        assert_eq!(b.area.iter(Order(0)).collect::<Vec<_>>(), vec![12]);
+    }
+
+    #[test]
+    fn list_unlink_from_middle() {
+        let mut a = FreeArea::new(8);
+        for i in [0, 2, 4] {
+            a.add(i, Order(1));
+        }
+        a.del(2, Order(1));
+        assert_eq!(a.iter(Order(1)).collect::<Vec<_>>(), vec![4, 0]);
+        assert_eq!(a.nr_free(Order(1)), 2);
+        assert!(a.has_block_at_least(Order(0), Order(3)));
+        assert!(!a.has_block_at_least(Order(2), Order(3)));
+    }
+}

@@ -1,0 +1,87 @@
+//! Typed errors. Every failure of the public API is one of these; none leaves the allocator
+//! changed (a rejected free frees nothing, a failed allocation takes nothing).
+
+use crate::types::{NodeId, Order, Pfn};
+use std::fmt;
+
+/// What went wrong, with enough detail to say where. (Fields are named for what they hold.)
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum Error {
+    /// No zone the allocation may use has a free block of the order (after falling back).
+    OutOfMemory { order: Order },
+    /// A node id that the topology does not have, or a node without memory where one is needed.
+    InvalidNode { node: NodeId, nr_nodes: usize },
+    /// An order above the configured maximum.
+    InvalidOrder { order: u32, max_order: Order },
+    /// The address lies outside every arena this allocator owns.
+    NotOwned { addr: usize },
+    /// The address is not aligned to a frame, or to a block of the order given.
+    Misaligned { addr: usize, order: Order },
+    /// The block at this address is already free.
+    DoubleFree { pfn: Pfn },
+    /// The block was allocated with another order than the one given to free it.
+    OrderMismatch { pfn: Pfn, allocated: Order, freed: Order },
+    /// The address is inside an allocated block but is not its first frame.
+    InteriorFrame { pfn: Pfn, block: Pfn, order: Order },
+    /// A configuration, topology spec or policy that cannot be used; the message says where.
+    InvalidConfig(String),
+    /// The operating system refused a call zonal needs (mapping memory, reading sysfs).
+    Os { call: &'static str, errno: i32 },
+}
+
+impl Error {
+    /// The errno the C ABI returns for this error (negated there).
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::OutOfMemory { .. } => libc::ENOMEM,
+            Error::InvalidNode { .. } => libc::ENODEV,
+            Error::InvalidOrder { .. } => libc::EDOM,
+            Error::NotOwned { .. } => libc::EFAULT,
+            Error::Misaligned { .. } => libc::EINVAL,
+            Error::DoubleFree { .. } => libc::EALREADY,
+            Error::OrderMismatch { .. } => libc::ERANGE,
+            Error::InteriorFrame { .. } => libc::ENOTBLK,
+            Error::InvalidConfig(_) => libc::EINVAL,
+            Error::Os { errno, .. } => *errno,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::OutOfMemory { order } => {
+                write!(f, "out of memory: no zone allowed has a free block of {order}")
+            }
+            Error::InvalidNode { node, nr_nodes } => {
+                write!(f, "invalid node {}: the topology has nodes 0..{}", node.0, nr_nodes)
+            }
+            Error::InvalidOrder { order, max_order } => {
+                write!(f, "invalid order {order}: the maximum is {}", max_order.0)
+            }
+            Error::NotOwned { addr } => write!(f, "address {addr:#x} is not owned by zonal"),
+            Error::Misaligned { addr, order } => {
+                write!(f, "address {addr:#x} is not aligned to a block of {order}")
+            }
+            Error::DoubleFree { pfn } => write!(f, "double free: the block at {pfn} is already free"),
+            Error::OrderMismatch { pfn, allocated, freed } => write!(
+                f,
+                "order mismatch: the block at {pfn} was allocated with {allocated} and freed with {freed}"
+            ),
+            Error::InteriorFrame { pfn, block, order } => write!(
+                f,
+                "{pfn} is inside the allocated block at {block} ({order}), not its first frame"
+            ),
+            Error::InvalidConfig(msg) => f.write_str(msg),
+            Error::Os { call, errno } => {
+                write!(f, "{call} failed: {}", std::io::Error::from_raw_os_error(*errno))
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,45 @@
+//! zonal: a NUMA-aware page-frame allocator for user space, built on the design of the Linux
+//! page allocator.
+//!
+//! ```
+//! use zonal::{Config, Gfp, NodeId, Topology, Zonal};
+//!
+//! let topo = Topology::parse("nodes=2,size=16M").unwrap();
+//! let z = Zonal::new(Config::new(topo)).unwrap();
+//! let page = z.alloc_pages_node(NodeId(1), Gfp::THISNODE, 0).unwrap();
+//! assert_eq!(z.page_to_nid(page.as_ptr()).unwrap(), NodeId(1));
+//! z.free_pages(page.as_ptr(), 0).unwrap();
+//! // A second free is an error, not a corruption.
+//! assert!(z.free_pages(page.as_ptr(), 0).is_err());
+//! ```
+//!
+//! The map from kernel names to modules and types is in [`design`].
+
+#![warn(missing_docs)]
+
+pub mod arena;
+pub mod buddy;
+pub mod config;
+pub mod error;
+pub mod ffi;
+pub mod gfp;
+pub mod mempolicy;
+pub mod page_alloc;
+pub mod report;
+pub mod sync;
+pub mod sys;
+pub mod topology;
+pub mod types;
+pub mod zone;
+pub mod zonelist;
+
+#[doc = include_str!("../../../docs/DESIGN.md")]
+pub mod design {}
+
+pub use config::Config;
+pub use error::{Error, Result};
+pub use gfp::Gfp;
+pub use mempolicy::{MemPolicy, NodeMask};
+pub use page_alloc::Zonal;
+pub use topology::Topology;
+pub use types::{CpuId, NodeId, Order, Pfn, ZoneId, PAGE_SIZE};

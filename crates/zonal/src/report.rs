@@ -1,0 +1,145 @@
+//! Reports in the layouts of Linux's `/proc/zoneinfo` and `/proc/buddyinfo`, and the same
+//! figures as JSON.
+//!
+//! Kernel counterpart: `zoneinfo_show_print` and `frag_show_print` (mm/vmstat.c). The text
+//! keeps the kernel's field widths (`Node %d, zone %8s`, `%6lu` per order) so that parsers
+//! written for the kernel files read these. Values are read without stopping allocation, as
+//! the kernel's are: each is exact at the moment it is read.
+
+use crate::page_alloc::Zonal;
+use crate::zone::{Watermark, Zone};
+use serde::Serialize;
+use std::fmt::Write;
+
+/// The figures of one zone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ZoneStat {
+    /// Node id.
+    pub node: u16,
+    /// Zone name (`Normal`).
+    pub zone: &'static str,
+    /// Free frames.
+    pub pages_free: usize,
+    /// `min` watermark.
+    pub min: usize,
+    /// `low` watermark.
+    pub low: usize,
+    /// `high` watermark.
+    pub high: usize,
+    /// `promo` watermark.
+    pub promo: usize,
+    /// Spanned frames.
+    pub spanned: usize,
+    /// Present frames.
+    pub present: usize,
+    /// Managed frames.
+    pub managed: usize,
+    /// First frame.
+    pub start_pfn: usize,
+    /// Free blocks per order, `0..=max_order`.
+    pub free_blocks: Vec<usize>,
+}
+
+impl ZoneStat {
+    fn of(z: &Zone) -> ZoneStat {
+        ZoneStat {
+            node: z.node.0,
+            zone: z.kind.name(),
+            pages_free: z.nr_free(),
+            min: z.watermark(Watermark::Min),
+            low: z.watermark(Watermark::Low),
+            high: z.watermark(Watermark::High),
+            promo: z.watermark(Watermark::Promo),
+            spanned: z.spanned,
+            present: z.present,
+            managed: z.managed,
+            start_pfn: z.start_pfn.0,
+            free_blocks: z.free_blocks(),
+        }
+    }
+}
+
+impl Zonal {
+    /// The figures of every zone.
+    pub fn zone_stats(&self) -> Vec<ZoneStat> {
+        self.zones().iter().map(ZoneStat::of).collect()
+    }
+
+    /// `/proc/zoneinfo`.
+    pub fn zoneinfo(&self) -> String {
+        let mut s = String::new();
+        for z in self.zone_stats() {
+            let _ = write!(s, "Node {}, zone {:>8}", z.node, z.zone);
+            let _ = write!(
+                s,
+                "\n  pages free     {}\n        boost    0\n        min      {}\n        low      {}\
+                 \n        high     {}\n        promo    {}\n        spanned  {}\n        present  {}\
+                 \n        managed  {}\n        cma      0\n        protection: (0)",
+                z.pages_free, z.min, z.low, z.high, z.promo, z.spanned, z.present, z.managed
+            );
+            let _ = write!(s, "\n      {:<12} {}", "nr_free_pages", z.pages_free);
+            let _ = write!(s, "\n  node_unreclaimable:  0\n  start_pfn:           {}\n", z.start_pfn);
+        }
+        s
+    }
+
+    /// `/proc/buddyinfo`.
+    pub fn buddyinfo(&self) -> String {
+        let mut s = String::new();
+        for z in self.zone_stats() {
+            let _ = write!(s, "Node {}, zone {:>8} ", z.node, z.zone);
+            for n in &z.free_blocks {
+                let _ = write!(s, "{n:>6} ");
+            }
+            s.push('\n');
+        }
+        s
+    }
+
+    /// The zone figures as JSON (an array of [`ZoneStat`]).
+    pub fn zone_stats_json(&self) -> String {
+        serde_json::to_string_pretty(&self.zone_stats()).expect("zone stats serialize")
+    }
+}
+
+/// Parses `/proc/buddyinfo` text back into (node, zone, free blocks per order); used by tests
+/// and by scripts that compare runs.
+pub fn parse_buddyinfo(text: &str) -> Option<Vec<(u16, String, Vec<usize>)>> {
+    text.lines()
+        .map(|l| {
+            let rest = l.strip_prefix("Node ")?;
+            let (node, rest) = rest.split_once(", zone ")?;
+            let mut it = rest.split_whitespace();
+            let zone = it.next()?.to_string();
+            let counts = it.map(|c| c.parse().ok()).collect::<Option<Vec<usize>>>()?;
+            Some((node.parse().ok()?, zone, counts))
+        })
+        .collect()
+}
+
+/// Parses `/proc/zoneinfo` text into one map of `field -> value` per zone, keyed as the
+/// kernel file's readers key it (`pages free`, `min`, `nr_free_pages`, ...).
+pub fn parse_zoneinfo(text: &str) -> Vec<(u16, String, Vec<(String, u64)>)> {
+    let mut out: Vec<(u16, String, Vec<(String, u64)>)> = Vec::new();
+    for l in text.lines() {
+        if let Some(rest) = l.strip_prefix("Node ") {
+            if let Some((n, z)) = rest.split_once(", zone ") {
+                out.push((n.parse().unwrap_or(u16::MAX), z.trim().to_string(), Vec::new()));
+                continue;
+            }
+        }
+        let Some(cur) = out.last_mut() else { continue };
+        let t = l.trim();
+        if t.starts_with("protection:") {
+            continue;
+        }
+        let t = t.trim_end_matches(':');
+        if let Some(pos) = t.rfind(|c: char| c.is_whitespace() || c == ':') {
+            let (k, v) = t.split_at(pos);
+            if let Ok(v) = v.trim_start_matches(':').trim().parse::<u64>() {
+                cur.2.push((k.trim().trim_end_matches(':').to_string(), v));
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,205 @@
+//! The one module that talks to the operating system: memory mappings, memfd, mbind,
+//! the current CPU, and the files under `/sys` and `/proc` that describe the machine.
+//!
+//! Everything here returns [`Error::Os`] on failure with the call's name and errno, so a
+//! caller can say which step failed; nothing here panics.
+
+use crate::error::{Error, Result};
+use std::ffi::CStr;
+use std::os::fd::{FromRawFd, OwnedFd};
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+fn os_err(call: &'static str) -> Error {
+    Error::Os { call, errno: errno() }
+}
+
+/// Creates an anonymous memory file (`memfd_create`) of `len` bytes.
+pub fn memfd(name: &CStr, len: usize) -> Result<OwnedFd> {
+    // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(os_err("memfd_create"));
+    }
+    // SAFETY: memfd_create returned a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let len_off = libc::off_t::try_from(len).map_err(|_| Error::Os { call: "ftruncate", errno: libc::EFBIG })?;
+    // SAFETY: `fd` is a valid open descriptor owned by this function.
+    if unsafe { libc::ftruncate(std::os::fd::AsRawFd::as_raw_fd(&fd), len_off) } != 0 {
+        return Err(os_err("ftruncate"));
+    }
+    Ok(fd)
+}
+
+/// Reserves `len` bytes of address space with no access, aligned to `align` (a power of two).
+/// Returns the aligned start; the whole reservation (start - slack .. ) is returned as the
+/// second value so that it can be unmapped.
+pub fn reserve(len: usize, align: usize) -> Result<(usize, usize, usize)> {
+    let total = len.checked_add(align).ok_or(Error::Os { call: "mmap", errno: libc::ENOMEM })?;
+    // SAFETY: a fresh anonymous PROT_NONE mapping at an address the kernel chooses touches no
+    // existing memory.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            total,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(os_err("mmap"));
+    }
+    let raw = p as usize;
+    let start = (raw + align - 1) & !(align - 1);
+    Ok((start, raw, total))
+}
+
+/// Maps `len` bytes of `fd` from `offset`, shared and read-write, exactly at `addr`, which
+/// must lie inside a reservation made by [`reserve`].
+///
+/// # Safety
+/// `addr..addr + len` must be address space this process reserved for zonal and that no live
+/// Rust reference points into: the mapping replaces whatever was there.
+pub unsafe fn map_shared_fixed(addr: usize, len: usize, fd: &OwnedFd, offset: usize, populate: bool) -> Result<()> {
+    let mut flags = libc::MAP_SHARED | libc::MAP_FIXED;
+    if populate {
+        flags |= libc::MAP_POPULATE;
+    }
+    let off = libc::off_t::try_from(offset).map_err(|_| Error::Os { call: "mmap", errno: libc::EFBIG })?;
+    // SAFETY: the caller guarantees the range is zonal's own reservation (see # Safety).
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            std::os::fd::AsRawFd::as_raw_fd(fd),
+            off,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(os_err("mmap"));
+    }
+    Ok(())
+}
+
+/// Unmaps a range made by [`reserve`].
+///
+/// # Safety
+/// No reference into the range may outlive this call.
+pub unsafe fn unmap(addr: usize, len: usize) {
+    // SAFETY: per the caller's contract the range is ours and unused.
+    unsafe {
+        libc::munmap(addr as *mut libc::c_void, len);
+    }
+}
+
+/// Binds the pages of a range to one NUMA node (`mbind(MPOL_BIND)`).
+pub fn mbind_node(addr: usize, len: usize, node: u16) -> Result<()> {
+    const MPOL_BIND: libc::c_long = 2;
+    let mut mask = vec![0u64; (node as usize / 64) + 1];
+    mask[node as usize / 64] |= 1u64 << (node % 64);
+    let maxnode = (mask.len() * 64 + 1) as libc::c_ulong;
+    // SAFETY: mbind reads `mask` (valid for maxnode bits) and changes only the policy of the
+    // range, which is zonal's own mapping.
+    let r = unsafe { libc::syscall(libc::SYS_mbind, addr, len, MPOL_BIND, mask.as_ptr(), maxnode, 0usize) };
+    if r != 0 {
+        return Err(os_err("mbind"));
+    }
+    Ok(())
+}
+
+/// Locks a range in memory (`mlock`).
+pub fn mlock(addr: usize, len: usize) -> Result<()> {
+    // SAFETY: mlock does not change memory contents; the range is a live mapping of ours.
+    if unsafe { libc::mlock(addr as *const libc::c_void, len) } != 0 {
+        return Err(os_err("mlock"));
+    }
+    Ok(())
+}
+
+/// Asks for transparent huge pages on a range (`madvise(MADV_HUGEPAGE)`).
+pub fn madvise_hugepage(addr: usize, len: usize) -> Result<()> {
+    // SAFETY: MADV_HUGEPAGE is advice only; it never changes the contents of the range.
+    if unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_HUGEPAGE) } != 0 {
+        return Err(os_err("madvise"));
+    }
+    Ok(())
+}
+
+/// The CPU this thread runs on now (`sched_getcpu`), or 0 if the kernel cannot say.
+#[inline]
+pub fn current_cpu() -> u32 {
+    // SAFETY: sched_getcpu has no preconditions.
+    let c = unsafe { libc::sched_getcpu() };
+    if c < 0 {
+        0
+    } else {
+        c as u32
+    }
+}
+
+/// Number of CPUs the machine has configured (`_SC_NPROCESSORS_CONF`), at least 1.
+pub fn nr_cpus_configured() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    if n < 1 {
+        1
+    } else {
+        n as usize
+    }
+}
+
+/// Number of CPUs online (`_SC_NPROCESSORS_ONLN`), at least 1.
+pub fn nr_cpus_online() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n < 1 {
+        1
+    } else {
+        n as usize
+    }
+}
+
+/// Pins the calling thread to one CPU (`sched_setaffinity`).
+pub fn set_affinity(cpu: u32) -> Result<()> {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if cpu as usize >= libc::CPU_SETSIZE as usize {
+        return Err(Error::Os { call: "sched_setaffinity", errno: libc::EINVAL });
+    }
+    // SAFETY: CPU_SET writes within `set` for cpu < CPU_SETSIZE, checked just before.
+    unsafe { libc::CPU_SET(cpu as usize, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(os_err("sched_setaffinity"));
+    }
+    Ok(())
+}
+
+/// Total memory of the machine in bytes (`MemTotal` of `/proc/meminfo`).
+pub fn mem_total() -> Result<u64> {
+    let s = read_file("/proc/meminfo")?;
+    meminfo_kb(&s, "MemTotal:").map(|kb| kb * 1024).ok_or(Error::Os { call: "read /proc/meminfo", errno: libc::EINVAL })
+}
+
+/// Parses a `Name: N kB` line of a meminfo file (also the per-node ones, which start with
+/// `Node N `).
+pub fn meminfo_kb(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let i = l.find(key)?;
+        l[i + key.len()..].split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// Reads a whole text file, mapping failure to [`Error::Os`].
+pub fn read_file(path: &str) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| Error::Os {
+        call: "read",
+        errno: e.raw_os_error().unwrap_or(libc::EIO),
+    })
+}

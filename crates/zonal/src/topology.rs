@@ -1,0 +1,704 @@
+//! The machine as zonal sees it: NUMA nodes, the CPUs of each, the memory zonal manages on
+//! each, and the distance matrix (Linux: `/sys/devices/system/node`, `numa=fake`).
+//!
+//! A topology is either read from the real machine ([`Topology::from_sys`]) or given as a
+//! *fake* one by a spec string or file ([`Topology::parse`]), so that multi-node behaviour can
+//! be tested on a one-node machine. Node ids inside zonal are dense (`0..nr_nodes`); a real
+//! node keeps its kernel id in [`NodeInfo::os_node`] for `mbind`.
+//!
+//! Invariant: `distance[i][i] == LOCAL_DISTANCE`, `distance[i][j] == distance[j][i] >
+//! LOCAL_DISTANCE` for `i != j`, and every CPU of the machine belongs to exactly one node.
+//!
+//! # Spec grammar
+//!
+//! Items separated by `,`; an item without `=` continues the value before it (so CPU lists
+//! such as `0-3,8` need no quoting). Per-node values are separated by `:`.
+//!
+//! | key | value | default |
+//! |---|---|---|
+//! | `nodes` | number of nodes, 1..=1024 | the number of `sizes` or `cpus` entries |
+//! | `size` | memory of every node: `256M`, `1G`, `4096K`, bytes | 64M |
+//! | `sizes` | per node: `128M:256M` | `size` for each |
+//! | `cpus` | per node, Linux cpulist: `0-1:2-3:` (empty: memory-only node) | the machine's CPUs spread over the nodes |
+//! | `distance` | rows of the matrix: `10 20:20 10` (entries split by spaces) | 10 local, 20 remote |
+//! | `sys` | (no value) read nodes, CPUs and distances from `/sys`; `size` is then the memory zonal manages on each node | |
+//!
+//! In a file, one item per line, `#` starts a comment, and a line without `=` continues the
+//! key above it as the next node's entry (one distance row or CPU list per line).
+
+use crate::error::{Error, Result};
+use crate::sys;
+use crate::types::{CpuId, NodeId, PAGE_SIZE};
+use serde::Serialize;
+
+/// Distance of a node to itself (`LOCAL_DISTANCE`).
+pub const LOCAL_DISTANCE: u32 = 10;
+/// Default distance between two different nodes (`REMOTE_DISTANCE`).
+pub const REMOTE_DISTANCE: u32 = 20;
+/// Most nodes a topology may have (Linux's `MAX_NUMNODES` with `NODES_SHIFT=10`).
+pub const MAX_NUMNODES: usize = 1024;
+/// Per-node memory when a spec gives no size.
+pub const DEFAULT_NODE_SIZE: u64 = 64 << 20;
+
+/// The limits of the machine a topology must fit: injected so tests are deterministic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Machine {
+    /// CPUs the machine has (ids `0..nr_cpus`).
+    pub nr_cpus: usize,
+    /// Bytes of memory the machine can back.
+    pub mem_total: u64,
+}
+
+impl Machine {
+    /// The machine this process runs on.
+    pub fn current() -> Result<Machine> {
+        Ok(Machine { nr_cpus: sys::nr_cpus_configured(), mem_total: sys::mem_total()? })
+    }
+}
+
+/// One node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NodeInfo {
+    /// Dense id inside zonal.
+    #[serde(serialize_with = "ser_node")]
+    pub id: NodeId,
+    /// The kernel's node id when read from `/sys` (used for `mbind`); `None` on a fake node.
+    pub os_node: Option<u16>,
+    /// Bytes of memory zonal manages on this node.
+    pub mem_bytes: u64,
+    /// CPUs of this node; empty for a memory-only node.
+    #[serde(serialize_with = "ser_cpus")]
+    pub cpus: Vec<CpuId>,
+}
+
+fn ser_node<S: serde::Serializer>(n: &NodeId, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_u16(n.0)
+}
+
+fn ser_cpus<S: serde::Serializer>(c: &[CpuId], s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_seq(c.iter().map(|c| c.0))
+}
+
+/// A machine's NUMA layout. Cheap to clone; immutable once built.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Topology {
+    nodes: Vec<NodeInfo>,
+    distance: Vec<Vec<u32>>,
+    #[serde(skip)]
+    cpu_to_node: Vec<NodeId>,
+    fake: bool,
+}
+
+impl Topology {
+    /// Parses a spec string (see the module docs) against the current machine.
+    pub fn parse(spec: &str) -> Result<Topology> {
+        Self::parse_for(spec, Machine::current()?)
+    }
+
+    /// Parses a spec string against the given machine limits.
+    pub fn parse_for(spec: &str, machine: Machine) -> Result<Topology> {
+        let items = split_items(spec.split(',').map(|s| (s, 0)), ',')?;
+        Self::from_items(&items, machine, None)
+    }
+
+    /// Reads a topology file (one item per line, see the module docs).
+    pub fn from_file(path: &str) -> Result<Topology> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::InvalidConfig(format!("cannot read topology file {path}: {e}")))?;
+        Self::parse_file_text(&text, path, Machine::current()?)
+    }
+
+    /// Parses the text of a topology file; `name` is used in error messages.
+    pub fn parse_file_text(text: &str, name: &str, machine: Machine) -> Result<Topology> {
+        let lines = text.lines().enumerate().filter_map(|(i, l)| {
+            let l = l.split('#').next().unwrap_or("").trim();
+            (!l.is_empty()).then_some((l, i + 1))
+        });
+        let items = split_items(lines, ':').map_err(|e| prefix(e, name))?;
+        Self::from_items(&items, machine, Some(name))
+    }
+
+    /// A spec or a file: a path that exists is read as a file, anything else parsed as a spec.
+    pub fn from_arg(arg: &str) -> Result<Topology> {
+        if std::path::Path::new(arg).is_file() {
+            Self::from_file(arg)
+        } else {
+            Self::parse(arg)
+        }
+    }
+
+    /// The real machine, from `/sys/devices/system/node`, managing `size` bytes on each node.
+    pub fn from_sys(size: u64) -> Result<Topology> {
+        Self::from_sys_root("/sys/devices/system/node", size, Machine::current()?)
+    }
+
+    /// Like [`Topology::from_sys`] with another root (tests point it at a copy).
+    pub fn from_sys_root(root: &str, size: u64, machine: Machine) -> Result<Topology> {
+        let online = sys::read_file(&format!("{root}/online"))
+            .map_err(|e| Error::InvalidConfig(format!("cannot read {root}/online: {e}")))?;
+        let os_ids = parse_cpulist(online.trim(), machine.nr_cpus.max(MAX_NUMNODES))
+            .map_err(|e| Error::InvalidConfig(format!("{root}/online: {e}")))?;
+        if os_ids.is_empty() {
+            return Err(Error::InvalidConfig(format!("{root}/online lists no node")));
+        }
+        let mut nodes = Vec::new();
+        let mut rows = Vec::new();
+        for (i, &os) in os_ids.iter().enumerate() {
+            let dir = format!("{root}/node{os}");
+            let cpus = sys::read_file(&format!("{dir}/cpulist")).unwrap_or_default();
+            let cpus = parse_cpulist(cpus.trim(), usize::MAX)
+                .map_err(|e| Error::InvalidConfig(format!("{dir}/cpulist: {e}")))?;
+            let meminfo = sys::read_file(&format!("{dir}/meminfo")).unwrap_or_default();
+            if let Some(kb) = sys::meminfo_kb(&meminfo, "MemTotal:") {
+                if size > kb * 1024 {
+                    return Err(Error::InvalidConfig(format!(
+                        "node {os}: size {} is larger than its memory ({})",
+                        fmt_size(size),
+                        fmt_size(kb * 1024)
+                    )));
+                }
+            }
+            let dist = sys::read_file(&format!("{dir}/distance"))
+                .map_err(|e| Error::InvalidConfig(format!("cannot read {dir}/distance: {e}")))?;
+            let all: Vec<u32> = dist.split_whitespace().filter_map(|d| d.parse().ok()).collect();
+            // /sys lists a distance for every *possible* node; keep the online ones.
+            let row = os_ids.iter().map(|&o| all.get(o as usize).copied().unwrap_or(REMOTE_DISTANCE)).collect();
+            rows.push(row);
+            nodes.push(NodeInfo {
+                id: NodeId(i as u16),
+                os_node: Some(os as u16),
+                mem_bytes: size,
+                cpus: cpus.into_iter().map(CpuId).collect(),
+            });
+        }
+        Self::build(nodes, rows, machine, false)
+    }
+
+    fn from_items(items: &[Item], machine: Machine, file: Option<&str>) -> Result<Topology> {
+        let mut nodes_n: Option<usize> = None;
+        let mut size: Option<u64> = None;
+        let mut sizes: Option<Vec<u64>> = None;
+        let mut cpus: Option<Vec<Vec<u32>>> = None;
+        let mut distance: Option<Vec<Vec<u32>>> = None;
+        let mut sys_mode = false;
+        let at = |it: &Item| match file {
+            Some(f) => format!("{f}:{}: ", it.line),
+            None => String::new(),
+        };
+        for it in items {
+            let err = |msg: String| Error::InvalidConfig(format!("{}topology `{}`: {msg}", at(it), it.key));
+            let seen = |b: bool| if b { Err(err("given twice".into())) } else { Ok(()) };
+            match it.key.as_str() {
+                "nodes" => {
+                    seen(nodes_n.is_some())?;
+                    let n: usize = it.value.trim().parse().map_err(|_| err(format!("`{}` is not a number", it.value)))?;
+                    if n == 0 || n > MAX_NUMNODES {
+                        return Err(err(format!("{n} nodes: must be 1..={MAX_NUMNODES}")));
+                    }
+                    nodes_n = Some(n);
+                }
+                "size" => {
+                    seen(size.is_some())?;
+                    size = Some(parse_size(&it.value).map_err(err)?);
+                }
+                "sizes" => {
+                    seen(sizes.is_some())?;
+                    let v = it.value.split(':').map(parse_size).collect::<std::result::Result<Vec<_>, _>>().map_err(err)?;
+                    sizes = Some(v);
+                }
+                "cpus" => {
+                    seen(cpus.is_some())?;
+                    let v = it
+                        .value
+                        .split(':')
+                        .enumerate()
+                        .map(|(n, l)| parse_cpulist(l.trim(), usize::MAX).map_err(|e| format!("node {n}: {e}")))
+                        .collect::<std::result::Result<Vec<_>, _>>()
+                        .map_err(err)?;
+                    cpus = Some(v);
+                }
+                "distance" => {
+                    seen(distance.is_some())?;
+                    let v = it
+                        .value
+                        .split(':')
+                        .enumerate()
+                        .map(|(r, row)| {
+                            row.split(|c: char| c == ' ' || c == ',' || c == '\t')
+                                .filter(|s| !s.is_empty())
+                                .map(|d| d.parse::<u32>().map_err(|_| format!("row {r}: `{d}` is not a number")))
+                                .collect::<std::result::Result<Vec<_>, _>>()
+                        })
+                        .collect::<std::result::Result<Vec<_>, _>>()
+                        .map_err(err)?;
+                    distance = Some(v);
+                }
+                "sys" => {
+                    if !it.value.is_empty() {
+                        return Err(err("takes no value".into()));
+                    }
+                    sys_mode = true;
+                }
+                _ => {
+                    return Err(Error::InvalidConfig(format!(
+                        "{}topology: unknown key `{}`; valid keys: nodes, size, sizes, cpus, distance, sys",
+                        at(it),
+                        it.key
+                    )))
+                }
+            }
+        }
+        if sys_mode {
+            if nodes_n.is_some() || sizes.is_some() || cpus.is_some() || distance.is_some() {
+                return Err(Error::InvalidConfig(
+                    "topology `sys` reads nodes, cpus and distances from /sys: only `size` may go with it".into(),
+                ));
+            }
+            return Self::from_sys_root("/sys/devices/system/node", size.unwrap_or(DEFAULT_NODE_SIZE), machine);
+        }
+        let n = match (nodes_n, &sizes, &cpus) {
+            (Some(n), _, _) => n,
+            (None, Some(s), _) => s.len(),
+            (None, None, Some(c)) => c.len(),
+            (None, None, None) => match &distance {
+                Some(d) => d.len(),
+                None => return Err(Error::InvalidConfig("topology: say how many nodes (`nodes=N`)".into())),
+            },
+        };
+        let check_len = |what: &str, len: usize| {
+            if len != n {
+                Err(Error::InvalidConfig(format!("topology `{what}`: {len} entries for {n} nodes")))
+            } else {
+                Ok(())
+            }
+        };
+        let sizes = match sizes {
+            Some(s) => {
+                check_len("sizes", s.len())?;
+                s
+            }
+            None => vec![size.unwrap_or(DEFAULT_NODE_SIZE); n],
+        };
+        let cpus = match cpus {
+            Some(c) => {
+                check_len("cpus", c.len())?;
+                c
+            }
+            None => spread_cpus(machine.nr_cpus, n),
+        };
+        let distance = match distance {
+            Some(d) => {
+                check_len("distance", d.len())?;
+                d
+            }
+            None => (0..n)
+                .map(|i| (0..n).map(|j| if i == j { LOCAL_DISTANCE } else { REMOTE_DISTANCE }).collect())
+                .collect(),
+        };
+        let nodes = (0..n)
+            .map(|i| NodeInfo {
+                id: NodeId(i as u16),
+                os_node: None,
+                mem_bytes: sizes[i],
+                cpus: cpus[i].iter().map(|&c| CpuId(c)).collect(),
+            })
+            .collect();
+        Self::build(nodes, distance, machine, true)
+    }
+
+    fn build(nodes: Vec<NodeInfo>, distance: Vec<Vec<u32>>, machine: Machine, fake: bool) -> Result<Topology> {
+        let n = nodes.len();
+        let bad = |m: String| Err(Error::InvalidConfig(format!("topology: {m}")));
+        for (i, row) in distance.iter().enumerate() {
+            if row.len() != n {
+                return bad(format!("distance row {i} has {} entries for {n} nodes", row.len()));
+            }
+            for (j, &d) in row.iter().enumerate() {
+                if d == 0 {
+                    return bad(format!("distance[{i}][{j}] is 0"));
+                }
+                if d > 255 {
+                    return bad(format!("distance[{i}][{j}] = {d}: distances are at most 255"));
+                }
+                if i == j && d != LOCAL_DISTANCE {
+                    return bad(format!("distance[{i}][{i}] = {d}: a node's distance to itself is {LOCAL_DISTANCE}"));
+                }
+                if i != j && d <= LOCAL_DISTANCE {
+                    return bad(format!("distance[{i}][{j}] = {d}: remote distances must exceed {LOCAL_DISTANCE}"));
+                }
+                if distance[j][i] != d {
+                    return bad(format!("distance is not symmetric: [{i}][{j}] = {d} but [{j}][{i}] = {}", distance[j][i]));
+                }
+            }
+        }
+        let mut total: u64 = 0;
+        for node in &nodes {
+            if node.mem_bytes < PAGE_SIZE as u64 || node.mem_bytes % PAGE_SIZE as u64 != 0 {
+                return bad(format!(
+                    "node {}: size {} must be a non-zero multiple of 4K",
+                    node.id.0, node.mem_bytes
+                ));
+            }
+            if node.mem_bytes > machine.mem_total {
+                return bad(format!(
+                    "node {}: size {} is larger than the machine's memory ({})",
+                    node.id.0,
+                    fmt_size(node.mem_bytes),
+                    fmt_size(machine.mem_total)
+                ));
+            }
+            total = total.saturating_add(node.mem_bytes);
+        }
+        if total > machine.mem_total {
+            return bad(format!(
+                "the nodes need {} in all, more than the machine's memory ({})",
+                fmt_size(total),
+                fmt_size(machine.mem_total)
+            ));
+        }
+        // Real topologies may list CPUs beyond the configured count (hotplug); fake ones may not.
+        let nr_cpus = if fake {
+            machine.nr_cpus
+        } else {
+            nodes.iter().flat_map(|n| n.cpus.iter()).map(|c| c.0 as usize + 1).max().unwrap_or(1).max(machine.nr_cpus)
+        };
+        let mut cpu_to_node: Vec<Option<NodeId>> = vec![None; nr_cpus];
+        for node in &nodes {
+            for &c in &node.cpus {
+                if c.0 as usize >= nr_cpus {
+                    return bad(format!(
+                        "node {}: cpu {} does not exist (this machine has cpus 0-{})",
+                        node.id.0,
+                        c.0,
+                        nr_cpus - 1
+                    ));
+                }
+                if let Some(other) = cpu_to_node[c.0 as usize] {
+                    return bad(format!("cpu {} is in node {} and node {}", c.0, other.0, node.id.0));
+                }
+                cpu_to_node[c.0 as usize] = Some(node.id);
+            }
+        }
+        // CPUs no node lists go to the first node with CPUs (or node 0), as Linux gives a CPU
+        // without a known node to node 0.
+        let fallback = nodes.iter().find(|n| !n.cpus.is_empty()).map_or(NodeId(0), |n| n.id);
+        let cpu_to_node = cpu_to_node.into_iter().map(|n| n.unwrap_or(fallback)).collect();
+        Ok(Topology { nodes, distance, cpu_to_node, fake })
+    }
+
+    /// The nodes, by id.
+    pub fn nodes(&self) -> &[NodeInfo] {
+        &self.nodes
+    }
+
+    /// Number of nodes.
+    pub fn nr_nodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Distance between two nodes (`node_distance`).
+    #[inline]
+    pub fn distance(&self, a: NodeId, b: NodeId) -> u32 {
+        self.distance[a.0 as usize][b.0 as usize]
+    }
+
+    /// Node of a CPU (`cpu_to_node`); CPUs outside the table map to node 0.
+    #[inline]
+    pub fn cpu_to_node(&self, cpu: CpuId) -> NodeId {
+        self.cpu_to_node.get(cpu.0 as usize).copied().unwrap_or(NodeId(0))
+    }
+
+    /// Number of CPU ids this topology covers.
+    pub fn nr_cpus(&self) -> usize {
+        self.cpu_to_node.len()
+    }
+
+    /// Whether this is a fake topology (nodes are ranges of the machine's memory).
+    pub fn is_fake(&self) -> bool {
+        self.fake
+    }
+
+    /// Whether a node has CPUs (`node_state(n, N_CPU)`).
+    pub fn has_cpus(&self, n: NodeId) -> bool {
+        !self.nodes[n.0 as usize].cpus.is_empty()
+    }
+
+    /// The topology written back as a spec string that parses to the same topology.
+    pub fn to_spec(&self) -> String {
+        let sizes: Vec<String> = self.nodes.iter().map(|n| fmt_size(n.mem_bytes)).collect();
+        let cpus: Vec<String> = self.nodes.iter().map(|n| fmt_cpulist(&n.cpus)).collect();
+        let rows: Vec<String> =
+            self.distance.iter().map(|r| r.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")).collect();
+        format!("nodes={},sizes={},cpus={},distance={}", self.nodes.len(), sizes.join(":"), cpus.join(":"), rows.join(":"))
+    }
+
+    /// A human-readable description (the `zonal topology` report).
+    pub fn describe(&self) -> String {
+        let mut s = String::new();
+        let kind = if self.fake { "fake" } else { "real" };
+        s.push_str(&format!("{} topology, {} node(s), {} cpu(s)\n", kind, self.nodes.len(), self.nr_cpus()));
+        for n in &self.nodes {
+            let cpus = if n.cpus.is_empty() { "(memory only)".to_string() } else { fmt_cpulist(&n.cpus) };
+            s.push_str(&format!("node {} size: {} cpus: {}\n", n.id.0, fmt_size(n.mem_bytes), cpus));
+        }
+        s.push_str("node distances:\nnode ");
+        for n in &self.nodes {
+            s.push_str(&format!("{:>4}", n.id.0));
+        }
+        s.push('\n');
+        for (i, row) in self.distance.iter().enumerate() {
+            s.push_str(&format!("{i:>4}:"));
+            for d in row {
+                s.push_str(&format!("{d:>4}"));
+            }
+            s.push('\n');
+        }
+        s
+    }
+}
+
+#[derive(Debug)]
+struct Item {
+    key: String,
+    value: String,
+    line: usize,
+}
+
+/// Groups raw fragments into `key=value` items; a fragment without `=` continues the value
+/// of the item before it, joined by `join`.
+fn split_items<'a>(frags: impl Iterator<Item = (&'a str, usize)>, join: char) -> Result<Vec<Item>> {
+    let mut items: Vec<Item> = Vec::new();
+    for (frag, line) in frags {
+        let frag = frag.trim();
+        if frag.is_empty() && items.is_empty() {
+            continue;
+        }
+        match frag.split_once('=') {
+            Some((k, v)) => items.push(Item { key: k.trim().to_string(), value: v.trim().to_string(), line }),
+            None if frag == "sys" => items.push(Item { key: "sys".into(), value: String::new(), line }),
+            None => match items.last_mut() {
+                Some(last) => {
+                    last.value.push(join);
+                    last.value.push_str(frag);
+                }
+                None => {
+                    return Err(Error::InvalidConfig(format!("topology: `{frag}` is not of the form key=value")));
+                }
+            },
+        }
+    }
+    Ok(items)
+}
+
+fn prefix(e: Error, name: &str) -> Error {
+    match e {
+        Error::InvalidConfig(m) => Error::InvalidConfig(format!("{name}: {m}")),
+        e => e,
+    }
+}
+
+/// Spreads `nr_cpus` CPUs over `n` nodes in contiguous blocks (more nodes than CPUs leaves
+/// some nodes memory-only, evenly spaced).
+fn spread_cpus(nr_cpus: usize, n: usize) -> Vec<Vec<u32>> {
+    let mut v = vec![Vec::new(); n];
+    for c in 0..nr_cpus {
+        v[c * n / nr_cpus].push(c as u32);
+    }
+    v
+}
+
+/// Parses a size: bytes, or a number with K, M, G or T (binary units, optional `iB`/`B`).
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let upper = t.to_ascii_uppercase();
+    let body = upper.trim_end_matches("IB").trim_end_matches('B');
+    let (num, shift) = match body.chars().last() {
+        Some('K') => (&body[..body.len() - 1], 10),
+        Some('M') => (&body[..body.len() - 1], 20),
+        Some('G') => (&body[..body.len() - 1], 30),
+        Some('T') => (&body[..body.len() - 1], 40),
+        _ => (body, 0),
+    };
+    let n: u64 = num.trim().parse().map_err(|_| format!("`{t}` is not a size (e.g. 256M, 1G)"))?;
+    n.checked_mul(1u64 << shift).ok_or_else(|| format!("`{t}` is too large"))
+}
+
+/// Formats a byte count in the largest binary unit that divides it.
+pub fn fmt_size(b: u64) -> String {
+    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if b >= 1 << shift && b % (1 << shift) == 0 {
+            return format!("{}{unit}", b >> shift);
+        }
+    }
+    b.to_string()
+}
+
+/// Parses a Linux cpulist (`0-3,8,10-11`); every id must be below `limit`.
+pub fn parse_cpulist(s: &str, limit: usize) -> std::result::Result<Vec<u32>, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a, b),
+            None => (part, part),
+        };
+        let a: u32 = a.trim().parse().map_err(|_| format!("`{part}` is not a cpu or range"))?;
+        let b: u32 = b.trim().parse().map_err(|_| format!("`{part}` is not a cpu or range"))?;
+        if b < a {
+            return Err(format!("range `{part}` runs backwards"));
+        }
+        if b as usize >= limit {
+            return Err(format!("{b} is out of range"));
+        }
+        out.extend(a..=b);
+    }
+    Ok(out)
+}
+
+/// Formats CPUs as a cpulist (`0-3,8`).
+pub fn fmt_cpulist(cpus: &[CpuId]) -> String {
+    let mut ids: Vec<u32> = cpus.iter().map(|c| c.0).collect();
+    ids.sort_unstable();
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < ids.len() {
+        let mut j = i;
+        while j + 1 < ids.len() && ids[j + 1] == ids[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j { ids[i].to_string() } else { format!("{}-{}", ids[i], ids[j]) });
+        i = j + 1;
+    }
+    parts.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const M: Machine = Machine { nr_cpus: 4, mem_total: 8 << 30 };
+
+    fn err(spec: &str) -> String {
+        match Topology::parse_for(spec, M) {
+            Err(Error::InvalidConfig(m)) => m,
+            other => panic!("{spec}: expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn simple_spec_spreads_cpus() {
+        let t = Topology::parse_for("nodes=4,size=256M", M).unwrap();
+        assert_eq!(t.nr_nodes(), 4);
+        assert!(t.nodes().iter().all(|n| n.mem_bytes == 256 << 20 && n.cpus.len() == 1));
+        assert_eq!(t.distance(NodeId(0), NodeId(3)), REMOTE_DISTANCE);
+        assert_eq!(t.cpu_to_node(CpuId(3)), NodeId(3));
+        assert!(t.is_fake());
+    }
+
+    #[test]
+    fn more_nodes_than_cpus_leaves_memory_only_nodes() {
+        let t = Topology::parse_for("nodes=8,size=4M", M).unwrap();
+        let with_cpus: Vec<u16> = t.nodes().iter().filter(|n| !n.cpus.is_empty()).map(|n| n.id.0).collect();
+        assert_eq!(with_cpus, vec![0, 2, 4, 6]);
+    }
+
+    #[test]
+    fn full_spec_with_cpu_lists_and_matrix() {
+        let t = Topology::parse_for("nodes=3,sizes=16M:32M:1G,cpus=0-1,3::2,distance=10 20 30:20 10 25:30 25 10", M)
+            .unwrap();
+        assert_eq!(t.nodes()[0].cpus, vec![CpuId(0), CpuId(1), CpuId(3)]);
+        assert!(t.nodes()[1].cpus.is_empty());
+        assert_eq!(t.nodes()[2].mem_bytes, 1 << 30);
+        assert_eq!(t.distance(NodeId(2), NodeId(1)), 25);
+        assert_eq!(t.cpu_to_node(CpuId(2)), NodeId(2));
+        // Round trip.
+        assert_eq!(Topology::parse_for(&t.to_spec(), M).unwrap(), t);
+    }
+
+    #[test]
+    fn nodes_count_follows_sizes() {
+        let t = Topology::parse_for("sizes=4M:8M", M).unwrap();
+        assert_eq!(t.nr_nodes(), 2);
+    }
+
+    #[test]
+    fn file_form_with_continuation_lines() {
+        let text = "# two nodes\nnodes = 2\nsize = 8M\ndistance = 10 21\n 21 10\ncpus = 0-1\n2-3\n";
+        let t = Topology::parse_file_text(text, "t.topo", M).unwrap();
+        assert_eq!(t.distance(NodeId(0), NodeId(1)), 21);
+        assert_eq!(t.nodes()[1].cpus, vec![CpuId(2), CpuId(3)]);
+    }
+
+    #[test]
+    fn file_errors_name_the_line() {
+        let e = Topology::parse_file_text("nodes=2\nsize=4M\ncolour=blue\n", "t.topo", M).unwrap_err();
+        assert!(e.to_string().starts_with("t.topo:3:"), "{e}");
+    }
+
+    #[test]
+    fn rejects() {
+        assert!(err("nodes=2,colour=blue").contains("unknown key `colour`"));
+        assert!(err("nodes=2,distance=10 20:30 10").contains("not symmetric"));
+        assert!(err("nodes=2,distance=10 0:0 10").contains("is 0"));
+        assert!(err("nodes=2,distance=10 10:10 10").contains("must exceed"));
+        assert!(err("nodes=2,distance=12 20:20 10").contains("to itself"));
+        assert!(err("nodes=2,distance=10 20").contains("1 entries for 2 nodes"));
+        assert!(err("nodes=2,size=16G").contains("larger than the machine"));
+        assert!(err("nodes=3,size=3G").contains("in all"));
+        assert!(err("nodes=2,cpus=0:7").contains("cpu 7 does not exist"));
+        assert!(err("nodes=2,cpus=0:0").contains("is in node 0 and node 1"));
+        assert!(err("nodes=2,cpus=0-1").contains("1 entries for 2 nodes"));
+        assert!(err("nodes=0").contains("must be 1"));
+        assert!(err("nodes=two").contains("not a number"));
+        assert!(err("nodes=2,size=12q").contains("not a size"));
+        assert!(err("nodes=2,size=6000").contains("multiple of 4K"));
+        assert!(err("nodes=2,nodes=3").contains("given twice"));
+        assert!(err("size=4M").contains("how many nodes"));
+        assert!(err("nodes=2,cpus=3-1:").contains("backwards"));
+        assert!(err("sys,nodes=2").contains("only `size`"));
+    }
+
+    #[test]
+    fn sizes_and_cpulists() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("4k").unwrap(), 4096);
+        assert_eq!(parse_size("2MiB").unwrap(), 2 << 20);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(fmt_size(3 << 20), "3M");
+        assert_eq!(parse_cpulist("0-2,5", 8).unwrap(), vec![0, 1, 2, 5]);
+        assert_eq!(fmt_cpulist(&[CpuId(0), CpuId(1), CpuId(2), CpuId(5)]), "0-2,5");
+    }
+
+    #[test]
+    fn reads_a_sys_tree() {
+        let dir = std::env::temp_dir().join(format!("zonal-sys-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for (n, cpus, dist) in [(0, "0-1", "10 21 21"), (2, "2-3", "21 21 10")] {
+            let d = dir.join(format!("node{n}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cpulist"), format!("{cpus}\n")).unwrap();
+            std::fs::write(d.join("distance"), format!("{dist}\n")).unwrap();
+            std::fs::write(d.join("meminfo"), format!("Node {n} MemTotal:       4194304 kB\n")).unwrap();
+        }
+        std::fs::write(dir.join("online"), "0,2\n").unwrap();
+        let root = dir.to_str().unwrap();
+        let t = Topology::from_sys_root(root, 16 << 20, M).unwrap();
+        assert_eq!(t.nr_nodes(), 2);
+        assert_eq!(t.nodes()[1].os_node, Some(2));
+        assert_eq!(t.distance(NodeId(0), NodeId(1)), 21);
+        assert_eq!(t.cpu_to_node(CpuId(3)), NodeId(1));
+        assert!(!t.is_fake());
+        let e = Topology::from_sys_root(root, 8 << 30, M).unwrap_err();
+        assert!(e.to_string().contains("larger than its memory"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn reads_this_machine() {
+        // Every Linux machine has at least node 0 under /sys (or no NUMA support at all).
+        if std::path::Path::new("/sys/devices/system/node/online").exists() {
+            let t = Topology::from_sys(4 << 20).unwrap();
+            assert!(t.nr_nodes() >= 1);
+            assert_eq!(t.distance(NodeId(0), NodeId(0)), LOCAL_DISTANCE);
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! A zone: a range of frames of one node with its own free lists, watermarks and counters.
+//!
+//! Kernel counterpart: `struct zone` (mmzone.h), `__setup_per_zone_wmarks`,
+//! `calculate_min_free_kbytes`, `__zone_watermark_ok`.
+//!
+//! Locking: `lock` (the zone lock) protects the free lists; [`ZoneLocked`] is the proof that
+//! it is held. `nr_free` is written only under the lock and read without it (watermark checks
+//! read a value that may be a moment old, as Linux's `zone_page_state` does). The frame state
+//! bytes (`mem_map`) are atomics; see [`crate::buddy`] for their protocol.
+//!
+//! Invariant (quiescent): `nr_free + allocated == managed`, where `allocated` sums the
+//! blocks whose head is `ALLOCATED`; see [`Zone::check_invariants`].
+
+use crate::buddy::{self, Buddy, FreeArea};
+use crate::sync::{self, AtomicU8, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::types::{NodeId, Order, Pfn, ZoneId, PAGE_SHIFT};
+use std::fmt;
+
+/// Zone types. zonal gives every node one `Normal` zone; the type exists so reports carry
+/// the kernel's names and so more zone types can be added without changing the layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ZoneType {
+    /// `ZONE_NORMAL`.
+    Normal,
+}
+
+impl ZoneType {
+    /// The kernel's name, as reports print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ZoneType::Normal => "Normal",
+        }
+    }
+}
+
+/// Watermark levels (`enum zone_watermarks`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Watermark {
+    /// `WMARK_MIN`: below it only high-priority allocations succeed.
+    Min = 0,
+    /// `WMARK_LOW`: the fast path's mark.
+    Low = 1,
+    /// `WMARK_HIGH`.
+    High = 2,
+    /// `WMARK_PROMO` (Linux 6.1+): one more step above high, for memory tiering.
+    Promo = 3,
+}
+
+/// Default `watermark_scale_factor` (vm.rst: 10, i.e. 0.1% of the zone).
+pub const DEFAULT_WATERMARK_SCALE_FACTOR: u32 = 10;
+/// Upper bound of `watermark_scale_factor` (vm.rst: 3000, i.e. 30%).
+pub const MAX_WATERMARK_SCALE_FACTOR: u32 = 3000;
+
+/// `min_free_kbytes` as Linux computes it at boot: `sqrt(lowmem_kbytes * 16)`, clamped to
+/// [128, 262144] (`calculate_min_free_kbytes`).
+pub fn default_min_free_kbytes(lowmem_pages: usize) -> u64 {
+    let lowmem_kb = (lowmem_pages as u64) << (PAGE_SHIFT - 10);
+    isqrt(lowmem_kb * 16).clamp(128, 262_144)
+}
+
+fn isqrt(n: u64) -> u64 {
+    if n < 2 {
+        return n;
+    }
+    let mut x = (n as f64).sqrt() as u64;
+    while x * x > n {
+        x -= 1;
+    }
+    while (x + 1) * (x + 1) <= n {
+        x += 1;
+    }
+    x
+}
+
+/// One zone.
+pub struct Zone {
+    /// Index in the allocator's zone table.
+    pub id: ZoneId,
+    /// Node the zone belongs to.
+    pub node: NodeId,
+    /// Zone type.
+    pub kind: ZoneType,
+    /// First frame (aligned to the largest block).
+    pub start_pfn: Pfn,
+    /// Frames spanned (`spanned_pages`).
+    pub spanned: usize,
+    /// Frames present (`present_pages`): zonal zones have no holes, so equal to `spanned`.
+    pub present: usize,
+    /// Frames managed by the allocator (`managed_pages`).
+    pub managed: usize,
+    /// Largest order.
+    pub max_order: Order,
+    /// Watermarks in frames: min, low, high, promo (`_watermark[]`).
+    watermark: [AtomicUsize; 4],
+    /// Free frames in the buddy lists (`NR_FREE_PAGES`); written under the lock.
+    nr_free: AtomicUsize,
+    lock: Mutex<FreeArea>,
+    states: Box<[AtomicU8]>,
+}
+
+impl fmt::Debug for Zone {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Zone")
+            .field("id", &self.id)
+            .field("node", &self.node)
+            .field("start_pfn", &self.start_pfn)
+            .field("managed", &self.managed)
+            .field("nr_free", &self.nr_free())
+            .finish()
+    }
+}
+
+impl Zone {
+    /// A zone of `pages` frames from `start`, all free.
+    pub fn new(id: ZoneId, node: NodeId, start: Pfn, pages: usize, max_order: Order) -> Zone {
+        let z = Zone {
+            id,
+            node,
+            kind: ZoneType::Normal,
+            start_pfn: start,
+            spanned: pages,
+            present: pages,
+            managed: pages,
+            max_order,
+            watermark: [AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)],
+            nr_free: AtomicUsize::new(0),
+            lock: Mutex::new(FreeArea::new(pages)),
+            states: (0..pages).map(|_| AtomicU8::new(buddy::NONE)).collect(),
+        };
+        {
+            let mut locked = z.lock();
+            locked.buddy().free_range(start, pages);
+            locked.add_free(pages);
+        }
+        z
+    }
+
+    /// Takes the zone lock.
+    #[inline]
+    pub fn lock(&self) -> ZoneLocked<'_> {
+        ZoneLocked { zone: self, area: sync::lock(&self.lock) }
+    }
+
+    /// Whether the zone spans a frame.
+    #[inline]
+    pub fn contains(&self, pfn: Pfn) -> bool {
+        pfn.0.wrapping_sub(self.start_pfn.0) < self.spanned
+    }
+
+    /// The state byte of a frame of this zone (see [`crate::buddy`]).
+    #[inline]
+    pub fn state(&self, pfn: Pfn) -> &AtomicU8 {
+        &self.states[pfn.0 - self.start_pfn.0]
+    }
+
+    /// Free frames in the buddy lists.
+    #[inline]
+    pub fn nr_free(&self) -> usize {
+        self.nr_free.load(Ordering::Relaxed)
+    }
+
+    /// A watermark in frames.
+    #[inline]
+    pub fn watermark(&self, w: Watermark) -> usize {
+        self.watermark[w as usize].load(Ordering::Relaxed)
+    }
+
+    /// Sets the watermarks from this zone's share of `min_free_kbytes` and the scale factor
+    /// (`__setup_per_zone_wmarks`): `min` is the share in proportion to managed frames,
+    /// `tmp = max(min/4, managed * wsf / 10000)`, `low = min + tmp`, `high = min + 2*tmp`,
+    /// `promo = min + 3*tmp`.
+    pub fn setup_watermarks(&self, min_free_kbytes: u64, lowmem_pages: usize, wsf: u32) {
+        let pages_min = (min_free_kbytes >> (PAGE_SHIFT - 10)) as u128;
+        let min = (pages_min * self.managed as u128 / lowmem_pages.max(1) as u128) as usize;
+        let tmp = (min / 4).max((self.managed as u128 * wsf as u128 / 10_000) as usize);
+        self.watermark[Watermark::Min as usize].store(min, Ordering::Relaxed);
+        self.watermark[Watermark::Low as usize].store(min + tmp, Ordering::Relaxed);
+        self.watermark[Watermark::High as usize].store(min + 2 * tmp, Ordering::Relaxed);
+        self.watermark[Watermark::Promo as usize].store(min + 3 * tmp, Ordering::Relaxed);
+    }
+
+    /// `__zone_watermark_ok`: may an allocation of `order` take frames, leaving the zone above
+    /// `mark`? `high` halves the mark (`ALLOC_HIGH`, `__GFP_HIGH`). For `order > 0` a block of
+    /// at least that order must also be free; that part reads the lists under the lock.
+    pub fn watermark_ok(&self, order: Order, mark: usize, high: bool) -> bool {
+        if !self.watermark_ok_fast(order, mark, high) {
+            return false;
+        }
+        order.0 == 0 || self.lock().area.has_block_at_least(order, self.max_order)
+    }
+
+    /// The counting half of [`Zone::watermark_ok`], without the lock: whether taking a block
+    /// of `order` leaves more than `mark` (halved with `high`) free frames. The allocation path
+    /// uses this and lets `rmqueue` find out whether a block of the order exists, under the one
+    /// lock acquisition it needs anyway.
+    #[inline]
+    pub fn watermark_ok_fast(&self, order: Order, mark: usize, high: bool) -> bool {
+        let free = self.nr_free() as isize - (order.pages() as isize - 1);
+        let min = if high { mark - mark / 2 } else { mark } as isize;
+        free > min
+    }
+
+    /// Free blocks per order, `0..=max_order` (what `/proc/buddyinfo` prints).
+    pub fn free_blocks(&self) -> Vec<usize> {
+        let l = self.lock();
+        (0..=self.max_order.0).map(|o| l.area.nr_free(Order(o))).collect()
+    }
+
+    /// Checks the zone's invariants; returns the number of allocated frames. Call only while
+    /// no allocation or free runs on this zone. O(frames).
+    pub fn check_invariants(&self) -> Result<usize, String> {
+        let l = self.lock();
+        let mut covered = vec![false; self.spanned];
+        let mut free = 0usize;
+        let mut mark = |start: usize, pages: usize, what: &str| -> Result<(), String> {
+            for c in &mut covered[start..start + pages] {
+                if *c {
+                    return Err(format!("zone {}: {what} block at index {start} overlaps another", self.id.0));
+                }
+                *c = true;
+            }
+            Ok(())
+        };
+        for o in 0..=self.max_order.0 {
+            let order = Order(o);
+            let mut n = 0;
+            for idx in l.area.iter(order) {
+                let s = self.states[idx as usize].load(Ordering::Relaxed);
+                if s != buddy::state(buddy::BUDDY, order) {
+                    return Err(format!("zone {}: block {idx} on free_area[{o}] has state {s:#x}", self.id.0));
+                }
+                if idx as usize % order.pages() != 0 {
+                    return Err(format!("zone {}: block {idx} on free_area[{o}] is misaligned", self.id.0));
+                }
+                mark(idx as usize, order.pages(), "free")?;
+                n += 1;
+                free += order.pages();
+            }
+            if n != l.area.nr_free(order) {
+                return Err(format!("zone {}: free_area[{o}] counts {} but holds {n}", self.id.0, l.area.nr_free(order)));
+            }
+        }
+        if free != self.nr_free() {
+            return Err(format!("zone {}: nr_free {} but the lists hold {free}", self.id.0, self.nr_free()));
+        }
+        let mut allocated = 0;
+        for (i, s) in self.states.iter().enumerate() {
+            let (tag, order) = buddy::decode(s.load(Ordering::Relaxed));
+            match tag {
+                buddy::ALLOCATED => {
+                    mark(i, order.pages(), "allocated")?;
+                    allocated += order.pages();
+                }
+                buddy::BUDDY if !l.area.iter(order).any(|x| x as usize == i) => {
+                    return Err(format!("zone {}: frame {i} is tagged free but on no list", self.id.0));
+                }
+                _ => {}
+            }
+        }
+        if free + allocated != self.managed {
+            return Err(format!(
+                "zone {}: free {free} + allocated {allocated} != managed {}",
+                self.id.0, self.managed
+            ));
+        }
+        Ok(allocated)
+    }
+}
+
+/// Proof that a zone's lock is held (the kernel's "caller must hold zone->lock").
+pub struct ZoneLocked<'a> {
+    zone: &'a Zone,
+    area: MutexGuard<'a, FreeArea>,
+}
+
+impl ZoneLocked<'_> {
+    /// The buddy operations on this zone.
+    #[inline]
+    pub fn buddy(&mut self) -> Buddy<'_> {
+        Buddy { area: &mut self.area, states: &self.zone.states, start: self.zone.start_pfn, max_order: self.zone.max_order }
+    }
+
+    /// Adjusts `nr_free` (only under the lock, hence a plain load and store).
+    #[inline]
+    pub fn add_free(&mut self, delta: usize) {
+        let z = &self.zone.nr_free;
+        z.store(z.load(Ordering::Relaxed) + delta, Ordering::Relaxed);
+    }
+
+    /// Lowers `nr_free`.
+    #[inline]
+    pub fn sub_free(&mut self, delta: usize) {
+        let z = &self.zone.nr_free;
+        z.store(z.load(Ordering::Relaxed) - delta, Ordering::Relaxed);
+    }
+
+    /// Free blocks of an order.
+    pub fn nr_free_blocks(&self, order: Order) -> usize {
+        self.area.nr_free(order)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn min_free_kbytes_matches_linux_samples() {
+        // 16 GB of lowmem gives 16384 kB (vm.rst's table: 16G -> 16384k).
+        assert_eq!(default_min_free_kbytes((16usize << 30) >> PAGE_SHIFT), 16_384);
+        // Clamped at both ends.
+        assert_eq!(default_min_free_kbytes(16), 128);
+        assert_eq!(default_min_free_kbytes((1usize << 40) >> PAGE_SHIFT), 131_072);
+        assert_eq!(default_min_free_kbytes((1usize << 44) >> PAGE_SHIFT), 262_144);
+    }
+
+    #[test]
+    fn watermarks_follow_the_formula() {
+        let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 1 << 16, Order(10));
+        z.setup_watermarks(1024, 1 << 17, 10);
+        // This zone has half the lowmem: min = 256 pages / 2 = 128.
+        assert_eq!(z.watermark(Watermark::Min), 128);
+        // tmp = max(128/4, 65536*10/10000 = 65) = 65.
+        assert_eq!(z.watermark(Watermark::Low), 193);
+        assert_eq!(z.watermark(Watermark::High), 258);
+        z.setup_watermarks(1024, 1 << 17, 1000);
+        assert_eq!(z.watermark(Watermark::Low), 128 + 6553);
+    }
+
+    #[test]
+    fn watermark_check() {
+        let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 64, Order(3));
+        assert!(z.watermark_ok(Order(0), 63, false));
+        assert!(!z.watermark_ok(Order(0), 64, false));
+        // High priority halves the mark.
+        assert!(z.watermark_ok(Order(0), 120, true));
+        assert!(z.watermark_ok(Order(3), 56, false));
+        assert!(!z.watermark_ok(Order(3), 57, false));
+        assert_eq!(z.check_invariants(), Ok(0));
+        assert_eq!(z.free_blocks(), vec![0, 0, 0, 8]);
+    }
+}
