@@ -65,14 +65,12 @@ impl fmt::Display for Error {
                 write!(f, "address {addr:#x} is not aligned to a block of {order}")
             }
             Error::DoubleFree { pfn } => write!(f, "double free: the block at {pfn} is already free"),
-            Error::OrderMismatch { pfn, allocated, freed } => write!(
-                f,
-                "order mismatch: the block at {pfn} was allocated with {allocated} and freed with {freed}"
-            ),
-            Error::InteriorFrame { pfn, block, order } => write!(
-                f,
-                "{pfn} is inside the allocated block at {block} ({order}), not its first frame"
-            ),
+            Error::OrderMismatch { pfn, allocated, freed } => {
+                write!(f, "order mismatch: the block at {pfn} was allocated with {allocated} and freed with {freed}")
+            }
+            Error::InteriorFrame { pfn, block, order } => {
+                write!(f, "{pfn} is inside the allocated block at {block} ({order}), not its first frame")
+            }
             Error::InvalidConfig(msg) => f.write_str(msg),
             Error::Os { call, errno } => {
                 write!(f, "{call} failed: {}", std::io::Error::from_raw_os_error(*errno))

@@ -35,7 +35,11 @@ impl Gfp {
                 "thisnode" => Gfp::THISNODE,
                 "high" => Gfp::HIGH,
                 "nowatermarks" | "memalloc" => Gfp::NO_WATERMARKS,
-                _ => return Err(format!("unknown gfp flag `{part}`; valid: kernel, atomic, thisnode, high, nowatermarks")),
+                _ => {
+                    return Err(format!(
+                        "unknown gfp flag `{part}`; valid: kernel, atomic, thisnode, high, nowatermarks"
+                    ))
+                }
             };
         }
         Ok(g)

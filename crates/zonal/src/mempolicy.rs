@@ -178,9 +178,8 @@ pub(crate) fn set_thread_policy(handle: u64, policy: MemPolicy) {
 
 /// This thread's policy for handle `handle`.
 pub(crate) fn thread_policy(handle: u64) -> MemPolicy {
-    THREAD_POLICIES.with(|p| {
-        p.borrow().iter().find(|t| t.handle == handle).map_or(MemPolicy::Local, |t| t.policy.clone())
-    })
+    THREAD_POLICIES
+        .with(|p| p.borrow().iter().find(|t| t.handle == handle).map_or(MemPolicy::Local, |t| t.policy.clone()))
 }
 
 /// Forgets every thread-local policy of a handle that is going away (this thread only; other
@@ -290,10 +289,7 @@ mod tests {
     fn parse_and_validate() {
         assert_eq!(MemPolicy::parse("local", 2).unwrap(), MemPolicy::Local);
         assert_eq!(MemPolicy::parse("preferred=1", 2).unwrap(), MemPolicy::Preferred(NodeId(1)));
-        assert_eq!(
-            MemPolicy::parse("interleave", 3).unwrap(),
-            MemPolicy::Interleave(NodeMask::parse("0-2").unwrap())
-        );
+        assert_eq!(MemPolicy::parse("interleave", 3).unwrap(), MemPolicy::Interleave(NodeMask::parse("0-2").unwrap()));
         assert!(matches!(MemPolicy::parse("preferred=2", 2), Err(Error::InvalidNode { .. })));
         assert!(matches!(MemPolicy::parse("bind=0,5", 2), Err(Error::InvalidNode { .. })));
         assert!(matches!(MemPolicy::parse("bind=", 2), Err(Error::InvalidConfig(_))));

@@ -198,8 +198,5 @@ pub fn meminfo_kb(text: &str, key: &str) -> Option<u64> {
 
 /// Reads a whole text file, mapping failure to [`Error::Os`].
 pub fn read_file(path: &str) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|e| Error::Os {
-        call: "read",
-        errno: e.raw_os_error().unwrap_or(libc::EIO),
-    })
+    std::fs::read_to_string(path).map_err(|e| Error::Os { call: "read", errno: e.raw_os_error().unwrap_or(libc::EIO) })
 }

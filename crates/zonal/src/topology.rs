@@ -191,7 +191,8 @@ impl Topology {
             match it.key.as_str() {
                 "nodes" => {
                     seen(nodes_n.is_some())?;
-                    let n: usize = it.value.trim().parse().map_err(|_| err(format!("`{}` is not a number", it.value)))?;
+                    let n: usize =
+                        it.value.trim().parse().map_err(|_| err(format!("`{}` is not a number", it.value)))?;
                     if n == 0 || n > MAX_NUMNODES {
                         return Err(err(format!("{n} nodes: must be 1..={MAX_NUMNODES}")));
                     }
@@ -203,7 +204,8 @@ impl Topology {
                 }
                 "sizes" => {
                     seen(sizes.is_some())?;
-                    let v = it.value.split(':').map(parse_size).collect::<std::result::Result<Vec<_>, _>>().map_err(err)?;
+                    let v =
+                        it.value.split(':').map(parse_size).collect::<std::result::Result<Vec<_>, _>>().map_err(err)?;
                     sizes = Some(v);
                 }
                 "cpus" => {
@@ -327,17 +329,17 @@ impl Topology {
                     return bad(format!("distance[{i}][{j}] = {d}: remote distances must exceed {LOCAL_DISTANCE}"));
                 }
                 if distance[j][i] != d {
-                    return bad(format!("distance is not symmetric: [{i}][{j}] = {d} but [{j}][{i}] = {}", distance[j][i]));
+                    return bad(format!(
+                        "distance is not symmetric: [{i}][{j}] = {d} but [{j}][{i}] = {}",
+                        distance[j][i]
+                    ));
                 }
             }
         }
         let mut total: u64 = 0;
         for node in &nodes {
             if node.mem_bytes < PAGE_SIZE as u64 || node.mem_bytes % PAGE_SIZE as u64 != 0 {
-                return bad(format!(
-                    "node {}: size {} must be a non-zero multiple of 4K",
-                    node.id.0, node.mem_bytes
-                ));
+                return bad(format!("node {}: size {} must be a non-zero multiple of 4K", node.id.0, node.mem_bytes));
             }
             if node.mem_bytes > machine.mem_total {
                 return bad(format!(
@@ -429,7 +431,13 @@ impl Topology {
         let cpus: Vec<String> = self.nodes.iter().map(|n| fmt_cpulist(&n.cpus)).collect();
         let rows: Vec<String> =
             self.distance.iter().map(|r| r.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")).collect();
-        format!("nodes={},sizes={},cpus={},distance={}", self.nodes.len(), sizes.join(":"), cpus.join(":"), rows.join(":"))
+        format!(
+            "nodes={},sizes={},cpus={},distance={}",
+            self.nodes.len(),
+            sizes.join(":"),
+            cpus.join(":"),
+            rows.join(":")
+        )
     }
 
     /// A human-readable description (the `zonal topology` report).

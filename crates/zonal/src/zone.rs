@@ -237,7 +237,11 @@ impl Zone {
                 free += order.pages();
             }
             if n != l.area.nr_free(order) {
-                return Err(format!("zone {}: free_area[{o}] counts {} but holds {n}", self.id.0, l.area.nr_free(order)));
+                return Err(format!(
+                    "zone {}: free_area[{o}] counts {} but holds {n}",
+                    self.id.0,
+                    l.area.nr_free(order)
+                ));
             }
         }
         if free != self.nr_free() {
@@ -258,10 +262,7 @@ impl Zone {
             }
         }
         if free + allocated != self.managed {
-            return Err(format!(
-                "zone {}: free {free} + allocated {allocated} != managed {}",
-                self.id.0, self.managed
-            ));
+            return Err(format!("zone {}: free {free} + allocated {allocated} != managed {}", self.id.0, self.managed));
         }
         Ok(allocated)
     }
@@ -277,7 +278,12 @@ impl ZoneLocked<'_> {
     /// The buddy operations on this zone.
     #[inline]
     pub fn buddy(&mut self) -> Buddy<'_> {
-        Buddy { area: &mut self.area, states: &self.zone.states, start: self.zone.start_pfn, max_order: self.zone.max_order }
+        Buddy {
+            area: &mut self.area,
+            states: &self.zone.states,
+            start: self.zone.start_pfn,
+            max_order: self.zone.max_order,
+        }
     }
 
     /// Adjusts `nr_free` (only under the lock, hence a plain load and store).

@@ -1,0 +1,227 @@
+//! `zonal`: benchmarks, reports and tunables of the zonal page allocator.
+
+mod bench;
+mod workload;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+use std::time::Duration;
+use workload::Workload;
+use zonal::{Config, Topology, Zonal};
+
+/// The embedded default topology: two fake nodes of 64 MiB.
+const DEFAULT_TOPOLOGY: &str = include_str!("../topologies/default.topo");
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "zonal",
+    version,
+    about = "A NUMA-aware page-frame allocator for user space: benchmarks and reports",
+    long_about = "A NUMA-aware page-frame allocator for user space, built on the design of the Linux page \
+                  allocator. Every command builds an allocator on a topology (by default an embedded fake \
+                  one of two 64 MiB nodes) and reports on it or measures it."
+)]
+struct Cli {
+    /// Topology: a spec such as `nodes=4,size=256M` (keys nodes, size, sizes, cpus,
+    /// distance), `sys` for this machine's real nodes, or a file of such items, one per line.
+    /// Default: two fake nodes of 64 MiB.
+    #[arg(long, global = true, value_name = "SPEC|FILE")]
+    topology: Option<String>,
+
+    /// Largest block order (MAX_ORDER).
+    #[arg(long, global = true, default_value_t = zonal::types::DEFAULT_MAX_ORDER, value_name = "N")]
+    max_order: u8,
+
+    /// Fault every frame in when the allocator starts (MADV_POPULATE_WRITE).
+    #[arg(long, global = true)]
+    populate: bool,
+
+    /// Lock the allocator's memory (mlock).
+    #[arg(long, global = true)]
+    mlock: bool,
+
+    /// Ask for transparent huge pages on the allocator's memory (MADV_HUGEPAGE).
+    #[arg(long, global = true)]
+    thp: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print the topology: nodes, their memory and CPUs, the distance matrix, and each node's
+    /// zonelist (the order in which an allocation from that node tries the nodes).
+    Topology {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print every zone in the layout of Linux's /proc/zoneinfo (pages free, watermarks
+    /// min/low/high, spanned/present/managed).
+    Zoneinfo {
+        /// Run a synthetic workload first: allocs=N,orders=A-B,policy=P,free=PCT,seed=S
+        /// (policy: local, preferred=N, bind=NODES, interleave[=NODES]).
+        #[arg(long, value_name = "SPEC")]
+        workload: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print free blocks per order per zone in the layout of Linux's /proc/buddyinfo.
+    Buddyinfo {
+        /// Run a synthetic workload first: allocs=N,orders=A-B,policy=P,free=PCT,seed=S.
+        #[arg(long, value_name = "SPEC")]
+        workload: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run benchmark experiments (all of them when none is named) and print each as a table
+    /// of ns per operation (median, min – max over repetitions) and ratios to the reference
+    /// peer measured in the same repetitions. Experiments: single (one thread, order-0
+    /// alloc + free pairs, page_bench01, beside glibc, mimalloc, jemalloc, the kernel and an
+    /// ideal per-thread stack).
+    Bench {
+        /// Experiments to run (default: all).
+        #[arg(value_name = "EXPERIMENT")]
+        experiments: Vec<String>,
+        /// Repetitions of every cell.
+        #[arg(long, default_value_t = 9)]
+        reps: usize,
+        /// Milliseconds per cell per repetition.
+        #[arg(long, default_value_t = 20)]
+        cell_ms: u64,
+        /// Write one JSON record per measured cell to FILE.
+        #[arg(long, value_name = "FILE")]
+        json: Option<String>,
+        /// No progress on stderr.
+        #[arg(long)]
+        quiet: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    // zonal does not panic on bad input; should a bug panic anyway, say so in one line.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("zonal: internal error: {info}");
+    }));
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("zonal: error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn topology(arg: Option<&str>) -> Result<Topology, String> {
+    match arg {
+        Some(a) => Topology::from_arg(a),
+        None => Topology::parse_file_text(DEFAULT_TOPOLOGY, "default topology", zonal::topology::Machine::current().map_err(|e| e.to_string())?),
+    }
+    .map_err(|e| e.to_string())
+}
+
+fn allocator(cli: &Cli) -> Result<Zonal, String> {
+    let topo = topology(cli.topology.as_deref())?;
+    let mut config = Config::new(topo).max_order(cli.max_order);
+    config.arena = zonal::arena::ArenaOptions { populate: cli.populate, mlock: cli.mlock, thp: cli.thp };
+    Zonal::new(config).map_err(|e| e.to_string())
+}
+
+fn with_workload(z: &Zonal, workload: Option<&str>) -> Result<(), String> {
+    if let Some(w) = workload {
+        let w = Workload::parse(w)?;
+        let (allocated, freed, failed) = w.run(z)?;
+        eprintln!(
+            "workload: {allocated} blocks allocated, {freed} freed, {} left allocated{}",
+            allocated - freed,
+            if failed > 0 { format!(", {failed} allocations failed (out of memory)") } else { String::new() }
+        );
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    let z = allocator(&cli)?;
+    match &cli.command {
+        Command::Topology { json } => {
+            let t = z.topology();
+            if *json {
+                let lists: Vec<Vec<u16>> = (0..t.nr_nodes())
+                    .map(|n| {
+                        let zl = z.zonelists(zonal::NodeId(n as u16)).expect("node exists");
+                        zl.fallback.iter().map(|zid| z.zones()[zid.0 as usize].node.0).collect()
+                    })
+                    .collect();
+                let v = serde_json::json!({ "topology": t, "spec": t.to_spec(), "zonelists": lists });
+                println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+            } else {
+                print!("{}", t.describe());
+                println!("zonelists (nodes in fallback order):");
+                for n in 0..t.nr_nodes() {
+                    let zl = z.zonelists(zonal::NodeId(n as u16)).map_err(|e| e.to_string())?;
+                    let order: Vec<String> =
+                        zl.fallback.iter().map(|zid| z.zones()[zid.0 as usize].node.0.to_string()).collect();
+                    println!("node {n}: {}", order.join(" "));
+                }
+                println!("spec: {}", t.to_spec());
+            }
+        }
+        Command::Zoneinfo { workload, json } => {
+            with_workload(&z, workload.as_deref())?;
+            if *json {
+                println!("{}", z.zone_stats_json());
+            } else {
+                print!("{}", z.zoneinfo());
+            }
+        }
+        Command::Buddyinfo { workload, json } => {
+            with_workload(&z, workload.as_deref())?;
+            if *json {
+                println!("{}", z.zone_stats_json());
+            } else {
+                print!("{}", z.buddyinfo());
+            }
+        }
+        Command::Bench { experiments, reps, cell_ms, json, quiet } => {
+            if *reps == 0 {
+                return Err("--reps must be at least 1".into());
+            }
+            let known: Vec<&str> = bench::EXPERIMENTS.iter().map(|(n, _)| *n).collect();
+            let chosen: Vec<&str> = if experiments.is_empty() {
+                known.clone()
+            } else {
+                for e in experiments {
+                    if !known.contains(&e.as_str()) {
+                        return Err(format!("unknown experiment `{e}`; experiments: {}", known.join(", ")));
+                    }
+                }
+                experiments.iter().map(String::as_str).collect()
+            };
+            let opts =
+                bench::BenchOpts { reps: *reps, cell_time: Duration::from_millis((*cell_ms).max(1)), progress: !quiet };
+            println!(
+                "zonal bench on {} node(s), {} cpu(s); {} ms per cell; ratios are medians of per-repetition ratios\n",
+                z.topology().nr_nodes(),
+                zonal::sys::nr_cpus_online(),
+                cell_ms
+            );
+            let mut records = Vec::new();
+            for e in chosen {
+                records.extend(match e {
+                    "single" => bench::single::run(&z, &opts),
+                    _ => unreachable!("checked against EXPERIMENTS"),
+                });
+            }
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&records).map_err(|e| e.to_string())?;
+                std::fs::write(path, text + "\n").map_err(|e| format!("cannot write {path}: {e}"))?;
+                eprintln!("wrote {} records to {path}", records.len());
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! The `zonal` command end to end: each subcommand's output, and one-line errors with a
+//! non-zero exit for bad input.
+
+use std::process::{Command, Output};
+
+fn zonal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_zonal")).args(args).output().expect("zonal runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+#[test]
+fn topology_default_is_two_fake_nodes() {
+    let o = zonal(&["topology"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(s.starts_with("fake topology, 2 node(s)"), "{s}");
+    assert!(s.contains("node 0: 0 1") && s.contains("node 1: 1 0"), "{s}");
+}
+
+#[test]
+fn topology_json_round_trips_its_spec() {
+    let o = zonal(&["--topology", "nodes=3,size=8M,distance=10 20 30:20 10 20:30 20 10", "topology", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["topology"]["nodes"].as_array().unwrap().len(), 3);
+    assert_eq!(v["zonelists"][0], serde_json::json!([0, 1, 2]));
+    assert_eq!(v["zonelists"][2], serde_json::json!([2, 1, 0]));
+    // The printed spec parses back to the same topology.
+    let spec = v["spec"].as_str().unwrap();
+    let again = zonal(&["--topology", spec, "topology", "--json"]);
+    let w: serde_json::Value = serde_json::from_str(&stdout(&again)).unwrap();
+    assert_eq!(v["topology"], w["topology"]);
+}
+
+#[test]
+fn topology_from_a_file() {
+    let path = std::env::temp_dir().join(format!("zonal-cli-{}.topo", std::process::id()));
+    std::fs::write(&path, "nodes = 2\nsizes = 8M:16M\n").unwrap();
+    let o = zonal(&["--topology", path.to_str().unwrap(), "topology"]);
+    std::fs::remove_file(&path).unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("node 1 size: 16M"));
+}
+
+#[test]
+fn buddyinfo_after_a_workload_shows_fragmentation() {
+    let fresh = zonal(&["--topology", "nodes=2,size=8M", "buddyinfo"]);
+    assert!(fresh.status.success());
+    // Two nodes of 8M: two free 4M blocks each and nothing else.
+    for l in stdout(&fresh).lines() {
+        let counts: Vec<u64> = l.split_whitespace().skip(4).map(|c| c.parse().unwrap()).collect();
+        assert_eq!(counts.len(), 11, "{l}");
+        assert_eq!(counts[10], 2, "{l}");
+        assert_eq!(counts[..10].iter().sum::<u64>(), 0, "{l}");
+    }
+    let o = zonal(&["--topology", "nodes=2,size=8M", "buddyinfo", "--workload", "allocs=500,orders=0-3,policy=interleave"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(s.starts_with("Node 0, zone   Normal "), "{s}");
+    assert!(stderr(&o).contains("500 blocks allocated"), "{}", stderr(&o));
+    // Interleave put blocks on both nodes: neither has both 4M blocks left.
+    for l in s.lines() {
+        let last: u64 = l.split_whitespace().last().unwrap().parse().unwrap();
+        assert!(last < 2, "{l}");
+    }
+}
+
+#[test]
+fn zoneinfo_text_and_json() {
+    let o = zonal(&["--topology", "nodes=1,size=16M", "zoneinfo", "--workload", "allocs=100,free=0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(s.contains("  pages free     3996\n"), "{s}");
+    assert!(s.contains("        managed  4096\n"), "{s}");
+    let o = zonal(&["--topology", "nodes=1,size=16M", "zoneinfo", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v[0]["pages_free"], 4096);
+    assert!(v[0]["min"].as_u64().unwrap() < v[0]["low"].as_u64().unwrap());
+}
+
+#[test]
+fn bench_writes_json_records() {
+    let path = std::env::temp_dir().join(format!("zonal-bench-{}.json", std::process::id()));
+    let o = zonal(&["bench", "single", "--reps", "1", "--cell-ms", "1", "--quiet", "--json", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("× mimalloc"));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let recs = v.as_array().unwrap();
+    let subjects: Vec<&str> = recs.iter().map(|r| r["subject"].as_str().unwrap()).collect();
+    for want in ["zonal buddy (zone lock)", "mimalloc", "jemalloc", "glibc malloc", "ideal per-thread stack"] {
+        assert!(subjects.contains(&want), "{want} missing from {subjects:?}");
+    }
+    let mi = recs.iter().find(|r| r["subject"] == "mimalloc").unwrap();
+    assert_eq!(mi["ratio_to_reference"], 1.0);
+    assert!(recs.iter().all(|r| r["ns_per_op"]["median"].as_f64().unwrap() > 0.0));
+}
+
+#[test]
+fn bad_input_is_one_line_and_non_zero() {
+    for args in [
+        vec!["--topology", "nodes=2,colour=blue", "topology"],
+        vec!["--topology", "nodes=2,distance=10 20:30 10", "zoneinfo"],
+        vec!["--topology", "nodes=2,cpus=0:4096", "topology"],
+        vec!["--topology", "nodes=2,size=100T", "topology"],
+        vec!["buddyinfo", "--workload", "orders=0-12"],
+        vec!["buddyinfo", "--workload", "policy=bind=7"],
+        vec!["bench", "nosuch"],
+        vec!["--max-order", "16", "topology"],
+    ] {
+        let o = zonal(&args);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        let e = stderr(&o);
+        assert!(e.starts_with("zonal: error: "), "{args:?}: {e}");
+        assert_eq!(e.lines().count(), 1, "{args:?}: {e}");
+        assert!(!e.contains("panicked"), "{e}");
+    }
+}
+
+#[test]
+fn help_explains_every_command() {
+    let o = zonal(&["--help"]);
+    let s = stdout(&o);
+    for c in ["topology", "zoneinfo", "buddyinfo", "bench", "--topology"] {
+        assert!(s.contains(c), "{c} missing from --help");
+    }
+}
