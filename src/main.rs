@@ -119,7 +119,11 @@ fn main() -> ExitCode {
 fn topology(arg: Option<&str>) -> Result<Topology, String> {
     match arg {
         Some(a) => Topology::from_arg(a),
-        None => Topology::parse_file_text(DEFAULT_TOPOLOGY, "default topology", zonal::topology::Machine::current().map_err(|e| e.to_string())?),
+        None => Topology::parse_file_text(
+            DEFAULT_TOPOLOGY,
+            "default topology",
+            zonal::topology::Machine::current().map_err(|e| e.to_string())?,
+        ),
     }
     .map_err(|e| e.to_string())
 }

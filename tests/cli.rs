@@ -60,7 +60,8 @@ fn buddyinfo_after_a_workload_shows_fragmentation() {
         assert_eq!(counts[10], 2, "{l}");
         assert_eq!(counts[..10].iter().sum::<u64>(), 0, "{l}");
     }
-    let o = zonal(&["--topology", "nodes=2,size=8M", "buddyinfo", "--workload", "allocs=500,orders=0-3,policy=interleave"]);
+    let o =
+        zonal(&["--topology", "nodes=2,size=8M", "buddyinfo", "--workload", "allocs=500,orders=0-3,policy=interleave"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let s = stdout(&o);
     assert!(s.starts_with("Node 0, zone   Normal "), "{s}");

@@ -117,10 +117,13 @@ pub fn parse_buddyinfo(text: &str) -> Option<Vec<(u16, String, Vec<usize>)>> {
         .collect()
 }
 
+/// One zone of a parsed zoneinfo: node, zone name, `(field, value)` in file order.
+pub type ParsedZone = (u16, String, Vec<(String, u64)>);
+
 /// Parses `/proc/zoneinfo` text into one map of `field -> value` per zone, keyed as the
 /// kernel file's readers key it (`pages free`, `min`, `nr_free_pages`, ...).
-pub fn parse_zoneinfo(text: &str) -> Vec<(u16, String, Vec<(String, u64)>)> {
-    let mut out: Vec<(u16, String, Vec<(String, u64)>)> = Vec::new();
+pub fn parse_zoneinfo(text: &str) -> Vec<ParsedZone> {
+    let mut out: Vec<ParsedZone> = Vec::new();
     for l in text.lines() {
         if let Some(rest) = l.strip_prefix("Node ") {
             if let Some((n, z)) = rest.split_once(", zone ") {
@@ -142,4 +145,52 @@ pub fn parse_zoneinfo(text: &str) -> Vec<(u16, String, Vec<(String, u64)>)> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::{Machine, Topology};
+    use crate::{Config, Gfp, NodeId};
+
+    fn zonal() -> Zonal {
+        let t = Topology::parse_for("nodes=2,sizes=8M:12M", Machine { nr_cpus: 2, mem_total: 1 << 30 }).unwrap();
+        Zonal::new(Config::new(t)).unwrap()
+    }
+
+    #[test]
+    fn buddyinfo_parses_back() {
+        let z = zonal();
+        let p = z.alloc_pages_node(NodeId(1), Gfp::THISNODE, 2).unwrap();
+        let text = z.buddyinfo();
+        assert!(text.starts_with("Node 0, zone   Normal      0 "), "{text}");
+        let parsed = parse_buddyinfo(&text).unwrap();
+        assert_eq!(parsed.len(), 2);
+        assert_eq!(parsed[0], (0, "Normal".to_string(), vec![0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]));
+        // Node 1: three 4M blocks, one split down to order 2 (one 2-block taken).
+        assert_eq!(parsed[1].2, vec![0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2]);
+        z.free_pages(p.as_ptr(), 2).unwrap();
+        assert_eq!(parse_buddyinfo(&z.buddyinfo()).unwrap()[1].2[10], 3);
+    }
+
+    #[test]
+    fn zoneinfo_parses_back() {
+        let z = zonal();
+        let _p = z.alloc_pages_node(NodeId(0), Gfp::THISNODE, 0).unwrap();
+        let zones = parse_zoneinfo(&z.zoneinfo());
+        assert_eq!(zones.len(), 2);
+        let get = |i: usize, k: &str| zones[i].2.iter().find(|(f, _)| f == k).map(|(_, v)| *v);
+        assert_eq!(get(0, "pages free"), Some(2047));
+        assert_eq!(get(0, "nr_free_pages"), Some(2047));
+        assert_eq!(get(1, "managed"), Some(3072));
+        assert_eq!(get(1, "spanned"), Some(3072));
+        assert_eq!(get(1, "start_pfn"), Some(2048));
+        let stats = z.zone_stats();
+        assert_eq!(get(0, "min"), Some(stats[0].min as u64));
+        assert_eq!(get(0, "low"), Some(stats[0].low as u64));
+        assert_eq!(get(0, "high"), Some(stats[0].high as u64));
+        assert!(stats[0].min < stats[0].low && stats[0].low < stats[0].high);
+        let json: Vec<serde_json::Value> = serde_json::from_str(&z.zone_stats_json()).unwrap();
+        assert_eq!(json[1]["free_blocks"][10], 3);
+    }
 }

@@ -226,7 +226,7 @@ impl Topology {
                         .split(':')
                         .enumerate()
                         .map(|(r, row)| {
-                            row.split(|c: char| c == ' ' || c == ',' || c == '\t')
+                            row.split([' ', ',', '\t'])
                                 .filter(|s| !s.is_empty())
                                 .map(|d| d.parse::<u32>().map_err(|_| format!("row {r}: `{d}` is not a number")))
                                 .collect::<std::result::Result<Vec<_>, _>>()
