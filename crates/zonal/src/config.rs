@@ -24,6 +24,12 @@ pub struct Config {
     pub min_free_kbytes: Option<u64>,
     /// `watermark_scale_factor` (default 10, at most 3000).
     pub watermark_scale_factor: u32,
+    /// Per-CPU page lists on (default) or off (every allocation takes the zone lock).
+    pub pcp: bool,
+    /// `percpu_pagelist_high_fraction`: 0 (default, `high` tunes itself) or at least 8.
+    pub percpu_pagelist_high_fraction: u32,
+    /// How often the background worker decays idle pcps (`stat_interval`, default 1 s).
+    pub stat_interval: std::time::Duration,
 }
 
 impl Config {
@@ -35,7 +41,16 @@ impl Config {
             arena: ArenaOptions::default(),
             min_free_kbytes: None,
             watermark_scale_factor: DEFAULT_WATERMARK_SCALE_FACTOR,
+            pcp: true,
+            percpu_pagelist_high_fraction: 0,
+            stat_interval: std::time::Duration::from_secs(1),
         }
+    }
+
+    /// Turns the per-CPU page lists on or off.
+    pub fn pcp(mut self, on: bool) -> Config {
+        self.pcp = on;
+        self
     }
 
     /// Sets the largest order.
@@ -77,10 +92,15 @@ impl Config {
                 "thp" => c.arena.thp = flag(&v)?,
                 "min_free_kbytes" => c.min_free_kbytes = Some(num(&v)?),
                 "watermark_scale_factor" => c.watermark_scale_factor = u32::try_from(num(&v)?).unwrap_or(u32::MAX),
+                "pcp" => c.pcp = flag(&v)?,
+                "percpu_pagelist_high_fraction" => {
+                    c.percpu_pagelist_high_fraction = u32::try_from(num(&v)?).unwrap_or(u32::MAX)
+                }
+                "stat_interval_ms" => c.stat_interval = std::time::Duration::from_millis(num(&v)?.max(1)),
                 _ => {
                     return Err(Error::InvalidConfig(format!(
                         "config: unknown key `{k}`; valid keys: topology, max_order, populate, mlock, thp, \
-                         min_free_kbytes, watermark_scale_factor"
+                         min_free_kbytes, watermark_scale_factor, pcp, percpu_pagelist_high_fraction, stat_interval_ms"
                     )))
                 }
             }

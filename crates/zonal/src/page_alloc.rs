@@ -18,13 +18,18 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::gfp::Gfp;
 use crate::mempolicy::{self, MemPolicy, NodeMask, Resolved};
+use crate::pcp::{self, PerCpuPages, PCP_MAX_ORDER};
+use crate::sync::AtomicU32;
 use crate::sync::{AtomicU64, Ordering};
 use crate::sys;
 use crate::topology::Topology;
 use crate::types::{CpuId, NodeId, Order, Pfn, ZoneId, PAGE_SHIFT, PAGE_SIZE};
+use crate::vmstat::{self, PerCpuEvents, VmEvent};
 use crate::zone::{self, Watermark, Zone};
 use crate::zonelist::{self, Zonelists};
 use std::ptr::NonNull;
+use std::sync::{Arc, Condvar};
+use std::time::Duration;
 
 static NEXT_HANDLE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
@@ -37,7 +42,15 @@ pub struct Zonal {
     topo: Topology,
     // Zones before the arena: fields drop in order, and the zones hold no pointers into the
     // arena, but keeping the memory last mirrors that nothing outlives it.
-    zones: Vec<Zone>,
+    zones: Arc<[Zone]>,
+    /// Per-CPU page lists, `[cpu * nr_zones + zone]`.
+    pcps: Arc<[PerCpuPages]>,
+    /// Per-CPU event counters, `[cpu]`, apart from the lists (seed 002).
+    events: Box<[PerCpuEvents]>,
+    nr_cpus: usize,
+    pcp_enabled: bool,
+    percpu_pagelist_high_fraction: AtomicU32,
+    worker: Option<Worker>,
     node_zones: Vec<Vec<ZoneId>>,
     zonelists: Vec<Zonelists>,
     /// Zone of each largest-order block of the arena (`u16::MAX`: a gap).
@@ -54,6 +67,7 @@ const NO_ZONE: u16 = u16::MAX;
 
 /// What one allocation looks for (Linux's `struct alloc_context` plus the alloc flags).
 struct AllocContext<'a> {
+    cpu: usize,
     zonelist: &'a [ZoneId],
     nodemask: Option<&'a NodeMask>,
     high: bool,
@@ -64,6 +78,15 @@ impl Zonal {
     /// Builds an allocator: maps each node's memory and puts it all on the free lists.
     pub fn new(config: Config) -> Result<Zonal> {
         config.validate()?;
+        if config.percpu_pagelist_high_fraction != 0
+            && config.percpu_pagelist_high_fraction < pcp::MIN_PERCPU_PAGELIST_HIGH_FRACTION
+        {
+            return Err(Error::InvalidConfig(format!(
+                "percpu_pagelist_high_fraction {}: must be 0 or at least {}",
+                config.percpu_pagelist_high_fraction,
+                pcp::MIN_PERCPU_PAGELIST_HIGH_FRACTION
+            )));
+        }
         let max_order = Order(config.max_order);
         let topo = config.topology;
         let arena = Arena::new(&topo, max_order, config.arena)?;
@@ -82,10 +105,34 @@ impl Zonal {
         let zonelists = zonelist::build_zonelists(&topo, &node_zones);
         let lowmem_pages = zones.iter().map(|z| z.managed).sum();
         let min_free = config.min_free_kbytes.unwrap_or_else(|| zone::default_min_free_kbytes(lowmem_pages));
-        let z = Zonal {
+        let nr_cpus = topo.nr_cpus();
+        let zones: Arc<[Zone]> = zones.into();
+        for z in zones.iter() {
+            z.setup_watermarks(min_free, lowmem_pages, config.watermark_scale_factor);
+        }
+        let fraction = config.percpu_pagelist_high_fraction;
+        let pcps: Arc<[PerCpuPages]> = (0..nr_cpus)
+            .flat_map(|_| zones.iter())
+            .map(|z| {
+                let (batch, high_min, high_max) = pcp_sizes(&topo, z, fraction);
+                if config.pcp {
+                    PerCpuPages::new(batch, high_min, high_max)
+                } else {
+                    PerCpuPages::new(1, 0, 0)
+                }
+            })
+            .collect();
+        let worker = Worker::start(Arc::clone(&zones), Arc::clone(&pcps), config.stat_interval);
+        Ok(Zonal {
             id: NEXT_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             topo,
             zones,
+            pcps,
+            events: (0..nr_cpus).map(|_| PerCpuEvents::default()).collect(),
+            nr_cpus,
+            pcp_enabled: config.pcp,
+            percpu_pagelist_high_fraction: AtomicU32::new(fraction),
+            worker: Some(worker),
             node_zones,
             zonelists,
             block_zone,
@@ -94,18 +141,53 @@ impl Zonal {
             watermark_scale_factor: AtomicU64::new(config.watermark_scale_factor as u64),
             lowmem_pages,
             arena,
-        };
-        z.setup_per_zone_wmarks();
-        Ok(z)
+        })
     }
 
     /// Recomputes every zone's watermarks from `min_free_kbytes` and `watermark_scale_factor`.
     fn setup_per_zone_wmarks(&self) {
         let mfk = self.min_free_kbytes.load(Ordering::Relaxed);
         let wsf = self.watermark_scale_factor.load(Ordering::Relaxed) as u32;
-        for z in &self.zones {
+        for z in self.zones.iter() {
             z.setup_watermarks(mfk, self.lowmem_pages, wsf);
         }
+        // high follows the low watermark when the fraction is 0.
+        self.update_pcp_sizes();
+    }
+
+    /// Recomputes every pcp's batch and high bounds from the zones and the fraction
+    /// (`zone_pcp_update`).
+    fn update_pcp_sizes(&self) {
+        if !self.pcp_enabled {
+            return;
+        }
+        let fraction = self.percpu_pagelist_high_fraction.load(Ordering::Relaxed);
+        for (i, p) in self.pcps.iter().enumerate() {
+            let z = &self.zones[i % self.zones.len()];
+            let (batch, high_min, high_max) = pcp_sizes(&self.topo, z, fraction);
+            p.lock().with(|inner| pcp::set_high_and_batch(z, inner, batch, high_min, high_max));
+        }
+    }
+
+    /// Sets `percpu_pagelist_high_fraction`: 0 lets `high` tune itself between the low
+    /// watermark's share and an eighth of the zone, split over the node's CPUs (Linux 6.7);
+    /// N >= 8 fixes `high` at `managed / N` split likewise. Other values are rejected and the
+    /// old value kept.
+    pub fn set_percpu_pagelist_high_fraction(&self, fraction: u32) -> Result<()> {
+        if fraction != 0 && fraction < pcp::MIN_PERCPU_PAGELIST_HIGH_FRACTION {
+            return Err(Error::InvalidConfig(format!(
+                "percpu_pagelist_high_fraction {fraction}: must be 0 or at least {}",
+                pcp::MIN_PERCPU_PAGELIST_HIGH_FRACTION
+            )));
+        }
+        self.percpu_pagelist_high_fraction.store(fraction, Ordering::Relaxed);
+        self.update_pcp_sizes();
+        Ok(())
+    }
+
+    /// Current `percpu_pagelist_high_fraction`.
+    pub fn percpu_pagelist_high_fraction(&self) -> u32 {
+        self.percpu_pagelist_high_fraction.load(Ordering::Relaxed)
     }
 
     /// Sets `min_free_kbytes` and recomputes the watermarks. Rejects 0 and values that would
@@ -170,10 +252,22 @@ impl Zonal {
         self.max_order
     }
 
+    /// The CPU this thread runs on now, as an index into the per-CPU tables. Only a hint:
+    /// the thread may move at any instant, and nothing depends on it staying.
+    #[inline]
+    pub fn current_cpu(&self) -> usize {
+        let c = sys::current_cpu() as usize;
+        if c < self.nr_cpus {
+            c
+        } else {
+            c % self.nr_cpus
+        }
+    }
+
     /// The node of the CPU this thread runs on (`numa_node_id`).
     #[inline]
     pub fn local_node(&self) -> NodeId {
-        self.topo.cpu_to_node(CpuId(sys::current_cpu()))
+        self.topo.cpu_to_node(CpuId(self.current_cpu() as u32))
     }
 
     #[inline]
@@ -192,13 +286,29 @@ impl Zonal {
         Ok(())
     }
 
+    #[inline]
+    fn pcp(&self, cpu: usize, zone: ZoneId) -> &PerCpuPages {
+        &self.pcps[cpu * self.zones.len() + zone.0 as usize]
+    }
+
+    #[inline]
+    fn count_event(&self, cpu: usize, ev: VmEvent, n: u64) {
+        self.events[cpu].add(ev, n);
+    }
+
+    /// An event counter summed over CPUs.
+    pub fn event(&self, ev: VmEvent) -> u64 {
+        vmstat::sum_events(&self.events, ev)
+    }
+
     /// Allocates a block of 2^order frames under this thread's memory policy (local node by
     /// default).
     #[inline]
     pub fn alloc_pages(&self, gfp: Gfp, order: u32) -> Result<NonNull<u8>> {
         let order = self.check_order(order)?;
-        let local = self.local_node();
-        mempolicy::with_thread_policy(self.id, local, |r| self.alloc_resolved(gfp, order, r))
+        let cpu = self.current_cpu();
+        let local = self.topo.cpu_to_node(CpuId(cpu as u32));
+        mempolicy::with_thread_policy(self.id, local, |r| self.alloc_resolved(cpu, gfp, order, r))
     }
 
     /// Allocates a block preferring node `nid` (`alloc_pages_node`); with [`Gfp::THISNODE`]
@@ -207,7 +317,7 @@ impl Zonal {
     pub fn alloc_pages_node(&self, nid: NodeId, gfp: Gfp, order: u32) -> Result<NonNull<u8>> {
         let order = self.check_order(order)?;
         self.check_node(nid)?;
-        self.alloc_resolved(gfp, order, Resolved::Node(nid))
+        self.alloc_resolved(self.current_cpu(), gfp, order, Resolved::Node(nid))
     }
 
     /// Allocates a block under `policy` for this call only. A per-call interleave advances
@@ -215,13 +325,14 @@ impl Zonal {
     pub fn alloc_pages_policy(&self, gfp: Gfp, order: u32, policy: &MemPolicy) -> Result<NonNull<u8>> {
         let order = self.check_order(order)?;
         policy.validate(self.topo.nr_nodes())?;
-        let local = self.local_node();
+        let cpu = self.current_cpu();
+        let local = self.topo.cpu_to_node(CpuId(cpu as u32));
         match policy {
             MemPolicy::Interleave(mask) => {
                 let nid = mempolicy::interleave_call(self.id, mask);
-                self.alloc_resolved(gfp, order, Resolved::Interleave(nid))
+                self.alloc_resolved(cpu, gfp, order, Resolved::Interleave(nid))
             }
-            p => self.alloc_resolved(gfp, order, mempolicy::resolve(p, local)),
+            p => self.alloc_resolved(cpu, gfp, order, mempolicy::resolve(p, local)),
         }
     }
 
@@ -238,28 +349,42 @@ impl Zonal {
     }
 
     #[inline]
-    fn alloc_resolved(&self, gfp: Gfp, order: Order, r: Resolved<'_>) -> Result<NonNull<u8>> {
-        let (preferred, nodemask) = match r {
+    fn context<'a>(&'a self, cpu: usize, gfp: Gfp, r: &Resolved<'a>) -> (NodeId, AllocContext<'a>) {
+        let (preferred, nodemask) = match *r {
             Resolved::Node(n) | Resolved::Interleave(n) => (n, None),
             Resolved::Masked(n, m) => (n, Some(m)),
         };
         let lists = &self.zonelists[preferred.0 as usize];
         let ctx = AllocContext {
+            cpu,
             zonelist: if gfp.contains(Gfp::THISNODE) { &lists.nofallback } else { &lists.fallback },
             nodemask,
             high: gfp.contains(Gfp::HIGH),
             no_watermarks: gfp.contains(Gfp::NO_WATERMARKS),
         };
+        (preferred, ctx)
+    }
+
+    #[inline]
+    fn alloc_resolved(&self, cpu: usize, gfp: Gfp, order: Order, r: Resolved<'_>) -> Result<NonNull<u8>> {
+        let (_, ctx) = self.context(cpu, gfp, &r);
         let pfn = match self.get_page_from_freelist(&ctx, order, Watermark::Low) {
             Some(p) => p,
             None => self.alloc_pages_slowpath(&ctx, order)?,
         };
-        let addr = self.arena.pfn_to_addr(pfn);
-        // The arena never maps address 0, so a frame's address is never null.
-        Ok(NonNull::new(addr as *mut u8).expect("arena addresses are non-null"))
+        self.count_event(cpu, VmEvent::PgallocNormal, order.pages() as u64);
+        Ok(self.pfn_to_ptr(pfn))
     }
 
-    /// The second pass: down to `min` (half of it with [`Gfp::HIGH`]), then, with
+    #[inline]
+    fn pfn_to_ptr(&self, pfn: Pfn) -> NonNull<u8> {
+        let addr = self.arena.pfn_to_addr(pfn);
+        // The arena never maps address 0, so a frame's address is never null.
+        NonNull::new(addr as *mut u8).expect("arena addresses are non-null")
+    }
+
+    /// The second pass: down to `min` (half of it with [`Gfp::HIGH`]); if that fails, drain
+    /// every CPU's lists (frames stranded there are free memory) and try again; then, with
     /// [`Gfp::NO_WATERMARKS`], past every watermark. zonal has no reclaim to wait for, so what
     /// remains after these is out of memory.
     #[cold]
@@ -268,11 +393,17 @@ impl Zonal {
         if let Some(p) = self.get_page_from_freelist(ctx, order, Watermark::Min) {
             return Ok(p);
         }
+        if self.drain_all_pages() > 0 {
+            if let Some(p) = self.get_page_from_freelist(ctx, order, Watermark::Min) {
+                return Ok(p);
+            }
+        }
         if ctx.no_watermarks {
             if let Some(p) = self.walk(ctx, order, |_| true) {
                 return Ok(p);
             }
         }
+        self.count_event(ctx.cpu, VmEvent::AllocFail, 1);
         Err(Error::OutOfMemory { order })
     }
 
@@ -295,29 +426,255 @@ impl Zonal {
             if !ok(z) {
                 continue;
             }
-            if let Some(p) = rmqueue(z, order) {
+            if let Some(p) = self.rmqueue(ctx.cpu, z, order) {
                 return Some(p);
             }
         }
         None
     }
 
+    /// Takes a block from a zone (`rmqueue`): from this CPU's lists for small orders, from the
+    /// buddy lists for large ones or when the lists are busy (`pcp_spin_trylock` failed).
+    #[inline]
+    fn rmqueue(&self, cpu: usize, z: &Zone, order: Order) -> Option<Pfn> {
+        let pfn = if order.0 <= PCP_MAX_ORDER && self.pcp_enabled {
+            match self.pcp(cpu, z.id).try_lock() {
+                Some(mut g) => {
+                    let refills = g.with(|p| {
+                        let before = p.list_len(order);
+                        let pfn = pcp::rmqueue_pcplist(z, p, order);
+                        (pfn, before == 0)
+                    });
+                    drop(g);
+                    if refills.1 {
+                        self.count_event(cpu, VmEvent::PcpRefill, 1);
+                    }
+                    refills.0?
+                }
+                None => {
+                    self.count_event(cpu, VmEvent::PcpTrylockFail, 1);
+                    rmqueue_buddy(z, order)?
+                }
+            }
+        } else {
+            rmqueue_buddy(z, order)?
+        };
+        // Release: pairs with the Acquire of the CAS in free_pages, so the free sees the
+        // lists' state as of this allocation.
+        z.state(pfn).store(buddy::state(ALLOCATED, order), Ordering::Release);
+        Some(pfn)
+    }
+
     /// Frees a block given its address and order (`free_pages`). Checks, in order: the order,
     /// that zonal owns the address, its alignment, and that a live block of exactly this order
     /// starts there. Any failure leaves everything as it was.
+    #[inline]
     pub fn free_pages(&self, addr: *mut u8, order: u32) -> Result<()> {
         let order = self.check_order(order)?;
         let (zone, pfn) = self.addr_to_zone(addr as usize, order)?;
-        if let Err(s) = zone.state(pfn).compare_exchange(
-            buddy::state(ALLOCATED, order),
-            buddy::NONE,
-            Ordering::Acquire,
-            Ordering::Relaxed,
-        ) {
-            return Err(classify_bad_free(zone, pfn, order, s));
+        claim(zone, pfn, order)?;
+        let cpu = self.current_cpu();
+        self.free_claimed(cpu, zone, pfn, order);
+        self.count_event(cpu, VmEvent::Pgfree, order.pages() as u64);
+        Ok(())
+    }
+
+    /// Returns a claimed block to this CPU's lists, or to the buddy lists for a large order or
+    /// when the lists are busy (`free_unref_page` / `free_one_page`).
+    #[inline]
+    fn free_claimed(&self, cpu: usize, zone: &Zone, pfn: Pfn, order: Order) {
+        if order.0 <= PCP_MAX_ORDER && self.pcp_enabled {
+            if let Some(mut g) = self.pcp(cpu, zone.id).try_lock() {
+                let drained = g.with(|p| pcp::free_to_pcp(zone, p, pfn, order));
+                drop(g);
+                if drained > 0 {
+                    self.count_event(cpu, VmEvent::PcpDrain, 1);
+                }
+                return;
+            }
+            self.count_event(cpu, VmEvent::PcpTrylockFail, 1);
         }
         free_one_page(zone, pfn, order);
-        Ok(())
+    }
+
+    /// Allocates order-0 frames into the empty (`None`) slots of `array`, leaving filled slots
+    /// alone, and returns how many slots are filled afterwards (`alloc_pages_bulk`, array
+    /// form). Under memory pressure it fills what it can: a partial fill is not an error.
+    /// Accounting is done once per call with the batch count (seed 002).
+    pub fn alloc_pages_bulk_array(&self, gfp: Gfp, array: &mut [Option<NonNull<u8>>]) -> usize {
+        let mut filled = array.iter().filter(|s| s.is_some()).count();
+        let want = array.len() - filled;
+        if want == 0 {
+            return filled;
+        }
+        let mut slots = array.iter_mut().filter(|s| s.is_none());
+        let got = self.alloc_bulk(gfp, want, |p| {
+            if let Some(s) = slots.next() {
+                *s = Some(p);
+            }
+        });
+        filled += got;
+        filled
+    }
+
+    /// Allocates `nr` order-0 frames and appends them to `list`; returns how many it appended
+    /// (`alloc_pages_bulk`, list form). Partial under memory pressure, never an error.
+    pub fn alloc_pages_bulk_list(&self, gfp: Gfp, nr: usize, list: &mut Vec<NonNull<u8>>) -> usize {
+        list.reserve(nr);
+        self.alloc_bulk(gfp, nr, |p| list.push(p))
+    }
+
+    /// The bulk allocator (`__alloc_pages_bulk`): take up to `nr` frames from this CPU's
+    /// order-0 list of the first usable zone, under one pcp lock, with the accounting done
+    /// once. Falls back to the single-page path, as Linux does, when one frame is wanted, when
+    /// the first usable zone is on another node than the preferred one, when the lists are
+    /// busy, or when the zone had nothing for the lists.
+    fn alloc_bulk(&self, gfp: Gfp, nr: usize, mut put: impl FnMut(NonNull<u8>)) -> usize {
+        if nr == 0 {
+            return 0;
+        }
+        let cpu = self.current_cpu();
+        self.count_event(cpu, VmEvent::AllocBulk, 1);
+        let local = self.topo.cpu_to_node(CpuId(cpu as u32));
+        // The bulk path interleaves per call, not per frame (Linux's bulk allocator takes the
+        // interleave node once per call too, for its preferred node).
+        let single = |put: &mut dyn FnMut(NonNull<u8>)| match self.alloc_pages(gfp, 0) {
+            Ok(p) => {
+                put(p);
+                1
+            }
+            Err(_) => 0,
+        };
+        if nr == 1 || !self.pcp_enabled {
+            return (0..nr).map(|_| single(&mut put)).take_while(|&n| n == 1).count();
+        }
+        let got = mempolicy::with_thread_policy(self.id, local, |r| {
+            let (preferred, ctx) = self.context(cpu, gfp, &r);
+            // The first zone that may serve the whole batch above `low`.
+            let zone = ctx.zonelist.iter().map(|z| &self.zones[z.0 as usize]).find(|z| {
+                ctx.nodemask.is_none_or(|m| m.contains(z.node))
+                    && (ctx.no_watermarks || z.watermark_ok_fast(Order(0), z.watermark(Watermark::Low) + nr, ctx.high))
+            });
+            let zone = zone.filter(|z| z.node == preferred)?;
+            let mut g = self.pcp(cpu, zone.id).try_lock()?;
+            let mut n = 0;
+            let mut refills = 0;
+            g.with(|p| {
+                while n < nr {
+                    if p.list_len(Order(0)) == 0 {
+                        refills += 1;
+                    }
+                    let Some(pfn) = pcp::rmqueue_pcplist(zone, p, Order(0)) else { break };
+                    zone.state(pfn).store(buddy::state(ALLOCATED, Order(0)), Ordering::Release);
+                    put(self.pfn_to_ptr(pfn));
+                    n += 1;
+                }
+            });
+            drop(g);
+            if refills > 0 {
+                self.count_event(cpu, VmEvent::PcpRefill, refills);
+            }
+            self.count_event(cpu, VmEvent::PgallocNormal, n as u64);
+            (n > 0).then_some(n)
+        });
+        match got {
+            Some(n) if n == nr => n,
+            // Partial fill from the lists: top up through the single-page path, which may
+            // fall back to other zones, until it too fails.
+            Some(n) => n + (n..nr).map(|_| single(&mut put)).take_while(|&k| k == 1).count(),
+            None => (0..nr).map(|_| single(&mut put)).take_while(|&k| k == 1).count(),
+        }
+    }
+
+    /// Frees many order-0 frames; each is checked as by [`Zonal::free_pages`]. Every valid
+    /// frame is freed, under one pcp lock per zone run, and the accounting is done once. On
+    /// error the others are still freed and the first bad entry is reported with its index.
+    pub fn free_pages_bulk(&self, pages: &[*mut u8]) -> std::result::Result<usize, (usize, Error)> {
+        let cpu = self.current_cpu();
+        let mut first_err = None;
+        let mut freed = 0usize;
+        let mut held: Option<(ZoneId, pcp::PcpGuard<'_>)> = None;
+        for (i, &p) in pages.iter().enumerate() {
+            let checked =
+                self.addr_to_zone(p as usize, Order(0)).and_then(|(z, pfn)| claim(z, pfn, Order(0)).map(|_| (z, pfn)));
+            let (z, pfn) = match checked {
+                Ok(v) => v,
+                Err(e) => {
+                    first_err.get_or_insert((i, e));
+                    continue;
+                }
+            };
+            freed += 1;
+            if !self.pcp_enabled {
+                free_one_page(z, pfn, Order(0));
+                continue;
+            }
+            if held.as_ref().is_none_or(|(zid, _)| *zid != z.id) {
+                drop(held.take());
+                held = self.pcp(cpu, z.id).try_lock().map(|g| (z.id, g));
+            }
+            match held.as_mut() {
+                Some((_, g)) => {
+                    if g.with(|inner| pcp::free_to_pcp(z, inner, pfn, Order(0))) > 0 {
+                        self.count_event(cpu, VmEvent::PcpDrain, 1);
+                    }
+                }
+                None => free_one_page(z, pfn, Order(0)),
+            }
+        }
+        drop(held);
+        self.count_event(cpu, VmEvent::Pgfree, freed as u64);
+        match first_err {
+            None => Ok(freed),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Returns one CPU's lists, for every zone, to the buddy lists (`drain_local_pages` of that
+    /// CPU). Returns the frames moved.
+    pub fn drain_cpu_pages(&self, cpu: usize) -> usize {
+        if cpu >= self.nr_cpus {
+            return 0;
+        }
+        let mut n = 0;
+        for z in self.zones.iter() {
+            n += self.pcp(cpu, z.id).lock().with(|p| pcp::drain(z, p));
+        }
+        if n > 0 {
+            self.count_event(self.current_cpu(), VmEvent::PcpDrain, 1);
+        }
+        n
+    }
+
+    /// Returns every CPU's lists to the buddy lists (`drain_all_pages`). Returns the frames
+    /// moved.
+    pub fn drain_all_pages(&self) -> usize {
+        (0..self.nr_cpus).map(|c| self.drain_cpu_pages(c)).sum()
+    }
+
+    /// Runs one `decay_pcp_high` pass over every CPU's lists (the background worker does this
+    /// every `stat_interval`). Returns the frames drained.
+    pub fn decay_pcp_high(&self) -> usize {
+        decay_all(&self.zones, &self.pcps)
+    }
+
+    /// One CPU's pcp figures for a zone: (count, high, batch, high_min, high_max).
+    pub fn pcp_info(&self, cpu: usize, zone: ZoneId) -> Option<PcpInfo> {
+        if cpu >= self.nr_cpus || zone.0 as usize >= self.zones.len() {
+            return None;
+        }
+        Some(self.pcp(cpu, zone).lock().with(|p| PcpInfo {
+            count: p.count,
+            high: p.high,
+            batch: p.batch,
+            high_min: p.high_min,
+            high_max: p.high_max,
+        }))
+    }
+
+    /// Number of CPUs the per-CPU tables cover.
+    pub fn nr_cpus(&self) -> usize {
+        self.nr_cpus
     }
 
     /// The zone and frame of an address that must start a block of `order`.
@@ -351,9 +708,19 @@ impl Zonal {
         Ok(self.arena.addr_to_pfn(addr as usize).expect("owned addresses are in the arena"))
     }
 
-    /// Free frames of a node, over its zones.
+    /// Free frames of a node in its buddy lists (`NR_FREE_PAGES`: frames on per-CPU lists are
+    /// not counted, as in Linux; [`Zonal::nr_pcp_pages`] counts those).
     pub fn nr_free_pages(&self, nid: NodeId) -> Result<usize> {
         Ok(self.node_zones(nid)?.iter().map(|z| self.zones[z.0 as usize].nr_free()).sum())
+    }
+
+    /// Frames on every CPU's lists for a node's zones.
+    pub fn nr_pcp_pages(&self, nid: NodeId) -> Result<usize> {
+        let zones = self.node_zones(nid)?;
+        Ok((0..self.nr_cpus)
+            .flat_map(|c| zones.iter().map(move |z| (c, *z)))
+            .map(|(c, z)| self.pcp(c, z).lock().with(|p| p.count))
+            .sum())
     }
 
     /// Free blocks of one order on a node, over its zones.
@@ -362,31 +729,126 @@ impl Zonal {
         Ok(self.node_zones(nid)?.iter().map(|z| self.zones[z.0 as usize].free_blocks()[order.0 as usize]).sum())
     }
 
-    /// Checks every zone's invariants (see [`Zone::check_invariants`]); returns the allocated
-    /// frames. Call while no other thread allocates or frees.
+    /// Checks every zone's and every per-CPU list's invariants: `free + pcp + allocated ==
+    /// managed` per zone, pcp counts match their lists and stay within `high + batch`, and no
+    /// frame is in two places. Returns the allocated frames. Call while no other thread
+    /// allocates or frees.
     pub fn check_invariants(&self) -> std::result::Result<usize, String> {
-        self.zones.iter().map(Zone::check_invariants).sum()
+        let mut allocated = 0;
+        for z in self.zones.iter() {
+            let mut on_pcp = 0;
+            for c in 0..self.nr_cpus {
+                on_pcp += self.pcp(c, z.id).lock().with(|p| pcp::check(z, p))?;
+            }
+            allocated += z.check_invariants(on_pcp)?;
+        }
+        Ok(allocated)
+    }
+}
+
+/// One CPU's pcp figures for one zone (the `pagesets` of `/proc/zoneinfo`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PcpInfo {
+    /// Frames on the lists.
+    pub count: usize,
+    /// Drain threshold.
+    pub high: usize,
+    /// Refill and drain unit.
+    pub batch: usize,
+    /// Lower bound of `high`.
+    pub high_min: usize,
+    /// Upper bound of `high`.
+    pub high_max: usize,
+}
+
+/// (batch, high_min, high_max) of a zone's pcps (`zone_set_pageset_high_and_batch`).
+fn pcp_sizes(topo: &Topology, z: &Zone, fraction: u32) -> (usize, usize, usize) {
+    let batch = pcp::zone_batchsize(z.managed);
+    let node_cpus = topo.nodes()[z.node.0 as usize].cpus.len();
+    let low = z.watermark(Watermark::Low);
+    let size = |f| pcp::zone_highsize(low, z.managed, batch, node_cpus, topo.nr_cpus(), f);
+    if fraction != 0 {
+        let h = size(fraction);
+        (batch, h, h)
+    } else {
+        let (min, max) = (size(0), size(pcp::MIN_PERCPU_PAGELIST_HIGH_FRACTION));
+        (batch, min, max.max(min))
+    }
+}
+
+fn decay_all(zones: &[Zone], pcps: &[PerCpuPages]) -> usize {
+    pcps.iter().enumerate().map(|(i, p)| p.lock().with(|inner| pcp::decay_high(&zones[i % zones.len()], inner))).sum()
+}
+
+/// The background worker (`vmstat_update`'s pcp part): decays idle pcps' `high` every
+/// interval. Stopped and joined when the handle drops.
+struct Worker {
+    stop: Arc<(std::sync::Mutex<bool>, Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Worker {
+    fn start(zones: Arc<[Zone]>, pcps: Arc<[PerCpuPages]>, interval: Duration) -> Worker {
+        let stop = Arc::new((std::sync::Mutex::new(false), Condvar::new()));
+        let s = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("zonal-vmstat".into())
+            .spawn(move || {
+                let (m, cv) = &*s;
+                let mut stopped = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                while !*stopped {
+                    let (g, timeout) =
+                        cv.wait_timeout(stopped, interval).unwrap_or_else(std::sync::PoisonError::into_inner);
+                    stopped = g;
+                    if !*stopped && timeout.timed_out() {
+                        decay_all(&zones, &pcps);
+                    }
+                }
+            })
+            .ok();
+        Worker { stop, thread }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let (m, cv) = &*self.stop;
+        *m.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+        cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
 impl Drop for Zonal {
     fn drop(&mut self) {
+        self.worker.take();
         mempolicy::forget_handle(self.id);
     }
 }
 
-/// Takes a block of `order` from a zone's buddy lists and tags it allocated (`rmqueue`).
+/// Claims a live block for freeing: `ALLOCATED|order -> NONE` on its head, so exactly one of
+/// any number of racing frees wins and every other bad free is refused with its reason.
 #[inline]
-fn rmqueue(z: &Zone, order: Order) -> Option<Pfn> {
-    let pfn = {
-        let mut l = z.lock();
-        let pfn = l.buddy().rmqueue_smallest(order)?;
-        l.sub_free(order.pages());
-        pfn
-    };
-    // Release: pairs with the Acquire of the CAS in free_pages, so the free sees the lists'
-    // state as of this allocation.
-    z.state(pfn).store(buddy::state(ALLOCATED, order), Ordering::Release);
+fn claim(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
+    match zone.state(pfn).compare_exchange(
+        buddy::state(ALLOCATED, order),
+        buddy::NONE,
+        Ordering::Acquire,
+        Ordering::Relaxed,
+    ) {
+        Ok(_) => Ok(()),
+        Err(s) => Err(classify_bad_free(zone, pfn, order, s)),
+    }
+}
+
+/// Takes a block of `order` from a zone's buddy lists (`rmqueue_buddy`); the caller tags it.
+#[inline]
+fn rmqueue_buddy(z: &Zone, order: Order) -> Option<Pfn> {
+    let mut l = z.lock();
+    let pfn = l.buddy().rmqueue_smallest(order)?;
+    l.sub_free(order.pages());
     Some(pfn)
 }
 

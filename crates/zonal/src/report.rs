@@ -155,7 +155,7 @@ mod tests {
 
     fn zonal() -> Zonal {
         let t = Topology::parse_for("nodes=2,sizes=8M:12M", Machine { nr_cpus: 2, mem_total: 1 << 30 }).unwrap();
-        Zonal::new(Config::new(t)).unwrap()
+        Zonal::new(Config::new(t).pcp(false)).unwrap()
     }
 
     #[test]

@@ -24,3 +24,49 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
         m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
+
+/// A cell whose contents a lock elsewhere protects (the per-CPU page lists): loom's
+/// `UnsafeCell` under `cfg(loom)`, so the model checks every access against the lock.
+#[derive(Debug)]
+pub struct LockedCell<T>(#[cfg(loom)] loom::cell::UnsafeCell<T>, #[cfg(not(loom))] std::cell::UnsafeCell<T>);
+
+impl<T> LockedCell<T> {
+    /// Wraps a value.
+    pub fn new(v: T) -> Self {
+        #[cfg(loom)]
+        {
+            LockedCell(loom::cell::UnsafeCell::new(v))
+        }
+        #[cfg(not(loom))]
+        {
+            LockedCell(std::cell::UnsafeCell::new(v))
+        }
+    }
+
+    /// Runs `f` on the contents.
+    ///
+    /// # Safety
+    /// The caller holds the lock that protects this cell, so no other access runs meanwhile.
+    #[inline]
+    pub unsafe fn with_mut<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        #[cfg(loom)]
+        {
+            // SAFETY: exclusive by the caller's lock (see # Safety); loom checks it.
+            self.0.with_mut(|p| f(unsafe { &mut *p }))
+        }
+        #[cfg(not(loom))]
+        {
+            // SAFETY: exclusive by the caller's lock (see # Safety).
+            f(unsafe { &mut *self.0.get() })
+        }
+    }
+}
+
+/// Yields the CPU in a spin loop (loom's yield under `cfg(loom)`, so models terminate).
+#[inline]
+pub fn spin_wait() {
+    #[cfg(loom)]
+    loom::thread::yield_now();
+    #[cfg(not(loom))]
+    std::thread::yield_now();
+}

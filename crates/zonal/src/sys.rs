@@ -131,9 +131,25 @@ pub fn madvise_hugepage(addr: usize, len: usize) -> Result<()> {
     Ok(())
 }
 
-/// The CPU this thread runs on now (`sched_getcpu`), or 0 if the kernel cannot say.
+/// The CPU this thread runs on now: the `cpu_id` the kernel keeps in the thread's rseq area
+/// when glibc registered one (two loads, no call), else `sched_getcpu`, else 0.
 #[inline]
 pub fn current_cpu() -> u32 {
+    if let Some(off) = rseq_offset() {
+        // SAFETY: glibc registered an rseq area for every thread at `thread pointer + off`
+        // (it published `__rseq_offset` with a non-zero `__rseq_size`), and the kernel keeps
+        // `cpu_id` (a u32 at byte 4 of `struct rseq`) current; a volatile read sees its latest
+        // value.
+        let id = unsafe { std::ptr::read_volatile((thread_pointer() as isize + off + 4) as *const i32) };
+        if id >= 0 {
+            return id as u32;
+        }
+    }
+    sched_getcpu()
+}
+
+/// `sched_getcpu`, or 0 if the kernel cannot say.
+pub fn sched_getcpu() -> u32 {
     // SAFETY: sched_getcpu has no preconditions.
     let c = unsafe { libc::sched_getcpu() };
     if c < 0 {
@@ -141,6 +157,54 @@ pub fn current_cpu() -> u32 {
     } else {
         c as u32
     }
+}
+
+/// glibc's `__rseq_offset` when glibc registered rseq areas (glibc 2.35+, unless turned off
+/// with `GLIBC_TUNABLES=glibc.pthread.rseq=0`); looked up once with `dlsym` so that zonal
+/// still loads on an older libc.
+#[inline]
+pub fn rseq_offset() -> Option<isize> {
+    static OFFSET: std::sync::OnceLock<Option<isize>> = std::sync::OnceLock::new();
+    *OFFSET.get_or_init(|| {
+        if !cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+            return None;
+        }
+        // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name has no other precondition.
+        let (off, size) = unsafe {
+            (
+                libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_offset".as_ptr()),
+                libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_size".as_ptr()),
+            )
+        };
+        if off.is_null() || size.is_null() {
+            return None;
+        }
+        // SAFETY: glibc defines `__rseq_offset` as a ptrdiff_t and `__rseq_size` as an
+        // unsigned int, both constant after startup.
+        let (off, size) = unsafe { (*(off as *const isize), *(size as *const u32)) };
+        (size >= 8).then_some(off)
+    })
+}
+
+/// The thread pointer (the TLS base the rseq offset is relative to).
+#[inline]
+fn thread_pointer() -> usize {
+    let tp: usize;
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: reads the TCB's self pointer at %fs:0, which glibc sets for every thread.
+    unsafe {
+        std::arch::asm!("mov {}, fs:0", out(reg) tp, options(nostack, readonly, preserves_flags));
+    }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: reads the thread pointer register, which has no side effects.
+    unsafe {
+        std::arch::asm!("mrs {}, tpidr_el0", out(reg) tp, options(nostack, nomem, preserves_flags));
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        tp = 0;
+    }
+    tp
 }
 
 /// Number of CPUs the machine has configured (`_SC_NPROCESSORS_CONF`), at least 1.
@@ -199,4 +263,21 @@ pub fn meminfo_kb(text: &str, key: &str) -> Option<u64> {
 /// Reads a whole text file, mapping failure to [`Error::Os`].
 pub fn read_file(path: &str) -> Result<String> {
     std::fs::read_to_string(path).map_err(|e| Error::Os { call: "read", errno: e.raw_os_error().unwrap_or(libc::EIO) })
+}
+
+#[cfg(test)]
+mod cpu_tests {
+    use super::*;
+
+    #[test]
+    fn rseq_cpu_agrees_with_sched_getcpu() {
+        // Pin to each CPU in turn: both sources must name it.
+        for cpu in 0..nr_cpus_online() as u32 {
+            if set_affinity(cpu).is_err() {
+                continue;
+            }
+            assert_eq!(current_cpu(), cpu);
+            assert_eq!(sched_getcpu(), cpu);
+        }
+    }
 }

@@ -8,7 +8,7 @@
 //! read a value that may be a moment old, as Linux's `zone_page_state` does). The frame state
 //! bytes (`mem_map`) are atomics; see [`crate::buddy`] for their protocol.
 //!
-//! Invariant (quiescent): `nr_free + allocated == managed`, where `allocated` sums the
+//! Invariant (quiescent): `nr_free + pcp + allocated == managed`, where `allocated` sums the
 //! blocks whose head is `ALLOCATED`; see [`Zone::check_invariants`].
 
 use crate::buddy::{self, Buddy, FreeArea};
@@ -206,9 +206,10 @@ impl Zone {
         (0..=self.max_order.0).map(|o| l.area.nr_free(Order(o))).collect()
     }
 
-    /// Checks the zone's invariants; returns the number of allocated frames. Call only while
-    /// no allocation or free runs on this zone. O(frames).
-    pub fn check_invariants(&self) -> Result<usize, String> {
+    /// Checks the zone's invariants given the frames its per-CPU lists hold (`on_pcp`, checked
+    /// by the caller); returns the number of allocated frames. Call only while no allocation or
+    /// free runs on this zone. O(frames).
+    pub fn check_invariants(&self, on_pcp: usize) -> Result<usize, String> {
         let l = self.lock();
         let mut covered = vec![false; self.spanned];
         let mut free = 0usize;
@@ -248,6 +249,7 @@ impl Zone {
             return Err(format!("zone {}: nr_free {} but the lists hold {free}", self.id.0, self.nr_free()));
         }
         let mut allocated = 0;
+        let mut pcp = 0;
         for (i, s) in self.states.iter().enumerate() {
             let (tag, order) = buddy::decode(s.load(Ordering::Relaxed));
             match tag {
@@ -255,14 +257,24 @@ impl Zone {
                     mark(i, order.pages(), "allocated")?;
                     allocated += order.pages();
                 }
+                buddy::PCP => {
+                    mark(i, order.pages(), "per-cpu")?;
+                    pcp += order.pages();
+                }
                 buddy::BUDDY if !l.area.iter(order).any(|x| x as usize == i) => {
                     return Err(format!("zone {}: frame {i} is tagged free but on no list", self.id.0));
                 }
                 _ => {}
             }
         }
-        if free + allocated != self.managed {
-            return Err(format!("zone {}: free {free} + allocated {allocated} != managed {}", self.id.0, self.managed));
+        if pcp != on_pcp {
+            return Err(format!("zone {}: {pcp} frames tagged per-cpu but the lists hold {on_pcp}", self.id.0));
+        }
+        if free + pcp + allocated != self.managed {
+            return Err(format!(
+                "zone {}: free {free} + pcp {pcp} + allocated {allocated} != managed {}",
+                self.id.0, self.managed
+            ));
         }
         Ok(allocated)
     }
@@ -342,7 +354,7 @@ mod tests {
         assert!(z.watermark_ok(Order(0), 120, true));
         assert!(z.watermark_ok(Order(3), 56, false));
         assert!(!z.watermark_ok(Order(3), 57, false));
-        assert_eq!(z.check_invariants(), Ok(0));
+        assert_eq!(z.check_invariants(0), Ok(0));
         assert_eq!(z.free_blocks(), vec![0, 0, 0, 8]);
     }
 }

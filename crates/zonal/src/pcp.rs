@@ -1,0 +1,549 @@
+//! Per-CPU page lists (pcp): per CPU and per zone, stacks of free blocks of orders
+//! `0..=PAGE_ALLOC_COSTLY_ORDER`, refilled from and drained to the buddy lists in batches, so
+//! that most allocations and frees take no zone lock.
+//!
+//! Kernel counterpart: `struct per_cpu_pages`, `rmqueue_pcplist`, `rmqueue_bulk`,
+//! `free_unref_page_commit`, `free_pcppages_bulk`, `nr_pcp_free`, `nr_pcp_alloc`,
+//! `decay_pcp_high`, `zone_batchsize`, `zone_highsize`, `drain_pages_zone` (mm/page_alloc.c,
+//! Linux 6.7+ for the auto-tuned `high`).
+//!
+//! Locking: each `PerCpuPages` has its own lock, taken with a *try*-lock on the allocation and
+//! free paths as Linux 6.x's `pcp_spin_trylock`: a thread that finds it held (another thread
+//! on the same CPU, or a thread preempted or migrated mid-operation) does not wait but goes to
+//! the zone's buddy path. Drains take it blocking (spin, yielding). Lock order: pcp lock, then
+//! zone lock; never the reverse. Correctness never depends on which CPU a thread is on: the
+//! CPU number only chooses which lists to try.
+//!
+//! The critical section is shaped for a restartable sequence: pop or push on one list plus a
+//! count update, with refills and drains outside the common case, so the lock can later give
+//! way to an rseq critical section.
+//!
+//! Invariant (under the lock): `count == sum(len(lists[o]) << o)`, every block on `lists[o]`
+//! has head state `PCP|o`, and after every free `count < high` or a drain has just brought it
+//! below; in all cases `count <= high + batch << PCP_MAX_ORDER`.
+
+use crate::buddy::{self, PCP};
+use crate::sync::{spin_wait, AtomicBool, LockedCell, Ordering};
+use crate::types::{Order, Pfn, PAGE_SIZE};
+use crate::zone::{Watermark, Zone};
+
+/// Highest order kept on pcp lists (`PAGE_ALLOC_COSTLY_ORDER`).
+pub const PCP_MAX_ORDER: u8 = 3;
+/// Number of pcp lists (one per order `0..=PCP_MAX_ORDER`).
+pub const NR_PCP_LISTS: usize = PCP_MAX_ORDER as usize + 1;
+/// `PCP_BATCH_SCALE_MAX`: the most `free_factor` and the decay step scale a batch by.
+pub const PCP_BATCH_SCALE_MAX: u32 = 5;
+/// Smallest non-zero `percpu_pagelist_high_fraction` (`MIN_PERCPU_PAGELIST_HIGH_FRACTION`).
+pub const MIN_PERCPU_PAGELIST_HIGH_FRACTION: u32 = 8;
+
+/// `zone_batchsize`: a quarter of the zone's 1/1024 share capped at 1 MiB, clamped to
+/// `2^n - 1` (so batches do not alias in caches), at least 1: 63 for zones of 1 GiB and more.
+pub fn zone_batchsize(managed: usize) -> usize {
+    let batch = ((managed >> 10).min((1 << 20) / PAGE_SIZE) / 4).max(1);
+    let b = batch + batch / 2;
+    let pow = 1usize << (usize::BITS - 1 - b.leading_zeros());
+    (pow - 1).max(1)
+}
+
+/// `zone_highsize`: the zone's low watermark (or `managed / fraction` when the fraction is
+/// set) split over the CPUs of the zone's node (all CPUs for a memory-only node), at least
+/// four batches.
+pub fn zone_highsize(
+    low_wmark: usize,
+    managed: usize,
+    batch: usize,
+    node_cpus: usize,
+    nr_cpus: usize,
+    fraction: u32,
+) -> usize {
+    let total = if fraction == 0 { low_wmark } else { managed / fraction as usize };
+    let split = if node_cpus == 0 { nr_cpus.max(1) } else { node_cpus };
+    (total / split).max(batch << 2)
+}
+
+/// The fields a lock protects.
+#[derive(Debug)]
+pub struct PcpInner {
+    /// Frames on the lists.
+    pub count: usize,
+    /// Drain to the buddy when `count` reaches this.
+    pub high: usize,
+    /// Blocks moved per refill (scaled down by order) and the least a drain moves.
+    pub batch: usize,
+    /// Lower bound of the auto-tuned `high`.
+    pub high_min: usize,
+    /// Upper bound of the auto-tuned `high` (equal to `high_min` when the fraction is set).
+    pub high_max: usize,
+    /// Drains grow by `batch << free_factor` under sustained frees; halved per allocation.
+    pub free_factor: u32,
+    /// Frames freed since the last allocation refilled the lists.
+    pub free_count: usize,
+    /// Least `count` seen since the last decay (`count_min`).
+    pub count_min: usize,
+    lists: [Vec<usize>; NR_PCP_LISTS],
+}
+
+impl PcpInner {
+    /// Blocks on the list of one order.
+    pub fn list_len(&self, order: Order) -> usize {
+        self.lists[order.0 as usize].len()
+    }
+}
+
+/// One CPU's lists for one zone. Aligned to 128 bytes (two cache lines, the unit of the
+/// adjacent-line prefetcher) so that no two CPUs' lists share a line, and so that per-CPU
+/// statistics, kept in their own array, never dirty these lines (seed 002).
+#[repr(align(128))]
+#[derive(Debug)]
+pub struct PerCpuPages {
+    lock: AtomicBool,
+    inner: LockedCell<PcpInner>,
+}
+
+const _: () = assert!(std::mem::size_of::<PerCpuPages>() % 128 == 0);
+const _: () = assert!(std::mem::align_of::<PerCpuPages>() == 128);
+
+// SAFETY: `inner` is only reached through a `PcpGuard`, which exists only while `lock` is
+// held by its creator, so accesses from different threads never overlap.
+unsafe impl Sync for PerCpuPages {}
+
+impl PerCpuPages {
+    /// Lists with the given batch and bounds; `high` starts at `high_min`.
+    pub fn new(batch: usize, high_min: usize, high_max: usize) -> PerCpuPages {
+        let cap = |o: usize| ((high_max + (batch << PCP_BATCH_SCALE_MAX)) >> o) + 4;
+        PerCpuPages {
+            lock: AtomicBool::new(false),
+            inner: LockedCell::new(PcpInner {
+                count: 0,
+                high: high_min,
+                batch,
+                high_min,
+                high_max,
+                free_factor: 0,
+                free_count: 0,
+                count_min: 0,
+                lists: std::array::from_fn(|o| Vec::with_capacity(cap(o))),
+            }),
+        }
+    }
+
+    /// `pcp_spin_trylock`: the lists if no one holds them.
+    #[inline]
+    pub fn try_lock(&self) -> Option<PcpGuard<'_>> {
+        if self.lock.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            Some(PcpGuard { pcp: self })
+        } else {
+            None
+        }
+    }
+
+    /// Takes the lock, waiting (yielding) while another thread holds it: for drains and
+    /// reports, never for the allocation paths.
+    pub fn lock(&self) -> PcpGuard<'_> {
+        loop {
+            if let Some(g) = self.try_lock() {
+                return g;
+            }
+            spin_wait();
+        }
+    }
+}
+
+/// Proof that a `PerCpuPages` lock is held; unlocks on drop.
+pub struct PcpGuard<'a> {
+    pcp: &'a PerCpuPages,
+}
+
+impl PcpGuard<'_> {
+    /// Runs `f` on the protected fields.
+    #[inline]
+    pub fn with<R>(&mut self, f: impl FnOnce(&mut PcpInner) -> R) -> R {
+        // SAFETY: this guard exists only while its creator holds `pcp.lock` (try_lock/lock),
+        // and `&mut self` keeps this the only access through it.
+        unsafe { self.pcp.inner.with_mut(f) }
+    }
+}
+
+impl Drop for PcpGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.pcp.lock.store(false, Ordering::Release);
+    }
+}
+
+/// Takes a block of `order` from the lists, refilling them from the buddy lists first if the
+/// list is empty (`__rmqueue_pcplist`). The block's head state is left `NONE`: the caller tags
+/// it allocated. `None` if the zone has no block of the order either.
+#[inline]
+pub fn rmqueue_pcplist(zone: &Zone, pcp: &mut PcpInner, order: Order) -> Option<Pfn> {
+    let o = order.0 as usize;
+    pcp.free_factor >>= 1;
+    if pcp.lists[o].is_empty() {
+        rmqueue_bulk(zone, pcp, order);
+    }
+    let pfn = Pfn(pcp.lists[o].pop()?);
+    pcp.count -= order.pages();
+    pcp.count_min = pcp.count_min.min(pcp.count);
+    zone.state(pfn).store(buddy::NONE, Ordering::Relaxed);
+    Some(pfn)
+}
+
+/// Moves `nr_pcp_alloc` blocks of `order` from the buddy lists to the pcp list under one
+/// acquisition of the zone lock (`rmqueue_bulk`); grows `high` by a batch on the way when
+/// `high` is auto-tuned and the zone is above its high watermark (Linux 6.7). Returns the
+/// number of blocks moved.
+#[cold]
+pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
+    if pcp.high_min != pcp.high_max && zone.nr_free() >= zone.watermark(Watermark::High) {
+        pcp.high = (pcp.high + pcp.batch).min(pcp.high_max);
+    }
+    pcp.free_count = 0;
+    let want = (pcp.batch >> order.0).max(2);
+    let mut l = zone.lock();
+    let mut b = l.buddy();
+    let list = &mut pcp.lists[order.0 as usize];
+    let mut n = 0;
+    while n < want {
+        let Some(pfn) = b.rmqueue_smallest(order) else { break };
+        zone.state(pfn).store(buddy::state(PCP, order), Ordering::Relaxed);
+        list.push(pfn.0);
+        n += 1;
+    }
+    l.sub_free(n << order.0);
+    drop(l);
+    pcp.count += n << order.0;
+    n
+}
+
+/// Puts a claimed block (head state `NONE`) on the lists and drains to the buddy when the
+/// lists reach `high` (`free_unref_page_commit`). Returns the frames drained.
+#[inline]
+pub fn free_to_pcp(zone: &Zone, pcp: &mut PcpInner, pfn: Pfn, order: Order) -> usize {
+    zone.state(pfn).store(buddy::state(PCP, order), Ordering::Relaxed);
+    pcp.lists[order.0 as usize].push(pfn.0);
+    pcp.count += order.pages();
+    pcp.free_count += order.pages();
+    if pcp.count >= nr_pcp_high(zone, pcp) {
+        let n = nr_pcp_free(pcp);
+        return free_pcppages_bulk(zone, pcp, n);
+    }
+    0
+}
+
+/// `nr_pcp_high`: the current `high`, tuned first. Shrinks toward `high_min` while the zone is
+/// below its high watermark (memory is short: keep less on pcp lists); grows by a batch under
+/// sustained frees (`free_count` past `batch + high_min / 2` since the last refill).
+#[inline]
+fn nr_pcp_high(zone: &Zone, pcp: &mut PcpInner) -> usize {
+    if pcp.high_min != pcp.high_max {
+        if zone.nr_free() < zone.watermark(Watermark::High) {
+            pcp.high = pcp.high.saturating_sub(pcp.batch << pcp.free_factor).max(pcp.high_min);
+        } else if pcp.free_count >= pcp.batch + pcp.high_min / 2 {
+            pcp.high = (pcp.high + pcp.batch).min(pcp.high_max);
+        }
+    }
+    pcp.high
+}
+
+/// `nr_pcp_free`: how many frames to drain, `batch << free_factor` clamped to
+/// `[batch, high - batch]`, raising `free_factor` while the scaled batch is below the cap.
+#[inline]
+fn nr_pcp_free(pcp: &mut PcpInner) -> usize {
+    let (high, batch) = (pcp.high, pcp.batch);
+    if high < batch {
+        return 1;
+    }
+    let max_nr_free = high - batch;
+    let scaled = batch << pcp.free_factor;
+    if scaled < max_nr_free && pcp.free_factor < PCP_BATCH_SCALE_MAX {
+        pcp.free_factor += 1;
+    }
+    scaled.clamp(batch, max_nr_free.max(batch))
+}
+
+/// Returns at least `nr` frames (or all there are) from the lists to the buddy lists under
+/// one acquisition of the zone lock, oldest blocks first, lowest order first
+/// (`free_pcppages_bulk`). Returns the frames freed.
+pub fn free_pcppages_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
+    let mut freed = 0;
+    let mut l = zone.lock();
+    let mut b = l.buddy();
+    for o in 0..NR_PCP_LISTS {
+        if freed >= nr {
+            break;
+        }
+        let pages = 1usize << o;
+        let list = &mut pcp.lists[o];
+        let take = (nr - freed).div_ceil(pages).min(list.len());
+        for pfn in list.drain(..take) {
+            zone.state(Pfn(pfn)).store(buddy::NONE, Ordering::Relaxed);
+            b.free_one(Pfn(pfn), Order(o as u8));
+        }
+        freed += take * pages;
+    }
+    l.add_free(freed);
+    drop(l);
+    pcp.count -= freed;
+    pcp.count_min = pcp.count_min.min(pcp.count);
+    freed
+}
+
+/// Returns everything on the lists to the buddy (`drain_pages_zone`).
+pub fn drain(zone: &Zone, pcp: &mut PcpInner) -> usize {
+    let n = pcp.count;
+    if n == 0 {
+        return 0;
+    }
+    free_pcppages_bulk(zone, pcp, n)
+}
+
+/// `decay_pcp_high`: lowers an auto-tuned `high` of lists that have sat idle, to
+/// `max(count - (batch << PCP_BATCH_SCALE_MAX), high - min(count_min, high / 5), high_min)`,
+/// and drains what is above it. Returns the frames drained.
+pub fn decay_high(zone: &Zone, pcp: &mut PcpInner) -> usize {
+    let mut drained = 0;
+    if pcp.high_min != pcp.high_max {
+        let by_count = pcp.count.saturating_sub(pcp.batch << PCP_BATCH_SCALE_MAX);
+        let by_idle = pcp.high - pcp.count_min.min(pcp.high / 5);
+        pcp.high = by_count.max(by_idle).max(pcp.high_min);
+        if pcp.count > pcp.high {
+            let n = (pcp.count - pcp.high).min(pcp.batch << PCP_BATCH_SCALE_MAX);
+            drained = free_pcppages_bulk(zone, pcp, n);
+        }
+    }
+    pcp.count_min = pcp.count;
+    drained
+}
+
+/// Sets `batch`, `high_min` and `high_max` (a change of tunables or of the zone's size);
+/// `high` is clamped into the new bounds and the lists drained down to it.
+pub fn set_high_and_batch(zone: &Zone, pcp: &mut PcpInner, batch: usize, high_min: usize, high_max: usize) {
+    pcp.batch = batch;
+    pcp.high_min = high_min;
+    pcp.high_max = high_max;
+    pcp.high = pcp.high.clamp(high_min, high_max);
+    if pcp.count >= pcp.high {
+        let n = pcp.count - pcp.high;
+        free_pcppages_bulk(zone, pcp, n.max(1));
+    }
+}
+
+/// Checks the pcp invariants of one CPU's lists for `zone`; returns the frames on them.
+pub fn check(zone: &Zone, pcp: &PcpInner) -> Result<usize, String> {
+    let mut pages = 0;
+    for (o, list) in pcp.lists.iter().enumerate() {
+        for &pfn in list {
+            let s = zone.state(Pfn(pfn)).load(Ordering::Relaxed);
+            if s != buddy::state(PCP, Order(o as u8)) {
+                return Err(format!("zone {}: pcp block {pfn:#x} on list {o} has state {s:#x}", zone.id.0));
+            }
+        }
+        pages += list.len() << o;
+    }
+    if pages != pcp.count {
+        return Err(format!("zone {}: pcp count {} but the lists hold {pages} frames", zone.id.0, pcp.count));
+    }
+    if pcp.count > pcp.high + (pcp.batch << PCP_MAX_ORDER) {
+        return Err(format!(
+            "zone {}: pcp count {} above high {} + batch {}",
+            zone.id.0, pcp.count, pcp.high, pcp.batch
+        ));
+    }
+    Ok(pages)
+}
+
+/// The blocks on the lists (for invariant walks).
+pub fn blocks(pcp: &PcpInner) -> impl Iterator<Item = (Pfn, Order)> + '_ {
+    pcp.lists.iter().enumerate().flat_map(|(o, l)| l.iter().map(move |&p| (Pfn(p), Order(o as u8))))
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::types::{NodeId, ZoneId};
+
+    #[test]
+    fn batch_and_high_follow_linux() {
+        // 1 GiB and above: 63.
+        assert_eq!(zone_batchsize(1 << 18), 63);
+        assert_eq!(zone_batchsize(1 << 22), 63);
+        // 64 MiB: min(16, 256) / 4 = 4, 4 + 2 = 6 -> 4 - 1 = 3.
+        assert_eq!(zone_batchsize(1 << 14), 3);
+        // Tiny zones still get a batch of 1.
+        assert_eq!(zone_batchsize(16), 1);
+        assert_eq!(zone_highsize(1000, 1 << 20, 63, 4, 8, 0), 252);
+        assert_eq!(zone_highsize(1000, 1 << 20, 63, 4, 8, 8), (1 << 17) / 4);
+        assert_eq!(zone_highsize(1000, 1 << 20, 63, 0, 8, 0), 252);
+        assert_eq!(zone_highsize(10, 1 << 20, 63, 1, 8, 0), 252);
+    }
+
+    fn zone() -> Zone {
+        let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 256, Order(3));
+        z.setup_watermarks(128, 256, 10);
+        z
+    }
+
+    #[test]
+    fn refill_alloc_free_drain() {
+        let z = zone();
+        let pcp = PerCpuPages::new(2, 8, 8);
+        let mut g = pcp.try_lock().unwrap();
+        assert!(pcp.try_lock().is_none(), "the lock excludes a second taker");
+        let p = g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap();
+        // Refilled max(batch, 2) = 2 blocks, took one.
+        g.with(|i| assert_eq!((i.count, i.list_len(Order(0))), (1, 1)));
+        assert_eq!(z.nr_free(), 254);
+        g.with(|i| check(&z, i)).unwrap();
+        let mut blocks = vec![p];
+        for _ in 0..10 {
+            blocks.push(g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap());
+        }
+        for &b in &blocks {
+            g.with(|i| free_to_pcp(&z, i, b, Order(0)));
+            g.with(|i| {
+                assert!(i.count < i.high, "count {} high {}", i.count, i.high);
+                check(&z, i).unwrap();
+            });
+        }
+        let drained = g.with(|i| drain(&z, i));
+        assert!(drained > 0);
+        g.with(|i| assert_eq!(i.count, 0));
+        assert_eq!(z.nr_free(), 256);
+        drop(g);
+        assert_eq!(z.check_invariants(0), Ok(0));
+        assert!(pcp.try_lock().is_some(), "dropping the guard unlocks");
+    }
+
+    #[test]
+    fn high_grows_under_sustained_frees_and_decays_when_idle() {
+        let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 4096, Order(3));
+        z.setup_watermarks(128, 4096, 10);
+        let pcp = PerCpuPages::new(4, 16, 256);
+        let mut g = pcp.lock();
+        let blocks: Vec<Pfn> = (0..200).map(|_| g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap()).collect();
+        let grown_by_refills = g.with(|i| i.high);
+        assert!(grown_by_refills > 16, "refills from a zone above high grow high");
+        for b in blocks {
+            g.with(|i| free_to_pcp(&z, i, b, Order(0)));
+        }
+        let high = g.with(|i| i.high);
+        assert!(high <= 256);
+        // Idle: each decay lowers high toward high_min and drains above it.
+        for _ in 0..40 {
+            g.with(|i| decay_high(&z, i));
+        }
+        g.with(|i| {
+            assert_eq!(i.high, 16);
+            assert!(i.count <= 16);
+            check(&z, i).unwrap();
+        });
+    }
+
+    #[test]
+    fn fixed_high_does_not_tune() {
+        let z = zone();
+        let pcp = PerCpuPages::new(2, 8, 8);
+        let mut g = pcp.lock();
+        let b: Vec<Pfn> = (0..30).map(|_| g.with(|i| rmqueue_pcplist(&z, i, Order(1))).unwrap()).collect();
+        for p in b {
+            g.with(|i| free_to_pcp(&z, i, p, Order(1)));
+        }
+        g.with(|i| decay_high(&z, i));
+        g.with(|i| assert_eq!(i.high, 8));
+    }
+}
+
+/// loom models of the pcp protocol: a try-lock that gives way to the buddy path, racing an
+/// allocation, a free and a remote drain on one CPU's lists. Run with
+/// `RUSTFLAGS="--cfg loom" cargo test -p zonal --release --lib loom_`.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::buddy::ALLOCATED;
+    use crate::types::{NodeId, ZoneId};
+    use loom::sync::Arc;
+
+    fn setup() -> (Arc<Zone>, Arc<PerCpuPages>) {
+        let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 8, Order(2));
+        (Arc::new(z), Arc::new(PerCpuPages::new(1, 4, 4)))
+    }
+
+    /// The allocation path: pcp if the try-lock succeeds, else the buddy lists.
+    fn alloc(z: &Zone, pcp: &PerCpuPages) -> Option<Pfn> {
+        let pfn = match pcp.try_lock() {
+            Some(mut g) => g.with(|p| rmqueue_pcplist(z, p, Order(0)))?,
+            None => {
+                let mut l = z.lock();
+                let p = l.buddy().rmqueue_smallest(Order(0))?;
+                l.sub_free(1);
+                p
+            }
+        };
+        z.state(pfn).store(buddy::state(ALLOCATED, Order(0)), Ordering::Release);
+        Some(pfn)
+    }
+
+    /// The free path: claim by CAS, then pcp if the try-lock succeeds, else the buddy lists.
+    fn free(z: &Zone, pcp: &PerCpuPages, pfn: Pfn) -> bool {
+        let claimed = z
+            .state(pfn)
+            .compare_exchange(buddy::state(ALLOCATED, Order(0)), buddy::NONE, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok();
+        if !claimed {
+            return false;
+        }
+        match pcp.try_lock() {
+            Some(mut g) => {
+                g.with(|p| free_to_pcp(z, p, pfn, Order(0)));
+            }
+            None => {
+                let mut l = z.lock();
+                l.buddy().free_one(pfn, Order(0));
+                l.add_free(1);
+            }
+        }
+        true
+    }
+
+    fn check_all(z: &Zone, pcp: &PerCpuPages, live: usize) {
+        let on_pcp = pcp.lock().with(|p| check(z, p)).unwrap();
+        assert_eq!(z.check_invariants(on_pcp), Ok(live));
+    }
+
+    #[test]
+    fn loom_alloc_free_drain_race() {
+        loom::model(|| {
+            let (z, pcp) = setup();
+            let first = alloc(&z, &pcp).unwrap();
+            let t1 = {
+                let (z, pcp) = (z.clone(), pcp.clone());
+                loom::thread::spawn(move || alloc(&z, &pcp))
+            };
+            let t2 = {
+                let (z, pcp) = (z.clone(), pcp.clone());
+                loom::thread::spawn(move || assert!(free(&z, &pcp, first)))
+            };
+            pcp.lock().with(|p| drain(&z, p));
+            let second = t1.join().unwrap().expect("8 frames: the allocation cannot fail");
+            t2.join().unwrap();
+            assert_ne!(second, Pfn(usize::MAX));
+            check_all(&z, &pcp, 1);
+        });
+    }
+
+    #[test]
+    fn loom_double_free_exactly_one_wins() {
+        loom::model(|| {
+            let (z, pcp) = setup();
+            let p = alloc(&z, &pcp).unwrap();
+            let t = {
+                let (z, pcp) = (z.clone(), pcp.clone());
+                loom::thread::spawn(move || free(&z, &pcp, p))
+            };
+            let here = free(&z, &pcp, p);
+            let there = t.join().unwrap();
+            assert!(here ^ there, "exactly one of two racing frees succeeds");
+            check_all(&z, &pcp, 0);
+        });
+    }
+}
