@@ -81,7 +81,8 @@ enum Command {
     /// of ns per operation (median, min – max over repetitions) and ratios to the reference
     /// peer measured in the same repetitions. Experiments: single (one thread, order-0
     /// alloc + free pairs, page_bench01, beside glibc, mimalloc, jemalloc, the kernel and an
-    /// ideal per-thread stack).
+    /// ideal per-thread stack), parallel (T threads, page_bench03), bulk (N pages per call,
+    /// page_bench04_bulk), cross (allocated on one CPU, freed on another).
     Bench {
         /// Experiments to run (default: all).
         #[arg(value_name = "EXPERIMENT")]
@@ -217,6 +218,9 @@ fn run(cli: Cli) -> Result<(), String> {
             for e in chosen {
                 records.extend(match e {
                     "single" => bench::single::run(&z, &opts),
+                    "parallel" => bench::parallel::run(&z, &opts),
+                    "bulk" => bench::bulk::run(&z, &opts),
+                    "cross" => bench::cross::run(&z, &opts),
                     _ => unreachable!("checked against EXPERIMENTS"),
                 });
             }

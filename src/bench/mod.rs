@@ -7,6 +7,10 @@
 //! repetition) and the median of those ratios is reported, so machine-wide drift during the
 //! run cancels out. Times are wall-clock `Instant` readings around a loop of calibrated length.
 
+pub mod bulk;
+pub mod cross;
+pub mod page_api;
+pub mod parallel;
 pub mod peers;
 pub mod single;
 
@@ -14,7 +18,12 @@ use serde::Serialize;
 use std::time::{Duration, Instant};
 
 /// Every experiment, in the order `zonal bench` runs them.
-pub const EXPERIMENTS: &[(&str, &str)] = &[("single", "one thread, order-0 alloc + free pairs (page_bench01)")];
+pub const EXPERIMENTS: &[(&str, &str)] = &[
+    ("single", "one thread, order-0 alloc + free pairs (page_bench01)"),
+    ("parallel", "T threads each doing single, T = 1 .. nproc and 2 × nproc (page_bench03)"),
+    ("bulk", "N = 1 .. 128 pages per bulk call, array and list forms (page_bench04_bulk)"),
+    ("cross", "one thread allocates, another on the other CPU frees"),
+];
 
 /// Options common to every experiment.
 #[derive(Clone, Debug)]

@@ -245,6 +245,21 @@ pub fn set_affinity(cpu: u32) -> Result<()> {
     Ok(())
 }
 
+/// Lets the calling thread run on every online CPU again (undoes [`set_affinity`]).
+pub fn allow_all_cpus() -> Result<()> {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for cpu in 0..nr_cpus_configured().min(libc::CPU_SETSIZE as usize) {
+        // SAFETY: cpu < CPU_SETSIZE, so CPU_SET writes within `set`.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(os_err("sched_setaffinity"));
+    }
+    Ok(())
+}
+
 /// Total memory of the machine in bytes (`MemTotal` of `/proc/meminfo`).
 pub fn mem_total() -> Result<u64> {
     let s = read_file("/proc/meminfo")?;

@@ -1,0 +1,105 @@
+//! `bulk`: N = 1 .. 128 order-0 pages per call, allocated then freed, time per page, in the
+//! layout of seed 002's page_bench04_bulk table (array and list forms), beside the peers
+//! doing N single allocations then N frees.
+
+use super::page_api::{BulkForm, Glibc, Global, IdealStack, PageAlloc, ZonalPages};
+use super::{fmt_ns, paired_ratio, print_table, BenchOpts, Record, Summary};
+use serde_json::json;
+use std::time::Instant;
+use zonal::Zonal;
+
+/// The batch sizes of seed 002's table.
+pub const SIZES: [usize; 9] = [1, 2, 3, 4, 8, 16, 32, 64, 128];
+
+/// `rounds` rounds of: allocate `n` pages in one call (or `n` calls), free them; ns per page.
+fn cell<A: PageAlloc>(a: &A, n: usize, rounds: u64) -> f64 {
+    let mut v = Vec::with_capacity(n);
+    let t = Instant::now();
+    for _ in 0..rounds {
+        v.clear();
+        a.alloc_many(n, &mut v);
+        a.free_many(std::hint::black_box(&v));
+    }
+    t.elapsed().as_nanos() as f64 / (rounds * n as u64) as f64
+}
+
+type Cell<'a> = Box<dyn Fn(usize, u64) -> f64 + 'a>;
+
+fn subject<'a, A: PageAlloc + 'a>(a: A) -> (String, Cell<'a>) {
+    (a.name(), Box::new(move |n, r| cell(&a, n, r)))
+}
+
+/// Runs the experiment, prints its table and returns its records.
+pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
+    let subjects: Vec<((String, Cell<'_>), bool)> = vec![
+        (subject(ZonalPages { z, label: "zonal bulk array", bulk: Some(BulkForm::Array) }), false),
+        (subject(ZonalPages { z, label: "zonal bulk list", bulk: Some(BulkForm::List) }), false),
+        (subject(ZonalPages { z, label: "zonal single", bulk: None }), false),
+        (subject(IdealStack), false),
+        (subject(Global(mimalloc::MiMalloc, "mimalloc")), true),
+        (subject(Global(tikv_jemallocator::Jemalloc, "jemalloc")), true),
+        (subject(Glibc), true),
+    ];
+    let k = subjects.len();
+    let pages_per_cell = |s: usize| {
+        let ns = subjects[s].0 .1(16, 1000);
+        ((opts.cell_time.as_nanos() as f64 / ns.max(0.1)) as u64).max(256)
+    };
+    let budget: Vec<u64> = (0..k).map(pages_per_cell).collect();
+    let mut times = vec![vec![Vec::new(); k]; SIZES.len()];
+    for rep in 0..opts.reps {
+        if opts.progress {
+            eprint!("\r  bulk: repetition {}/{}   ", rep + 1, opts.reps);
+        }
+        for (ni, &n) in SIZES.iter().enumerate() {
+            for i in 0..k {
+                let s = (i + rep) % k;
+                // Fewer rounds per size so every cell takes about a third of the cell time.
+                let rounds = (budget[s] / 3 / n as u64).max(16);
+                times[ni][s].push(subjects[s].0 .1(n, rounds));
+            }
+        }
+    }
+    if opts.progress {
+        eprint!("\r{:40}\r", "");
+    }
+    println!(
+        "bulk: N order-0 pages allocated in one call then freed (page_bench04_bulk), ns per page \
+         (× best peer of the row); {} repetitions",
+        opts.reps
+    );
+    let mut header = vec!["N".to_string()];
+    header.extend(subjects.iter().map(|((n, _), _)| n.clone()));
+    header.push("array ÷ single".into());
+    let single = 2;
+    let mut rows = Vec::new();
+    let mut records = Vec::new();
+    for (ni, &n) in SIZES.iter().enumerate() {
+        let best = (0..k)
+            .filter(|&s| subjects[s].1)
+            .min_by(|&a, &b| Summary::of(&times[ni][a]).median.total_cmp(&Summary::of(&times[ni][b]).median))
+            .expect("peers exist");
+        let mut row = vec![n.to_string()];
+        for s in 0..k {
+            let sum = Summary::of(&times[ni][s]);
+            let ratio = paired_ratio(&times[ni][s], &times[ni][best]);
+            row.push(format!("{} ({ratio:.2}×)", fmt_ns(sum.median)));
+            records.push(Record {
+                experiment: "bulk".into(),
+                subject: subjects[s].0 .0.clone(),
+                params: json!({"batch": n, "order": 0}),
+                ns_per_op: sum,
+                reference: subjects[best].0 .0.clone(),
+                ratio_to_reference: ratio,
+                reps: opts.reps,
+            });
+        }
+        // Against zonal's single pair at N = 1 from the same repetitions.
+        row.push(format!("{:.2}", paired_ratio(&times[ni][0], &times[0][single])));
+        rows.push(row);
+    }
+    let h: Vec<&str> = header.iter().map(String::as_str).collect();
+    print_table(&h, &rows);
+    println!();
+    records
+}

@@ -1,0 +1,116 @@
+//! `cross`: one thread allocates, another on the other CPU frees (RX buffers freed by
+//! workers): pages pass through a bounded queue; ns per page end to end.
+
+use super::page_api::{Glibc, Global, PageAlloc, ZonalPages};
+use super::{fmt_ns, paired_ratio, print_table, BenchOpts, Record, Summary};
+use crossbeam_queue::ArrayQueue;
+use serde_json::json;
+use std::time::Instant;
+use zonal::Zonal;
+
+/// Passes `n` pages from an allocating thread (CPU 0) to a freeing thread (CPU 1).
+fn cell<A: PageAlloc>(a: &A, n: u64) -> f64 {
+    let q: ArrayQueue<usize> = ArrayQueue::new(256);
+    let pin = zonal::sys::nr_cpus_online() > 1;
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            if pin {
+                let _ = zonal::sys::set_affinity(1);
+            }
+            let mut got = 0;
+            while got < n {
+                match q.pop() {
+                    Some(p) => {
+                        a.free(p as *mut u8);
+                        got += 1;
+                    }
+                    None => std::hint::spin_loop(),
+                }
+            }
+        });
+        if pin {
+            let _ = zonal::sys::set_affinity(0);
+        }
+        let mut sent = 0;
+        while sent < n {
+            let p = a.alloc();
+            if p.is_null() {
+                continue;
+            }
+            let mut v = p as usize;
+            while let Err(back) = q.push(v) {
+                v = back;
+                std::hint::spin_loop();
+            }
+            sent += 1;
+        }
+    });
+    t.elapsed().as_nanos() as f64 / n as f64
+}
+
+type Cell<'a> = Box<dyn Fn(u64) -> f64 + 'a>;
+
+fn subject<'a, A: PageAlloc + 'a>(a: A) -> (String, Cell<'a>) {
+    (a.name(), Box::new(move |n| cell(&a, n)))
+}
+
+/// Runs the experiment, prints its table and returns its records.
+pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
+    let subjects: Vec<((String, Cell<'_>), bool)> = vec![
+        (subject(ZonalPages { z, label: "zonal pcp", bulk: None }), false),
+        (subject(Global(mimalloc::MiMalloc, "mimalloc")), true),
+        (subject(Global(tikv_jemallocator::Jemalloc, "jemalloc")), true),
+        (subject(Glibc), true),
+    ];
+    let k = subjects.len();
+    let counts: Vec<u64> = subjects
+        .iter()
+        .map(|((_, f), _)| ((opts.cell_time.as_nanos() as f64 / f(20_000).max(0.1)) as u64).clamp(10_000, 1 << 26))
+        .collect();
+    let mut times = vec![Vec::new(); k];
+    for rep in 0..opts.reps {
+        if opts.progress {
+            eprint!("\r  cross: repetition {}/{}   ", rep + 1, opts.reps);
+        }
+        for i in 0..k {
+            let s = (i + rep) % k;
+            times[s].push(subjects[s].0 .1(counts[s]));
+        }
+    }
+    let _ = zonal::sys::allow_all_cpus();
+    if opts.progress {
+        eprint!("\r{:40}\r", "");
+    }
+    println!("cross: one thread allocates (cpu 0), another frees (cpu 1), ns per page; {} repetitions", opts.reps);
+    let best = (0..k)
+        .filter(|&s| subjects[s].1)
+        .min_by(|&a, &b| Summary::of(&times[a]).median.total_cmp(&Summary::of(&times[b]).median))
+        .expect("peers exist");
+    let mut rows = Vec::new();
+    let mut records = Vec::new();
+    for s in 0..k {
+        let sum = Summary::of(&times[s]);
+        let ratio = paired_ratio(&times[s], &times[best]);
+        let mi = paired_ratio(&times[s], &times[1]);
+        rows.push(vec![
+            subjects[s].0 .0.clone(),
+            fmt_ns(sum.median),
+            format!("{} – {}", fmt_ns(sum.min), fmt_ns(sum.max)),
+            format!("{ratio:.2}"),
+            format!("{mi:.2}"),
+        ]);
+        records.push(Record {
+            experiment: "cross".into(),
+            subject: subjects[s].0 .0.clone(),
+            params: json!({"threads": 2, "order": 0}),
+            ns_per_op: sum,
+            reference: subjects[best].0 .0.clone(),
+            ratio_to_reference: ratio,
+            reps: opts.reps,
+        });
+    }
+    print_table(&["subject", "ns/page", "min – max", "× best peer", "× mimalloc"], &rows);
+    println!();
+    records
+}

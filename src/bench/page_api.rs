@@ -1,0 +1,182 @@
+//! One page-allocation interface over zonal and the peers, for the experiments that drive
+//! allocation from several threads or in batches (`parallel`, `bulk`, `cross`). Experiments
+//! are generic over it, so each subject's loop is compiled for that subject alone: no dynamic
+//! call sits between the loop and the allocator.
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::cell::RefCell;
+use zonal::{Gfp, Zonal};
+
+/// The block every peer allocates: one page, page-aligned.
+pub const PAGE: Layout = match Layout::from_size_align(4096, 4096) {
+    Ok(l) => l,
+    Err(_) => panic!("4096/4096 is a valid layout"),
+};
+
+/// Allocates and frees single 4 KiB pages; safe to call from any thread.
+pub trait PageAlloc: Sync {
+    /// Name in tables and JSON.
+    fn name(&self) -> String;
+    /// One page, or null when out of memory.
+    fn alloc(&self) -> *mut u8;
+    /// Frees a page from `alloc` (of this subject, maybe from another thread).
+    fn free(&self, p: *mut u8);
+    /// Fills `out` with up to `n` pages; returns how many. Subjects with a bulk call use it.
+    #[inline]
+    fn alloc_many(&self, n: usize, out: &mut Vec<*mut u8>) -> usize {
+        let before = out.len();
+        for _ in 0..n {
+            let p = self.alloc();
+            if p.is_null() {
+                break;
+            }
+            out.push(p);
+        }
+        out.len() - before
+    }
+    /// Frees every page in `pages`.
+    #[inline]
+    fn free_many(&self, pages: &[*mut u8]) {
+        for &p in pages {
+            self.free(p);
+        }
+    }
+}
+
+/// A `GlobalAlloc` used as a value.
+pub struct Global<A>(pub A, pub &'static str);
+
+impl<A: GlobalAlloc + Sync> PageAlloc for Global<A> {
+    fn name(&self) -> String {
+        self.1.to_string()
+    }
+    #[inline]
+    fn alloc(&self) -> *mut u8 {
+        // SAFETY: PAGE has non-zero size.
+        unsafe { self.0.alloc(PAGE) }
+    }
+    #[inline]
+    fn free(&self, p: *mut u8) {
+        // SAFETY: `p` came from `alloc` of the same allocator with the same layout.
+        unsafe { self.0.dealloc(p, PAGE) }
+    }
+}
+
+/// glibc's `posix_memalign` and `free`.
+pub struct Glibc;
+
+impl PageAlloc for Glibc {
+    fn name(&self) -> String {
+        "glibc malloc".into()
+    }
+    #[inline]
+    fn alloc(&self) -> *mut u8 {
+        let mut p: *mut libc::c_void = std::ptr::null_mut();
+        // SAFETY: 4096 is a power-of-two multiple of sizeof(void*).
+        if unsafe { libc::posix_memalign(&mut p, 4096, 4096) } == 0 {
+            p.cast()
+        } else {
+            std::ptr::null_mut()
+        }
+    }
+    #[inline]
+    fn free(&self, p: *mut u8) {
+        // SAFETY: `p` came from posix_memalign.
+        unsafe { libc::free(p.cast()) }
+    }
+}
+
+/// zonal's order-0 path (per-CPU lists unless the handle has them off), with its bulk calls
+/// when `bulk` is set (array form when `array` is set, else the list form).
+pub struct ZonalPages<'a> {
+    pub z: &'a Zonal,
+    pub label: &'static str,
+    pub bulk: Option<BulkForm>,
+}
+
+/// The two forms of the bulk API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BulkForm {
+    Array,
+    List,
+}
+
+thread_local! {
+    static BULK_ARRAY: RefCell<Vec<Option<std::ptr::NonNull<u8>>>> = const { RefCell::new(Vec::new()) };
+    static BULK_LIST: RefCell<Vec<std::ptr::NonNull<u8>>> = const { RefCell::new(Vec::new()) };
+}
+
+impl PageAlloc for ZonalPages<'_> {
+    fn name(&self) -> String {
+        self.label.to_string()
+    }
+    #[inline]
+    fn alloc(&self) -> *mut u8 {
+        self.z.alloc_pages(Gfp::KERNEL, 0).map_or(std::ptr::null_mut(), |p| p.as_ptr())
+    }
+    #[inline]
+    fn free(&self, p: *mut u8) {
+        let _ = self.z.free_pages(p, 0);
+    }
+    #[inline]
+    fn alloc_many(&self, n: usize, out: &mut Vec<*mut u8>) -> usize {
+        match self.bulk {
+            None => {
+                let before = out.len();
+                for _ in 0..n {
+                    match self.z.alloc_pages(Gfp::KERNEL, 0) {
+                        Ok(p) => out.push(p.as_ptr()),
+                        Err(_) => break,
+                    }
+                }
+                out.len() - before
+            }
+            Some(BulkForm::Array) => BULK_ARRAY.with(|a| {
+                let mut a = a.borrow_mut();
+                a.clear();
+                a.resize(n, None);
+                let got = self.z.alloc_pages_bulk_array(Gfp::KERNEL, &mut a);
+                out.extend(a.iter().flatten().map(|p| p.as_ptr()));
+                got
+            }),
+            Some(BulkForm::List) => BULK_LIST.with(|l| {
+                let mut l = l.borrow_mut();
+                l.clear();
+                let got = self.z.alloc_pages_bulk_list(Gfp::KERNEL, n, &mut l);
+                out.extend(l.iter().map(|p| p.as_ptr()));
+                got
+            }),
+        }
+    }
+    #[inline]
+    fn free_many(&self, pages: &[*mut u8]) {
+        if self.bulk.is_some() {
+            let _ = self.z.free_pages_bulk(pages);
+        } else {
+            for &p in pages {
+                let _ = self.z.free_pages(p, 0);
+            }
+        }
+    }
+}
+
+/// The floor: a per-thread stack of page addresses (no memory behind them is touched).
+pub struct IdealStack;
+
+thread_local! {
+    static STACK: RefCell<Vec<usize>> = RefCell::new((0..4096).map(|i| 0x1000_0000 + i * 4096).collect());
+}
+
+impl PageAlloc for IdealStack {
+    fn name(&self) -> String {
+        "ideal per-thread stack".into()
+    }
+    #[inline]
+    fn alloc(&self) -> *mut u8 {
+        STACK.with(|s| s.borrow_mut().pop()).map_or(std::ptr::null_mut(), |p| p as *mut u8)
+    }
+    #[inline]
+    fn free(&self, p: *mut u8) {
+        STACK.with(|s| s.borrow_mut().push(p as usize));
+    }
+}

@@ -1,0 +1,130 @@
+//! `parallel`: T threads each doing order-0 alloc + free pairs (page_bench03), for T = 1 ..
+//! nproc and 2 × nproc (the oversubscribed run: threads share CPUs and so per-CPU lists, which
+//! exercises the try-lock fallback). Reports ns per pair per thread and the total rate.
+
+use super::page_api::{Glibc, Global, IdealStack, PageAlloc, ZonalPages};
+use super::{fmt_ns, paired_ratio, print_table, BenchOpts, Record, Summary};
+use serde_json::json;
+use std::sync::Barrier;
+use std::time::Instant;
+use zonal::{Config, Zonal};
+
+/// Runs `n` pairs on each of `threads` threads started together; returns (mean ns per pair
+/// per thread, total pairs per µs).
+fn cell<A: PageAlloc>(a: &A, threads: usize, n: u64) -> (f64, f64) {
+    let barrier = Barrier::new(threads);
+    let start = Instant::now();
+    let per_thread: Vec<f64> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    let t = Instant::now();
+                    for _ in 0..n {
+                        let p = a.alloc();
+                        if !p.is_null() {
+                            a.free(std::hint::black_box(p));
+                        }
+                    }
+                    t.elapsed().as_nanos() as f64 / n as f64
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("bench thread")).collect()
+    });
+    let wall = start.elapsed().as_nanos() as f64;
+    let mean = per_thread.iter().sum::<f64>() / threads as f64;
+    (mean, (threads as u64 * n) as f64 / wall * 1000.0)
+}
+
+type Cell<'a> = Box<dyn Fn(usize, u64) -> (f64, f64) + 'a>;
+
+fn subject<'a, A: PageAlloc + 'a>(a: A) -> (String, Cell<'a>) {
+    (a.name(), Box::new(move |t, n| cell(&a, t, n)))
+}
+
+/// Runs the experiment, prints its table and returns its records.
+pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
+    let buddy = Zonal::new(Config::new(z.topology().clone()).pcp(false)).expect("same topology as the main handle");
+    let mut subjects: Vec<(String, Cell<'_>, bool)> = Vec::new();
+    for (s, peer) in [
+        (subject(IdealStack), false),
+        (subject(ZonalPages { z, label: "zonal pcp", bulk: None }), false),
+        (subject(ZonalPages { z: &buddy, label: "zonal buddy only", bulk: None }), false),
+        (subject(Global(mimalloc::MiMalloc, "mimalloc")), true),
+        (subject(Global(tikv_jemallocator::Jemalloc, "jemalloc")), true),
+        (subject(Glibc), true),
+    ] {
+        subjects.push((s.0, s.1, peer));
+    }
+    let nproc = zonal::sys::nr_cpus_online();
+    let mut ts: Vec<usize> = (1..=nproc).collect();
+    ts.push(2 * nproc);
+    // Calibrate on one thread: pairs per thread per cell.
+    let counts: Vec<u64> = subjects
+        .iter()
+        .map(|(_, f, _)| {
+            let (ns, _) = f(1, 20_000);
+            ((opts.cell_time.as_nanos() as f64 / ns.max(0.1)) as u64).clamp(1000, 1 << 28)
+        })
+        .collect();
+    let k = subjects.len();
+    // times[t][subject][rep], rates likewise.
+    let mut times = vec![vec![Vec::new(); k]; ts.len()];
+    let mut rates = vec![vec![Vec::new(); k]; ts.len()];
+    for rep in 0..opts.reps {
+        if opts.progress {
+            eprint!("\r  parallel: repetition {}/{}   ", rep + 1, opts.reps);
+        }
+        for (ti, &t) in ts.iter().enumerate() {
+            for i in 0..k {
+                let s = (i + rep) % k;
+                let (ns, rate) = subjects[s].1(t, counts[s]);
+                times[ti][s].push(ns);
+                rates[ti][s].push(rate);
+            }
+        }
+    }
+    if opts.progress {
+        eprint!("\r{:40}\r", "");
+    }
+    println!(
+        "parallel: T threads each doing order-0 alloc + free pairs (page_bench03); {} repetitions; \
+         ns per pair per thread (× best peer of the row), total Mpairs/s",
+        opts.reps
+    );
+    let mut header = vec!["T".to_string()];
+    header.extend(subjects.iter().map(|(n, _, _)| n.clone()));
+    let mut rows = Vec::new();
+    let mut records = Vec::new();
+    for (ti, &t) in ts.iter().enumerate() {
+        let best = (0..k)
+            .filter(|&s| subjects[s].2)
+            .min_by(|&a, &b| Summary::of(&times[ti][a]).median.total_cmp(&Summary::of(&times[ti][b]).median))
+            .expect("peers exist");
+        let mut row = vec![if t > nproc { format!("{t} (2×nproc)") } else { t.to_string() }];
+        for s in 0..k {
+            let sum = Summary::of(&times[ti][s]);
+            let ratio = paired_ratio(&times[ti][s], &times[ti][best]);
+            let rate = Summary::of(&rates[ti][s]).median;
+            row.push(format!("{} ({ratio:.2}×) {rate:.0}M/s", fmt_ns(sum.median)));
+            records.push(Record {
+                experiment: "parallel".into(),
+                subject: subjects[s].0.clone(),
+                params: json!({"threads": t, "order": 0, "total_mpairs_per_s": rate}),
+                ns_per_op: sum,
+                reference: subjects[best].0.clone(),
+                ratio_to_reference: ratio,
+                reps: opts.reps,
+            });
+        }
+        rows.push(row);
+    }
+    let h: Vec<&str> = header.iter().map(String::as_str).collect();
+    print_table(&h, &rows);
+    // The issue's target: per-thread rate at T = nproc against T = 1, for zonal pcp.
+    let zi = 1;
+    let scale = Summary::of(&times[0][zi]).median / Summary::of(&times[nproc - 1][zi]).median;
+    println!("zonal pcp per-thread rate at T = {nproc} is {:.0}% of T = 1\n", scale * 100.0);
+    records
+}
