@@ -357,3 +357,130 @@ pub unsafe extern "C" fn zonal_last_error(buf: *mut c_char, len: usize) -> c_int
 pub extern "C" fn zonal_abi_version() -> u32 {
     ZONAL_ABI_VERSION
 }
+
+/// Fills the NULL slots of `array` (length `len`) with order-0 frames, leaving filled slots
+/// alone, and returns how many slots are filled afterwards (`alloc_pages_bulk`, array form),
+/// or a negated errno for bad arguments. Under memory pressure the fill is partial.
+///
+/// # Safety
+/// `z` is a live handle; `array` is valid for `len` reads and writes of pointers.
+#[no_mangle]
+pub unsafe extern "C" fn zonal_alloc_pages_bulk_array(
+    z: *const Zonal,
+    gfp: u32,
+    array: *mut *mut c_void,
+    len: usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let z = match unsafe { handle(z) } {
+            Ok(z) => z,
+            Err(e) => return e,
+        };
+        let gfp = match gfp_arg(gfp) {
+            Ok(g) => g,
+            Err(e) => return e,
+        };
+        if array.is_null() && len > 0 {
+            return invalid("null array");
+        }
+        if len == 0 {
+            return 0;
+        }
+        // SAFETY: `array` is valid for `len` pointers (contract); a nullable raw pointer and
+        // Option<NonNull<u8>> have the same layout, with NULL as None.
+        let slots = unsafe { std::slice::from_raw_parts_mut(array.cast::<Option<std::ptr::NonNull<u8>>>(), len) };
+        c_int::try_from(z.alloc_pages_bulk_array(gfp, slots)).unwrap_or(c_int::MAX)
+    })
+}
+
+/// Allocates up to `nr` order-0 frames into `out[0..nr]` (the list form: the caller's list
+/// is an array it appends to) and returns how many it stored, or a negated errno.
+///
+/// # Safety
+/// `z` is a live handle; `out` is valid for `nr` writes of pointers.
+#[no_mangle]
+pub unsafe extern "C" fn zonal_alloc_pages_bulk_list(
+    z: *const Zonal,
+    gfp: u32,
+    nr: usize,
+    out: *mut *mut c_void,
+) -> c_int {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let z = match unsafe { handle(z) } {
+            Ok(z) => z,
+            Err(e) => return e,
+        };
+        let gfp = match gfp_arg(gfp) {
+            Ok(g) => g,
+            Err(e) => return e,
+        };
+        if out.is_null() && nr > 0 {
+            return invalid("null out array");
+        }
+        let mut list = Vec::with_capacity(nr);
+        let n = z.alloc_pages_bulk_list(gfp, nr, &mut list);
+        for (i, p) in list.into_iter().enumerate() {
+            // SAFETY: i < n <= nr and `out` is valid for `nr` writes (contract).
+            unsafe { *out.add(i) = p.as_ptr().cast() };
+        }
+        c_int::try_from(n).unwrap_or(c_int::MAX)
+    })
+}
+
+/// Frees `len` order-0 frames. Every valid one is freed; returns 0, or the negated errno of
+/// the first bad entry (whose index goes to `*bad_index` when that is not NULL).
+///
+/// # Safety
+/// `z` is a live handle; `pages` is valid for `len` reads; `bad_index` is NULL or valid for a
+/// write. The page addresses themselves are checked, never dereferenced.
+#[no_mangle]
+pub unsafe extern "C" fn zonal_free_pages_bulk(
+    z: *const Zonal,
+    pages: *const *mut c_void,
+    len: usize,
+    bad_index: *mut usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let z = match unsafe { handle(z) } {
+            Ok(z) => z,
+            Err(e) => return e,
+        };
+        if pages.is_null() && len > 0 {
+            return invalid("null pages array");
+        }
+        if len == 0 {
+            return 0;
+        }
+        // SAFETY: `pages` is valid for `len` reads (contract); *mut c_void and *mut u8 have
+        // the same layout.
+        let slice = unsafe { std::slice::from_raw_parts(pages.cast::<*mut u8>(), len) };
+        match z.free_pages_bulk(slice) {
+            Ok(_) => 0,
+            Err((i, e)) => {
+                if !bad_index.is_null() {
+                    // SAFETY: non-null `bad_index` is valid for a write (contract).
+                    unsafe { *bad_index = i };
+                }
+                fail(&e)
+            }
+        }
+    })
+}
+
+/// Returns every CPU's per-CPU lists to the buddy lists; returns the frames moved.
+///
+/// # Safety
+/// `z` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn zonal_drain_all_pages(z: *const Zonal) -> c_int {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        match unsafe { handle(z) } {
+            Ok(z) => c_int::try_from(z.drain_all_pages()).unwrap_or(c_int::MAX),
+            Err(e) => e,
+        }
+    })
+}

@@ -1,0 +1,149 @@
+/* The C ABI end to end: create, allocate, free, every error, policies, bulk calls, reports.
+ * Exits 0 on success; on the first failure prints what and where and exits 1. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "zonal.h"
+
+static int checks;
+
+#define CHECK(cond)                                                                          \
+    do {                                                                                     \
+        checks++;                                                                            \
+        if (!(cond)) {                                                                       \
+            char msg_[512];                                                                  \
+            zonal_last_error(msg_, sizeof msg_);                                             \
+            fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", __FILE__, __LINE__, \
+                    #cond, msg_);                                                            \
+            exit(1);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+static uint64_t free_pages(zonal_t *z, int nid) {
+    uint64_t n = 0;
+    CHECK(zonal_nr_free_pages(z, nid, &n) == 0);
+    return n;
+}
+
+int main(void) {
+    zonal_t *z = NULL;
+    char msg[512];
+
+    /* Bad configs: a negated errno and a message, nothing created. */
+    CHECK(zonal_create("topology=nodes=2,size=8M;colour=red", &z) == -EINVAL);
+    CHECK(zonal_last_error(msg, sizeof msg) > 0 && strstr(msg, "colour") != NULL);
+    CHECK(zonal_create("topology=nodes=2,distance=10 20:30 10", &z) == -EINVAL);
+    CHECK(zonal_last_error(msg, sizeof msg) > 0 && strstr(msg, "symmetric") != NULL);
+    CHECK(zonal_create(NULL, &z) < 0);
+    CHECK(z == NULL);
+
+    CHECK(zonal_abi_version() == ZONAL_ABI_VERSION);
+    CHECK(zonal_create("topology=nodes=2,size=8M;max_order=10", &z) == 0 && z != NULL);
+    /* Start from the buddy lists alone, so free counts are exact. */
+    zonal_drain_all_pages(z);
+    uint64_t free0 = free_pages(z, 0), free1 = free_pages(z, 1);
+    CHECK(free0 == 2048 && free1 == 2048);
+
+    /* Allocate on each node, write and read the memory. */
+    void *p0 = NULL, *p1 = NULL, *big = NULL;
+    CHECK(zonal_alloc_pages_node(z, 0, ZONAL_GFP_THISNODE, 0, &p0) == 0);
+    CHECK(zonal_alloc_pages_node(z, 1, ZONAL_GFP_THISNODE, 0, &p1) == 0);
+    CHECK(zonal_page_to_nid(z, p0) == 0 && zonal_page_to_nid(z, p1) == 1);
+    memset(p0, 0xab, 4096);
+    memset(p1, 0xcd, 4096);
+    CHECK(((unsigned char *)p0)[4095] == 0xab && ((unsigned char *)p1)[0] == 0xcd);
+    CHECK(zonal_alloc_pages(z, 0, 3, &big) == 0);
+    memset(big, 1, 8 * 4096);
+
+    /* Errors, each a distinct errno, each changing nothing. */
+    void *q = NULL;
+    int on_stack = 0;
+    CHECK(zonal_alloc_pages_node(z, 7, 0, 0, &q) == -ENODEV);
+    CHECK(zonal_alloc_pages_node(z, -1, 0, 0, &q) == -ENODEV);
+    CHECK(zonal_alloc_pages(z, 0, 11, &q) == -EDOM);
+    CHECK(zonal_alloc_pages(z, 0x80, 0, &q) == -EINVAL);
+    CHECK(zonal_free_pages(z, &on_stack, 0) == -EFAULT);
+    CHECK(zonal_free_pages(z, NULL, 0) == -EFAULT);
+    CHECK(zonal_free_pages(z, (char *)p0 + 1, 0) == -EINVAL);
+    CHECK(zonal_free_pages(z, big, 2) == -ERANGE);
+    CHECK(zonal_free_pages(z, (char *)big + 4096, 0) == -ENOTBLK);
+    CHECK(zonal_page_to_nid(z, &on_stack) == -EFAULT);
+    CHECK(zonal_free_pages(z, p0, 0) == 0);
+    CHECK(zonal_free_pages(z, p0, 0) == -EALREADY);
+    CHECK(zonal_free_pages(z, p1, 0) == 0);
+    CHECK(zonal_free_pages(z, big, 3) == 0);
+
+    /* Policies. */
+    CHECK(zonal_set_policy(z, "interleave") == 0);
+    void *a = NULL, *b = NULL;
+    CHECK(zonal_alloc_pages(z, 0, 0, &a) == 0 && zonal_alloc_pages(z, 0, 0, &b) == 0);
+    CHECK(zonal_page_to_nid(z, a) != zonal_page_to_nid(z, b));
+    CHECK(zonal_free_pages(z, a, 0) == 0 && zonal_free_pages(z, b, 0) == 0);
+    CHECK(zonal_set_policy(z, "bogus") == -EINVAL);
+    CHECK(zonal_set_policy(z, "preferred=9") == -ENODEV);
+    CHECK(zonal_set_policy(z, "bind=1") == 0);
+    CHECK(zonal_alloc_pages(z, 0, 0, &a) == 0 && zonal_page_to_nid(z, a) == 1);
+    CHECK(zonal_free_pages(z, a, 0) == 0);
+    CHECK(zonal_set_policy(z, "local") == 0);
+
+    /* Bulk, array form: only the NULL slots are filled; the count of filled slots returns. */
+    void *arr[64] = {0};
+    void *kept = NULL;
+    CHECK(zonal_alloc_pages(z, 0, 0, &kept) == 0);
+    arr[5] = kept;
+    CHECK(zonal_alloc_pages_bulk_array(z, 0, arr, 64) == 64);
+    CHECK(arr[5] == kept);
+    for (int i = 0; i < 64; i++) {
+        CHECK(arr[i] != NULL);
+        for (int j = 0; j < i; j++) CHECK(i == 5 || j == 5 || arr[i] != arr[j]);
+    }
+    arr[5] = NULL;
+    CHECK(zonal_alloc_pages_bulk_array(z, 0, arr, 64) == 64);
+    CHECK(zonal_free_pages(z, kept, 0) == 0);
+    size_t bad = 99;
+    CHECK(zonal_free_pages_bulk(z, (void *const *)arr, 64, &bad) == 0 && bad == 99);
+
+    /* Bulk, list form, and a bulk free with one bad entry: the rest are still freed. */
+    void *list[32];
+    CHECK(zonal_alloc_pages_bulk_list(z, 0, 32, list) == 32);
+    void *saved = list[7];
+    list[7] = &on_stack;
+    CHECK(zonal_free_pages_bulk(z, (void *const *)list, 32, &bad) == -EFAULT && bad == 7);
+    CHECK(zonal_free_pages(z, saved, 0) == 0);
+    CHECK(zonal_alloc_pages_bulk_list(z, 0, 0, list) == 0);
+
+    /* Reports, snprintf-style. */
+    int kinds[3] = {ZONAL_REPORT_ZONEINFO, ZONAL_REPORT_BUDDYINFO, ZONAL_REPORT_ZONES_JSON};
+    for (int k = 0; k < 3; k++) {
+        int len = zonal_report(z, kinds[k], NULL, 0);
+        CHECK(len > 0);
+        char *buf = malloc((size_t)len + 1);
+        CHECK(buf != NULL);
+        CHECK(zonal_report(z, kinds[k], buf, (size_t)len + 1) == len);
+        CHECK(strlen(buf) == (size_t)len);
+        if (kinds[k] == ZONAL_REPORT_ZONES_JSON)
+            CHECK(buf[0] == '[');
+        else
+            CHECK(strncmp(buf, "Node 0, zone   Normal", 21) == 0);
+        char tiny[8];
+        CHECK(zonal_report(z, kinds[k], tiny, sizeof tiny) == len);
+        CHECK(tiny[7] == '\0' && strlen(tiny) == 7);
+        free(buf);
+    }
+    CHECK(zonal_report(z, 42, msg, sizeof msg) == -EINVAL);
+
+    /* Everything back: the same free counts as at the start. */
+    CHECK(zonal_drain_all_pages(z) >= 0);
+    CHECK(free_pages(z, 0) == free0 && free_pages(z, 1) == free1);
+    uint64_t blocks = 0;
+    CHECK(zonal_nr_free_blocks(z, 0, 10, &blocks) == 0 && blocks == 2);
+    CHECK(zonal_nr_free_blocks(z, 0, 11, &blocks) == -EDOM);
+    CHECK(zonal_nr_free_pages(z, 5, &blocks) == -ENODEV);
+
+    zonal_destroy(z);
+    zonal_destroy(NULL);
+    printf("zonal C ABI: %d checks passed\n", checks);
+    return 0;
+}
