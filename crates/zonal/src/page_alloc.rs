@@ -352,6 +352,16 @@ impl Zonal {
     fn context<'a>(&'a self, cpu: usize, gfp: Gfp, r: &Resolved<'a>) -> (NodeId, AllocContext<'a>) {
         let (preferred, nodemask) = match *r {
             Resolved::Node(n) | Resolved::Interleave(n) => (n, None),
+            // Bind prefers the local node when the mask has it, else the nearest node that the
+            // mask has, so `THISNODE` under a bind policy stays inside the policy.
+            Resolved::Masked(n, m) if !m.contains(n) => {
+                let near = self.zonelists[n.0 as usize]
+                    .fallback
+                    .iter()
+                    .map(|z| self.zones[z.0 as usize].node)
+                    .find(|nid| m.contains(*nid));
+                (near.unwrap_or(n), Some(m))
+            }
             Resolved::Masked(n, m) => (n, Some(m)),
         };
         let lists = &self.zonelists[preferred.0 as usize];

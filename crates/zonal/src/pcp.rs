@@ -20,7 +20,7 @@
 //!
 //! Invariant (under the lock): `count == sum(len(lists[o]) << o)`, every block on `lists[o]`
 //! has head state `PCP|o`, and after every free `count < high` or a drain has just brought it
-//! below; in all cases `count <= high + batch << PCP_MAX_ORDER`.
+//! below; in all cases `count <= high + batch`.
 
 use crate::buddy::{self, PCP};
 use crate::sync::{spin_wait, AtomicBool, LockedCell, Ordering};
@@ -198,7 +198,10 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
         pcp.high = (pcp.high + pcp.batch).min(pcp.high_max);
     }
     pcp.free_count = 0;
-    let want = (pcp.batch >> order.0).max(2);
+    // Linux takes max(batch >> order, 2) blocks; zonal also keeps the lists within
+    // high + batch once the caller has taken its block, which only binds for tiny batches.
+    let room = 1 + ((pcp.high + pcp.batch).saturating_sub(pcp.count) >> order.0);
+    let want = (pcp.batch >> order.0).max(2).min(room);
     let mut l = zone.lock();
     let mut b = l.buddy();
     let list = &mut pcp.lists[order.0 as usize];
@@ -223,8 +226,11 @@ pub fn free_to_pcp(zone: &Zone, pcp: &mut PcpInner, pfn: Pfn, order: Order) -> u
     pcp.lists[order.0 as usize].push(pfn.0);
     pcp.count += order.pages();
     pcp.free_count += order.pages();
-    if pcp.count >= nr_pcp_high(zone, pcp) {
-        let n = nr_pcp_free(pcp);
+    let high = nr_pcp_high(zone, pcp);
+    if pcp.count >= high {
+        // At least what brings the lists back within high + batch (a large block, or a high
+        // that just shrank, can overshoot by more than one drain).
+        let n = nr_pcp_free(pcp).max(pcp.count.saturating_sub(high + pcp.batch));
         return free_pcppages_bulk(zone, pcp, n);
     }
     0
@@ -307,7 +313,7 @@ pub fn decay_high(zone: &Zone, pcp: &mut PcpInner) -> usize {
         let by_idle = pcp.high - pcp.count_min.min(pcp.high / 5);
         pcp.high = by_count.max(by_idle).max(pcp.high_min);
         if pcp.count > pcp.high {
-            let n = (pcp.count - pcp.high).min(pcp.batch << PCP_BATCH_SCALE_MAX);
+            let n = pcp.count - pcp.high;
             drained = free_pcppages_bulk(zone, pcp, n);
         }
     }
@@ -343,7 +349,7 @@ pub fn check(zone: &Zone, pcp: &PcpInner) -> Result<usize, String> {
     if pages != pcp.count {
         return Err(format!("zone {}: pcp count {} but the lists hold {pages} frames", zone.id.0, pcp.count));
     }
-    if pcp.count > pcp.high + (pcp.batch << PCP_MAX_ORDER) {
+    if pcp.count > pcp.high + pcp.batch {
         return Err(format!(
             "zone {}: pcp count {} above high {} + batch {}",
             zone.id.0, pcp.count, pcp.high, pcp.batch
