@@ -163,6 +163,9 @@ struct ThreadPolicy {
 
 thread_local! {
     static THREAD_POLICIES: RefCell<Vec<ThreadPolicy>> = const { RefCell::new(Vec::new()) };
+    /// Whether this thread has any policy for any handle: a const-initialised `Cell` without
+    /// a destructor, so the common check is one thread-local load.
+    static HAS_POLICY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Sets (or with `Local`, clears) this thread's policy for handle `handle`.
@@ -173,6 +176,7 @@ pub(crate) fn set_thread_policy(handle: u64, policy: MemPolicy) {
         if policy != MemPolicy::Local {
             p.push(ThreadPolicy { handle, policy, il_prev: None });
         }
+        HAS_POLICY.with(|h| h.set(!p.is_empty()));
     });
 }
 
@@ -185,7 +189,11 @@ pub(crate) fn thread_policy(handle: u64) -> MemPolicy {
 /// Forgets every thread-local policy of a handle that is going away (this thread only; other
 /// threads' entries are keyed by a handle id never reused, so they are inert).
 pub(crate) fn forget_handle(handle: u64) {
-    let _ = THREAD_POLICIES.try_with(|p| p.borrow_mut().retain(|t| t.handle != handle));
+    let _ = THREAD_POLICIES.try_with(|p| {
+        let mut p = p.borrow_mut();
+        p.retain(|t| t.handle != handle);
+        HAS_POLICY.with(|h| h.set(!p.is_empty()));
+    });
     let _ = CALL_CURSORS.try_with(|c| c.borrow_mut().retain(|(h, _)| *h != handle));
 }
 
@@ -211,6 +219,9 @@ pub(crate) fn interleave_next(mask: &NodeMask, prev: &mut Option<NodeId>) -> Nod
 /// thread's interleave cursor when the policy interleaves.
 #[inline]
 pub(crate) fn with_thread_policy<R>(handle: u64, local: NodeId, f: impl FnOnce(Resolved<'_>) -> R) -> R {
+    if !HAS_POLICY.with(|h| h.get()) {
+        return f(Resolved::Node(local));
+    }
     THREAD_POLICIES.with(|p| {
         let mut p = p.borrow_mut();
         match p.iter_mut().find(|t| t.handle == handle) {

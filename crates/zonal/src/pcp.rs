@@ -172,8 +172,9 @@ impl Drop for PcpGuard<'_> {
 }
 
 /// Takes a block of `order` from the lists, refilling them from the buddy lists first if the
-/// list is empty (`__rmqueue_pcplist`). The block's head state is left `NONE`: the caller tags
-/// it allocated. `None` if the zone has no block of the order either.
+/// list is empty (`__rmqueue_pcplist`). The block's head state is still `PCP|order`: the
+/// caller tags it allocated before anyone else can see it. `None` if the zone has no block of
+/// the order either.
 #[inline]
 pub fn rmqueue_pcplist(zone: &Zone, pcp: &mut PcpInner, order: Order) -> Option<Pfn> {
     let o = order.0 as usize;
@@ -184,7 +185,6 @@ pub fn rmqueue_pcplist(zone: &Zone, pcp: &mut PcpInner, order: Order) -> Option<
     let pfn = Pfn(pcp.lists[o].pop()?);
     pcp.count -= order.pages();
     pcp.count_min = pcp.count_min.min(pcp.count);
-    zone.state(pfn).store(buddy::NONE, Ordering::Relaxed);
     Some(pfn)
 }
 
