@@ -195,6 +195,7 @@ fn run(cli: Cli) -> Result<(), String> {
             if *reps == 0 {
                 return Err("--reps must be at least 1".into());
             }
+            bench::ensure_tcmalloc_rseq();
             let known: Vec<&str> = bench::EXPERIMENTS.iter().map(|(n, _)| *n).collect();
             let chosen: Vec<&str> = if experiments.is_empty() {
                 known.clone()
@@ -214,6 +215,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 zonal::sys::nr_cpus_online(),
                 cell_ms
             );
+            println!("{}\n", bench::cpu_identity_note());
             let mut records = Vec::new();
             for e in chosen {
                 records.extend(match e {

@@ -36,6 +36,8 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
         (subject(ZonalPages { z, label: "zonal bulk list", bulk: Some(BulkForm::List) }), false),
         (subject(ZonalPages { z, label: "zonal single", bulk: None }), false),
         (subject(IdealStack), false),
+        (subject(Global(snmalloc_rs::SnMalloc, "snmalloc")), true),
+        (subject(Global(tcmalloc_better::TCMalloc, "tcmalloc")), true),
         (subject(Global(mimalloc::MiMalloc, "mimalloc")), true),
         (subject(Global(tikv_jemallocator::Jemalloc, "jemalloc")), true),
         (subject(Glibc), true),

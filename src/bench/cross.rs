@@ -59,6 +59,8 @@ fn subject<'a, A: PageAlloc + 'a>(a: A) -> (String, Cell<'a>) {
 pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
     let subjects: Vec<((String, Cell<'_>), bool)> = vec![
         (subject(ZonalPages { z, label: "zonal pcp", bulk: None }), false),
+        (subject(Global(snmalloc_rs::SnMalloc, "snmalloc")), true),
+        (subject(Global(tcmalloc_better::TCMalloc, "tcmalloc")), true),
         (subject(Global(mimalloc::MiMalloc, "mimalloc")), true),
         (subject(Global(tikv_jemallocator::Jemalloc, "jemalloc")), true),
         (subject(Glibc), true),
@@ -92,7 +94,7 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
     for s in 0..k {
         let sum = Summary::of(&times[s]);
         let ratio = paired_ratio(&times[s], &times[best]);
-        let mi = paired_ratio(&times[s], &times[1]);
+        let mi = paired_ratio(&times[s], &times[3]);
         rows.push(vec![
             subjects[s].0 .0.clone(),
             fmt_ns(sum.median),

@@ -25,6 +25,36 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
     ("cross", "one thread allocates, another on the other CPU frees"),
 ];
 
+/// Google tcmalloc's per-CPU caches need the rseq area that glibc (2.35+) registers for
+/// itself, so `zonal bench` re-executes itself once with `GLIBC_TUNABLES=glibc.pthread.rseq=0`
+/// (unless that is already set, or `ZONAL_BENCH_NO_REEXEC=1`). In that process zonal reads
+/// its CPU with `sched_getcpu` instead of glibc's rseq area. Returns only when no re-exec
+/// happened (or it failed); the re-executed process's exit is this one's.
+pub fn ensure_tcmalloc_rseq() {
+    const TUNABLE: &str = "glibc.pthread.rseq=0";
+    let current = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+    if current.contains(TUNABLE) || std::env::var_os("ZONAL_BENCH_NO_REEXEC").is_some() {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else { return };
+    let value = if current.is_empty() { TUNABLE.to_string() } else { format!("{current}:{TUNABLE}") };
+    let err = std::os::unix::process::CommandExt::exec(
+        std::process::Command::new(exe).args(std::env::args_os().skip(1)).env("GLIBC_TUNABLES", value),
+    );
+    eprintln!("zonal: could not re-execute with {TUNABLE} ({err}); tcmalloc may run on per-thread caches");
+}
+
+/// One line on how the CPU is found and which caches tcmalloc runs on.
+pub fn cpu_identity_note() -> String {
+    let rseq = zonal::sys::rseq_offset().is_some();
+    format!(
+        "glibc rseq registration: {}; zonal reads its CPU {}; tcmalloc runs on {} caches",
+        if rseq { "on" } else { "off" },
+        if rseq { "from glibc's rseq area" } else { "with sched_getcpu" },
+        if peers::tcmalloc_per_cpu() { "rseq per-CPU" } else { "per-thread" }
+    )
+}
+
 /// Options common to every experiment.
 #[derive(Clone, Debug)]
 pub struct BenchOpts {

@@ -51,6 +51,8 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
         (subject(IdealStack), false),
         (subject(ZonalPages { z, label: "zonal pcp", bulk: None }), false),
         (subject(ZonalPages { z: &buddy, label: "zonal buddy only", bulk: None }), false),
+        (subject(Global(snmalloc_rs::SnMalloc, "snmalloc")), true),
+        (subject(Global(tcmalloc_better::TCMalloc, "tcmalloc")), true),
         (subject(Global(mimalloc::MiMalloc, "mimalloc")), true),
         (subject(Global(tikv_jemallocator::Jemalloc, "jemalloc")), true),
         (subject(Glibc), true),

@@ -48,6 +48,40 @@ fn global_pair<A: GlobalAlloc>(a: &A) {
     }
 }
 
+/// snmalloc, through `snmalloc-rs`'s `GlobalAlloc` value.
+pub fn snmalloc() -> Box<dyn Subject> {
+    pairs("snmalloc", || global_pair(&snmalloc_rs::SnMalloc))
+}
+
+/// Google's tcmalloc, through `tcmalloc-better`'s `GlobalAlloc` value; named after the cache
+/// it runs on (rseq per-CPU caches, or per-thread caches when glibc holds the rseq area).
+pub fn tcmalloc() -> Box<dyn Subject> {
+    pairs(&tcmalloc_name(), || global_pair(&tcmalloc_better::TCMalloc))
+}
+
+extern "C" {
+    // tcmalloc's C entry point behind `MallocExtension::PerCpuCachesActive()`.
+    fn MallocExtension_Internal_GetPerCpuCachesActive() -> bool;
+}
+
+/// Whether tcmalloc runs on its rseq per-CPU caches (it sets them up on first use).
+pub fn tcmalloc_per_cpu() -> bool {
+    // SAFETY: one allocation and free to initialise tcmalloc, then a query without arguments.
+    unsafe {
+        global_pair(&tcmalloc_better::TCMalloc);
+        MallocExtension_Internal_GetPerCpuCachesActive()
+    }
+}
+
+/// tcmalloc's subject name, saying which caches it uses.
+pub fn tcmalloc_name() -> String {
+    if tcmalloc_per_cpu() {
+        "tcmalloc (rseq per-CPU)".into()
+    } else {
+        "tcmalloc (per-thread)".into()
+    }
+}
+
 /// glibc's `posix_memalign` + `free`.
 pub fn glibc() -> Box<dyn Subject> {
     pairs("glibc malloc", || {

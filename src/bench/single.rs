@@ -3,20 +3,28 @@
 
 use super::{fmt_ns, measure, paired_ratio, peers, print_table, BenchOpts, Record, Summary};
 use serde_json::json;
-use zonal::{Gfp, Zonal};
+use zonal::{Config, Gfp, Zonal};
 
 /// The reference every ratio of this experiment is taken against.
 pub const REFERENCE: &str = "mimalloc";
 
 /// Runs the experiment, prints its table and returns its records.
 pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
+    let buddy = Zonal::new(Config::new(z.topology().clone()).pcp(false)).expect("same topology as the main handle");
     let mut subjects = vec![
         peers::ideal_stack(),
-        peers::pairs("zonal buddy (zone lock)", || {
+        peers::pairs("zonal pcp", || {
             if let Ok(p) = z.alloc_pages(Gfp::KERNEL, 0) {
                 let _ = z.free_pages(std::hint::black_box(p.as_ptr()), 0);
             }
         }),
+        peers::pairs("zonal buddy only", || {
+            if let Ok(p) = buddy.alloc_pages(Gfp::KERNEL, 0) {
+                let _ = buddy.free_pages(std::hint::black_box(p.as_ptr()), 0);
+            }
+        }),
+        peers::snmalloc(),
+        peers::tcmalloc(),
         peers::mimalloc(),
         peers::jemalloc(),
         peers::glibc(),
