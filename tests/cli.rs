@@ -96,7 +96,9 @@ fn bench_writes_json_records() {
     std::fs::remove_file(&path).unwrap();
     let recs = v.as_array().unwrap();
     let subjects: Vec<&str> = recs.iter().map(|r| r["subject"].as_str().unwrap()).collect();
-    for want in ["zonal buddy (zone lock)", "mimalloc", "jemalloc", "glibc malloc", "ideal per-thread stack"] {
+    for want in
+        ["zonal pcp", "zonal buddy only", "snmalloc", "mimalloc", "jemalloc", "glibc malloc", "ideal per-thread stack"]
+    {
         assert!(subjects.contains(&want), "{want} missing from {subjects:?}");
     }
     let mi = recs.iter().find(|r| r["subject"] == "mimalloc").unwrap();

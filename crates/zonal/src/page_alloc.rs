@@ -112,13 +112,13 @@ impl Zonal {
         }
         let fraction = config.percpu_pagelist_high_fraction;
         let pcps: Arc<[PerCpuPages]> = (0..nr_cpus)
-            .flat_map(|_| zones.iter())
-            .map(|z| {
+            .flat_map(|cpu| zones.iter().map(move |z| (cpu, z)))
+            .map(|(cpu, z)| {
                 let (batch, high_min, high_max) = pcp_sizes(&topo, z, fraction);
                 if config.pcp {
-                    PerCpuPages::new(batch, high_min, high_max)
+                    PerCpuPages::new(cpu as u32, batch, high_min, high_max)
                 } else {
-                    PerCpuPages::new(1, 0, 0)
+                    PerCpuPages::new(cpu as u32, 1, 0, 0)
                 }
             })
             .collect();
@@ -286,6 +286,12 @@ impl Zonal {
         Ok(())
     }
 
+    /// Where the rseq critical sections find the per-CPU lists.
+    #[inline]
+    fn rseq_table(&self) -> pcp::rseq::Table {
+        pcp::rseq::Table { base: self.pcps.as_ptr(), nr_cpus: self.nr_cpus, nr_zones: self.zones.len() }
+    }
+
     #[inline]
     fn pcp(&self, cpu: usize, zone: ZoneId) -> &PerCpuPages {
         &self.pcps[cpu * self.zones.len() + zone.0 as usize]
@@ -447,6 +453,13 @@ impl Zonal {
     /// buddy lists for large ones or when the lists are busy (`pcp_spin_trylock` failed).
     #[inline]
     fn rmqueue(&self, cpu: usize, z: &Zone, order: Order) -> Option<Pfn> {
+        if order.0 == 0 && self.pcp_enabled && pcp::rseq::enabled() {
+            if let Some(p) = pcp::rseq::pop(&self.rseq_table(), z.id.0 as usize) {
+                let pfn = Pfn(p);
+                z.state(pfn).store(buddy::state(ALLOCATED, order), Ordering::Release);
+                return Some(pfn);
+            }
+        }
         let pfn = if order.0 <= PCP_MAX_ORDER && self.pcp_enabled {
             match self.pcp(cpu, z.id).try_lock() {
                 Some(mut g) => {
@@ -493,6 +506,15 @@ impl Zonal {
     /// when the lists are busy (`free_unref_page` / `free_one_page`).
     #[inline]
     fn free_claimed(&self, cpu: usize, zone: &Zone, pfn: Pfn, order: Order) {
+        if order.0 == 0 && self.pcp_enabled && pcp::rseq::enabled() {
+            zone.state(pfn).store(buddy::state(buddy::PCP, order), Ordering::Relaxed);
+            if pcp::rseq::push(&self.rseq_table(), zone.id.0 as usize, pfn.0) {
+                return;
+            }
+            // Back to "claimed": the buddy path must not find a stale per-CPU tag on a
+            // frame that merging leaves inside a larger block.
+            zone.state(pfn).store(buddy::NONE, Ordering::Relaxed);
+        }
         if order.0 <= PCP_MAX_ORDER && self.pcp_enabled {
             if let Some(mut g) = self.pcp(cpu, zone.id).try_lock() {
                 let drained = g.with(|p| pcp::free_to_pcp(zone, p, pfn, order));
@@ -643,12 +665,15 @@ impl Zonal {
     /// Returns one CPU's lists, for every zone, to the buddy lists (`drain_local_pages` of that
     /// CPU). Returns the frames moved.
     pub fn drain_cpu_pages(&self, cpu: usize) -> usize {
-        if cpu >= self.nr_cpus {
+        if cpu >= self.nr_cpus || !self.pcp_enabled {
             return 0;
         }
         let mut n = 0;
         for z in self.zones.iter() {
-            n += self.pcp(cpu, z.id).lock().with(|p| pcp::drain(z, p));
+            let pcp = self.pcp(cpu, z.id);
+            if !pcp.looks_empty() {
+                n += pcp.lock().with(|p| pcp::drain(z, p));
+            }
         }
         if n > 0 {
             self.count_event(self.current_cpu(), VmEvent::PcpDrain, 1);

@@ -23,7 +23,7 @@
 //! below; in all cases `count <= high + batch`.
 
 use crate::buddy::{self, PCP};
-use crate::sync::{spin_wait, AtomicBool, LockedCell, Ordering};
+use crate::sync::{spin_wait, AtomicBool, AtomicUsize, LockedCell, Ordering};
 use crate::types::{Order, Pfn, PAGE_SIZE};
 use crate::zone::{Watermark, Zone};
 
@@ -90,13 +90,32 @@ impl PcpInner {
     }
 }
 
+/// Blocks the rseq front cache of one pcp holds at most.
+pub const CACHE_CAP: usize = 64;
+
 /// One CPU's lists for one zone. Aligned to 128 bytes (two cache lines, the unit of the
 /// adjacent-line prefetcher) so that no two CPUs' lists share a line, and so that per-CPU
 /// statistics, kept in their own array, never dirty these lines (seed 002).
-#[repr(align(128))]
+///
+/// In front of the order-0 list sits a small *cache* of order-0 blocks that restartable
+/// sequences pop and push without any lock ([`rseq`]); the lock-based code never sees it:
+/// every holder of the lock first flushes it into the lists ([`PcpGuard::with`]) and, after
+/// its work, refills it and sets the bound (`cache_limit`) that keeps
+/// `count + cache <= high + batch`. A critical section gives way (aborts to the locked path)
+/// whenever the lock is held; a locker on another CPU first fences that CPU with
+/// `membarrier`, so no critical section that began before the lock was taken can commit.
+#[repr(C, align(128))]
 #[derive(Debug)]
 pub struct PerCpuPages {
     lock: AtomicBool,
+    /// The CPU these lists belong to.
+    cpu: u32,
+    cache_len: AtomicUsize,
+    cache_limit: AtomicUsize,
+    cache_slots: *const AtomicUsize,
+    cache: Box<[AtomicUsize]>,
+    /// `count` as of the last unlock, readable without the lock (drains skip empty lists).
+    count_hint: AtomicUsize,
     inner: LockedCell<PcpInner>,
 }
 
@@ -104,15 +123,25 @@ const _: () = assert!(std::mem::size_of::<PerCpuPages>() % 128 == 0);
 const _: () = assert!(std::mem::align_of::<PerCpuPages>() == 128);
 
 // SAFETY: `inner` is only reached through a `PcpGuard`, which exists only while `lock` is
-// held by its creator, so accesses from different threads never overlap.
+// held by its creator, so accesses from different threads never overlap; the cache is made
+// of atomics, and `cache_slots` points into `cache`, which lives as long as the struct.
 unsafe impl Sync for PerCpuPages {}
+// SAFETY: as above; nothing in the struct is tied to the thread that built it.
+unsafe impl Send for PerCpuPages {}
 
 impl PerCpuPages {
-    /// Lists with the given batch and bounds; `high` starts at `high_min`.
-    pub fn new(batch: usize, high_min: usize, high_max: usize) -> PerCpuPages {
+    /// Lists of `cpu` with the given batch and bounds; `high` starts at `high_min`.
+    pub fn new(cpu: u32, batch: usize, high_min: usize, high_max: usize) -> PerCpuPages {
         let cap = |o: usize| ((high_max + (batch << PCP_BATCH_SCALE_MAX)) >> o) + 4;
+        let cache: Box<[AtomicUsize]> = (0..CACHE_CAP).map(|_| AtomicUsize::new(0)).collect();
         PerCpuPages {
             lock: AtomicBool::new(false),
+            cpu,
+            cache_len: AtomicUsize::new(0),
+            cache_limit: AtomicUsize::new(0),
+            cache_slots: cache.as_ptr(),
+            cache,
+            count_hint: AtomicUsize::new(0),
             inner: LockedCell::new(PcpInner {
                 count: 0,
                 high: high_min,
@@ -131,6 +160,7 @@ impl PerCpuPages {
     #[inline]
     pub fn try_lock(&self) -> Option<PcpGuard<'_>> {
         if self.lock.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            self.fence_remote();
             Some(PcpGuard { pcp: self })
         } else {
             None
@@ -147,6 +177,33 @@ impl PerCpuPages {
             spin_wait();
         }
     }
+
+    /// After taking the lock: if this thread is not on the lists' CPU, a critical section may
+    /// be running there that read the lock before it was taken; restart it.
+    ///
+    /// An empty cache with a zero bound needs no fence: no section can change it (a pop
+    /// finds nothing, a push finds no room), and one that read an older, non-empty state
+    /// would have had to commit before the cache could read empty.
+    #[inline]
+    fn fence_remote(&self) {
+        if rseq::enabled()
+            && (self.cache_len.load(Ordering::Relaxed) != 0 || self.cache_limit.load(Ordering::Relaxed) != 0)
+            && crate::sys::current_cpu() != self.cpu
+        {
+            rseq::fence(self.cpu);
+        }
+    }
+
+    /// Blocks in the rseq cache.
+    pub fn cache_len(&self) -> usize {
+        self.cache_len.load(Ordering::Relaxed)
+    }
+
+    /// Whether the lists looked empty at the last unlock and the cache is empty now: a hint
+    /// (a free may land at any moment), used to skip drains that would find nothing.
+    pub fn looks_empty(&self) -> bool {
+        self.count_hint.load(Ordering::Relaxed) == 0 && self.cache_len.load(Ordering::Relaxed) == 0
+    }
 }
 
 /// Proof that a `PerCpuPages` lock is held; unlocks on drop.
@@ -155,12 +212,22 @@ pub struct PcpGuard<'a> {
 }
 
 impl PcpGuard<'_> {
-    /// Runs `f` on the protected fields.
+    /// Runs `f` on the protected fields, with the rseq cache flushed into the lists first and
+    /// refilled after, so `f` sees every block the pcp holds.
     #[inline]
     pub fn with<R>(&mut self, f: impl FnOnce(&mut PcpInner) -> R) -> R {
+        let pcp = self.pcp;
         // SAFETY: this guard exists only while its creator holds `pcp.lock` (try_lock/lock),
         // and `&mut self` keeps this the only access through it.
-        unsafe { self.pcp.inner.with_mut(f) }
+        unsafe {
+            pcp.inner.with_mut(|inner| {
+                pcp.flush_cache(inner);
+                let r = f(inner);
+                pcp.fill_cache(inner);
+                pcp.count_hint.store(inner.count, Ordering::Relaxed);
+                r
+            })
+        }
     }
 }
 
@@ -171,6 +238,40 @@ impl Drop for PcpGuard<'_> {
     }
 }
 
+impl PerCpuPages {
+    /// Moves the cache's blocks to the order-0 list (lock held).
+    #[inline]
+    fn flush_cache(&self, inner: &mut PcpInner) {
+        let n = self.cache_len.load(Ordering::Relaxed);
+        if n == 0 {
+            return;
+        }
+        for slot in &self.cache[..n] {
+            inner.lists[0].push(slot.load(Ordering::Relaxed));
+        }
+        inner.count += n;
+        self.cache_len.store(0, Ordering::Relaxed);
+    }
+
+    /// Moves up to half the cache's room of order-0 blocks from the list into the cache and
+    /// sets the bound that keeps `count + cache <= high + batch` (lock held). Without rseq
+    /// the cache stays empty.
+    #[inline]
+    fn fill_cache(&self, inner: &mut PcpInner) {
+        if !rseq::enabled() {
+            return;
+        }
+        let budget = (inner.high + inner.batch).min(inner.count + CACHE_CAP);
+        let take = (CACHE_CAP / 2).min(inner.lists[0].len());
+        let start = inner.lists[0].len() - take;
+        for (slot, pfn) in self.cache.iter().zip(inner.lists[0].drain(start..)) {
+            slot.store(pfn, Ordering::Relaxed);
+        }
+        inner.count -= take;
+        self.cache_len.store(take, Ordering::Relaxed);
+        self.cache_limit.store(budget.saturating_sub(inner.count).min(CACHE_CAP), Ordering::Relaxed);
+    }
+}
 /// Takes a block of `order` from the lists, refilling them from the buddy lists first if the
 /// list is empty (`__rmqueue_pcplist`). The block's head state is still `PCP|order`: the
 /// caller tags it allocated before anyone else can see it. `None` if the zone has no block of
@@ -363,6 +464,208 @@ pub fn blocks(pcp: &PcpInner) -> impl Iterator<Item = (Pfn, Order)> + '_ {
     pcp.lists.iter().enumerate().flat_map(|(o, l)| l.iter().map(move |&p| (Pfn(p), Order(o as u8))))
 }
 
+/// Restartable sequences over the per-CPU caches: pop and push of one order-0 block with no
+/// lock and no atomic read-modify-write, the way Linux relies on preemption being disabled.
+///
+/// Each critical section reads the CPU id from the thread's rseq area (registered by glibc),
+/// finds that CPU's `PerCpuPages`, gives up if its lock is held, and commits with one store
+/// of the cache length. If the thread is preempted, migrated or signalled inside the section,
+/// the kernel restarts it at the abort handler, which reports failure, and the caller takes
+/// the locked path. Lockers on another CPU fence it with `membarrier` first
+/// ([`PerCpuPages::try_lock`]). x86-64 only; elsewhere, and when rseq or membarrier is
+/// unavailable (e.g. `GLIBC_TUNABLES=glibc.pthread.rseq=0`), `enabled()` is false.
+pub mod rseq {
+    use super::PerCpuPages;
+
+    /// Whether the critical sections can run in this process.
+    #[inline]
+    pub fn enabled() -> bool {
+        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        {
+            static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            *ON.get_or_init(|| {
+                std::env::var_os("ZONAL_NO_RSEQ").is_none()
+                    && crate::sys::rseq_offset().is_some()
+                    && crate::sys::membarrier_rseq_registered()
+            })
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+        {
+            false
+        }
+    }
+
+    /// Restarts critical sections on `cpu`.
+    pub fn fence(cpu: u32) {
+        crate::sys::membarrier_rseq_fence(cpu);
+    }
+
+    /// Where the critical sections find the per-CPU structures: `pcps[cpu * nr_zones + zone]`.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Table {
+        /// `pcps.as_ptr()`.
+        pub base: *const PerCpuPages,
+        /// CPUs in the table.
+        pub nr_cpus: usize,
+        /// Zones per CPU.
+        pub nr_zones: usize,
+    }
+
+    /// Pops an order-0 block from the cache of the current CPU's lists for `zone`; `None`
+    /// when the cache is empty, the lists are locked, or the section was interrupted.
+    #[inline]
+    pub fn pop(t: &Table, zone: usize) -> Option<usize> {
+        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        {
+            let area = crate::sys::rseq_area()?;
+            let ok: usize;
+            let out: usize;
+            // SAFETY: `area` is this thread's registered rseq area; `t.base` points to
+            // `nr_cpus * nr_zones` live `PerCpuPages` (the handle outlives the call), and the
+            // section only indexes it with a CPU id checked against `nr_cpus`. It reads the
+            // cache only while the lock is free and the kernel guarantees that it runs
+            // uninterrupted on that CPU up to the commit, so no other thread touches that
+            // cache meanwhile (lockers on other CPUs fence it first).
+            unsafe {
+                std::arch::asm!(
+                    "lea {t}, [rip + 24f]",
+                    "mov qword ptr [{area} + 8], {t}",
+                    "22:",
+                    "mov {p:e}, dword ptr [{area} + 4]",
+                    "cmp {p}, {ncpu}",
+                    "jae 25f",
+                    "imul {p}, {nz}",
+                    "add {p}, {zone}",
+                    "imul {p}, {p}, {size}",
+                    "add {p}, {base}",
+                    "cmp byte ptr [{p} + {off_lock}], 0",
+                    "jne 25f",
+                    "mov {t}, qword ptr [{p} + {off_len}]",
+                    "test {t}, {t}",
+                    "jz 25f",
+                    "sub {t}, 1",
+                    "mov {out}, qword ptr [{p} + {off_slots}]",
+                    "mov {out}, qword ptr [{out} + {t} * 8]",
+                    "mov qword ptr [{p} + {off_len}], {t}",
+                    "23:",
+                    "mov {ok}, 1",
+                    "jmp 26f",
+                    ".pushsection __rseq_cs, \"aw\"",
+                    ".balign 32",
+                    "24:",
+                    ".long 0, 0",
+                    ".quad 22b, 23b - 22b, 25f",
+                    ".popsection",
+                    ".pushsection __rseq_failure, \"ax\"",
+                    ".byte 0x0f, 0xb9, 0x3d",
+                    ".long 0x53053053",
+                    "25:",
+                    "xor {ok:e}, {ok:e}",
+                    "jmp 26f",
+                    ".popsection",
+                    "26:",
+                    area = in(reg) area,
+                    ncpu = in(reg) t.nr_cpus,
+                    nz = in(reg) t.nr_zones,
+                    zone = in(reg) zone,
+                    base = in(reg) t.base,
+                    size = const std::mem::size_of::<PerCpuPages>(),
+                    off_lock = const std::mem::offset_of!(PerCpuPages, lock),
+                    off_len = const std::mem::offset_of!(PerCpuPages, cache_len),
+                    off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
+                    p = out(reg) _,
+                    t = out(reg) _,
+                    out = out(reg) out,
+                    ok = out(reg) ok,
+                    options(nostack),
+                );
+            }
+            (ok != 0).then_some(out)
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+        {
+            let _ = (t, zone);
+            None
+        }
+    }
+
+    /// Pushes an order-0 block (head already tagged `PCP`) onto the cache of the current
+    /// CPU's lists for `zone`; `false` when the cache is at its bound, the lists are locked,
+    /// or the section was interrupted.
+    #[inline]
+    pub fn push(t: &Table, zone: usize, pfn: usize) -> bool {
+        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        {
+            let Some(area) = crate::sys::rseq_area() else { return false };
+            let ok: usize;
+            // SAFETY: as in `pop`; the slot written before the commit lies below
+            // `cache_limit <= CACHE_CAP`, inside the cache, and is dead until the commit.
+            unsafe {
+                std::arch::asm!(
+                    "lea {t}, [rip + 24f]",
+                    "mov qword ptr [{area} + 8], {t}",
+                    "22:",
+                    "mov {p:e}, dword ptr [{area} + 4]",
+                    "cmp {p}, {ncpu}",
+                    "jae 25f",
+                    "imul {p}, {nz}",
+                    "add {p}, {zone}",
+                    "imul {p}, {p}, {size}",
+                    "add {p}, {base}",
+                    "cmp byte ptr [{p} + {off_lock}], 0",
+                    "jne 25f",
+                    "mov {t}, qword ptr [{p} + {off_len}]",
+                    "cmp {t}, qword ptr [{p} + {off_limit}]",
+                    "jae 25f",
+                    "mov {s}, qword ptr [{p} + {off_slots}]",
+                    "mov qword ptr [{s} + {t} * 8], {pfn}",
+                    "add {t}, 1",
+                    "mov qword ptr [{p} + {off_len}], {t}",
+                    "23:",
+                    "mov {ok}, 1",
+                    "jmp 26f",
+                    ".pushsection __rseq_cs, \"aw\"",
+                    ".balign 32",
+                    "24:",
+                    ".long 0, 0",
+                    ".quad 22b, 23b - 22b, 25f",
+                    ".popsection",
+                    ".pushsection __rseq_failure, \"ax\"",
+                    ".byte 0x0f, 0xb9, 0x3d",
+                    ".long 0x53053053",
+                    "25:",
+                    "xor {ok:e}, {ok:e}",
+                    "jmp 26f",
+                    ".popsection",
+                    "26:",
+                    area = in(reg) area,
+                    ncpu = in(reg) t.nr_cpus,
+                    nz = in(reg) t.nr_zones,
+                    zone = in(reg) zone,
+                    base = in(reg) t.base,
+                    pfn = in(reg) pfn,
+                    size = const std::mem::size_of::<PerCpuPages>(),
+                    off_lock = const std::mem::offset_of!(PerCpuPages, lock),
+                    off_len = const std::mem::offset_of!(PerCpuPages, cache_len),
+                    off_limit = const std::mem::offset_of!(PerCpuPages, cache_limit),
+                    off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
+                    p = out(reg) _,
+                    t = out(reg) _,
+                    s = out(reg) _,
+                    ok = out(reg) ok,
+                    options(nostack),
+                );
+            }
+            ok != 0
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+        {
+            let _ = (t, zone, pfn);
+            false
+        }
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -392,7 +695,7 @@ mod tests {
     #[test]
     fn refill_alloc_free_drain() {
         let z = zone();
-        let pcp = PerCpuPages::new(2, 8, 8);
+        let pcp = PerCpuPages::new(0, 2, 8, 8);
         let mut g = pcp.try_lock().unwrap();
         assert!(pcp.try_lock().is_none(), "the lock excludes a second taker");
         let p = g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap();
@@ -424,7 +727,7 @@ mod tests {
     fn high_grows_under_sustained_frees_and_decays_when_idle() {
         let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 4096, Order(3));
         z.setup_watermarks(128, 4096, 10);
-        let pcp = PerCpuPages::new(4, 16, 256);
+        let pcp = PerCpuPages::new(0, 4, 16, 256);
         let mut g = pcp.lock();
         let blocks: Vec<Pfn> = (0..200).map(|_| g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap()).collect();
         let grown_by_refills = g.with(|i| i.high);
@@ -448,7 +751,7 @@ mod tests {
     #[test]
     fn fixed_high_does_not_tune() {
         let z = zone();
-        let pcp = PerCpuPages::new(2, 8, 8);
+        let pcp = PerCpuPages::new(0, 2, 8, 8);
         let mut g = pcp.lock();
         let b: Vec<Pfn> = (0..30).map(|_| g.with(|i| rmqueue_pcplist(&z, i, Order(1))).unwrap()).collect();
         for p in b {
@@ -471,7 +774,7 @@ mod loom_tests {
 
     fn setup() -> (Arc<Zone>, Arc<PerCpuPages>) {
         let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 8, Order(2));
-        (Arc::new(z), Arc::new(PerCpuPages::new(1, 4, 4)))
+        (Arc::new(z), Arc::new(PerCpuPages::new(0, 1, 4, 4)))
     }
 
     /// The allocation path: pcp if the try-lock succeeds, else the buddy lists.

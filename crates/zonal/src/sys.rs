@@ -186,6 +186,39 @@ pub fn rseq_offset() -> Option<isize> {
     })
 }
 
+/// This thread's rseq area (`struct rseq`) registered by glibc, if there is one.
+#[inline]
+pub fn rseq_area() -> Option<*mut u8> {
+    rseq_offset().map(|off| (thread_pointer() as isize + off) as *mut u8)
+}
+
+/// `membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ)` once per process; whether
+/// this process may fence rseq critical sections on a CPU (Linux 5.10+).
+pub fn membarrier_rseq_registered() -> bool {
+    static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *REGISTERED.get_or_init(|| {
+        const QUERY: libc::c_long = 0;
+        const PRIVATE_EXPEDITED_RSEQ: libc::c_long = 1 << 7;
+        const REGISTER_PRIVATE_EXPEDITED_RSEQ: libc::c_long = 1 << 8;
+        // SAFETY: membarrier queries and registrations take no pointers.
+        let supported = unsafe { libc::syscall(libc::SYS_membarrier, QUERY, 0, 0) };
+        if supported < 0 || supported & PRIVATE_EXPEDITED_RSEQ == 0 {
+            return false;
+        }
+        // SAFETY: as above.
+        unsafe { libc::syscall(libc::SYS_membarrier, REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0) == 0 }
+    })
+}
+
+/// Restarts any rseq critical section of this process running on `cpu` and waits until that
+/// CPU has passed a full barrier (`membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, CPU)`).
+pub fn membarrier_rseq_fence(cpu: u32) -> bool {
+    const PRIVATE_EXPEDITED_RSEQ: libc::c_long = 1 << 7;
+    const FLAG_CPU: libc::c_long = 1;
+    // SAFETY: membarrier takes no pointers.
+    unsafe { libc::syscall(libc::SYS_membarrier, PRIVATE_EXPEDITED_RSEQ, FLAG_CPU, cpu as libc::c_long) == 0 }
+}
+
 /// The thread pointer (the TLS base the rseq offset is relative to).
 #[inline]
 fn thread_pointer() -> usize {
