@@ -113,6 +113,8 @@ pub trait Subject {
 
 /// Picks how many operations fill `target`, from a short trial.
 pub fn calibrate(s: &mut dyn Subject, target: Duration) -> u64 {
+    // Warm up first: one-time costs (first-touch faults, lazy set-up) must not set the count.
+    s.run(1000);
     let mut n = 64u64;
     loop {
         let t = s.run(n);

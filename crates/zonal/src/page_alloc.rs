@@ -122,6 +122,9 @@ impl Zonal {
                 }
             })
             .collect();
+        // Decide now (and register with membarrier, which can take milliseconds) whether the
+        // rseq fast path runs, rather than inside the first allocation.
+        let _ = pcp::rseq::enabled();
         let worker = Worker::start(Arc::clone(&zones), Arc::clone(&pcps), config.stat_interval);
         Ok(Zonal {
             id: NEXT_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
