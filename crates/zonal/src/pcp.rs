@@ -76,6 +76,9 @@ pub struct PcpInner {
     pub high_max: usize,
     /// Drains grow by `batch << free_factor` under sustained frees; halved per allocation.
     pub free_factor: u32,
+    /// Order-0 refills grow by `batch << alloc_factor` under sustained allocation without
+    /// frees (Linux 6.7 `nr_pcp_alloc`); halved per free that reaches the lists.
+    pub alloc_factor: u32,
     /// Frames freed since the last allocation refilled the lists.
     pub free_count: usize,
     /// Least `count` seen since the last decay (`count_min`).
@@ -149,6 +152,7 @@ impl PerCpuPages {
                 high_min,
                 high_max,
                 free_factor: 0,
+                alloc_factor: 0,
                 free_count: 0,
                 count_min: 0,
                 lists: std::array::from_fn(|o| Vec::with_capacity(cap(o))),
@@ -299,10 +303,22 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
         pcp.high = (pcp.high + pcp.batch).min(pcp.high_max);
     }
     pcp.free_count = 0;
-    // Linux takes max(batch >> order, 2) blocks; zonal also keeps the lists within
-    // high + batch once the caller has taken its block, which only binds for tiny batches.
+    // nr_pcp_alloc: order 0 takes `batch << alloc_factor` frames, at most what keeps the lists
+    // a batch below high, doubling while allocations run without frees; larger orders take
+    // max(batch >> order, 2) blocks. zonal also keeps the lists within high + batch once the
+    // caller has taken its block, which only binds for tiny batches.
+    let want = if order.0 == 0 {
+        let scaled = pcp.batch << pcp.alloc_factor;
+        let max_nr_alloc = (pcp.high.saturating_sub(pcp.count + pcp.batch)).max(pcp.batch);
+        if scaled <= max_nr_alloc && pcp.alloc_factor < PCP_BATCH_SCALE_MAX {
+            pcp.alloc_factor += 1;
+        }
+        scaled.min(max_nr_alloc).max(2)
+    } else {
+        (pcp.batch >> order.0).max(2)
+    };
     let room = 1 + ((pcp.high + pcp.batch).saturating_sub(pcp.count) >> order.0);
-    let want = (pcp.batch >> order.0).max(2).min(room);
+    let want = want.min(room);
     let mut l = zone.lock();
     let mut b = l.buddy();
     let list = &mut pcp.lists[order.0 as usize];
@@ -327,6 +343,7 @@ pub fn free_to_pcp(zone: &Zone, pcp: &mut PcpInner, pfn: Pfn, order: Order) -> u
     pcp.lists[order.0 as usize].push(pfn.0);
     pcp.count += order.pages();
     pcp.free_count += order.pages();
+    pcp.alloc_factor >>= 1;
     let high = nr_pcp_high(zone, pcp);
     if pcp.count >= high {
         // At least what brings the lists back within high + batch (a large block, or a high
@@ -746,6 +763,34 @@ mod tests {
             assert!(i.count <= 16);
             check(&z, i).unwrap();
         });
+    }
+
+    #[test]
+    fn refills_double_under_sustained_allocation_and_shrink_on_free() {
+        let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 4096, Order(3));
+        z.setup_watermarks(128, 4096, 10);
+        let pcp = PerCpuPages::new(0, 4, 512, 512);
+        let mut g = pcp.lock();
+        let mut sizes = Vec::new();
+        let mut taken = Vec::new();
+        for _ in 0..4 {
+            // Empty the order-0 list, then one more allocation refills it.
+            while g.with(|i| i.list_len(Order(0))) > 0 {
+                taken.push(g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap());
+            }
+            let before = z.nr_free();
+            taken.push(g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap());
+            sizes.push(before - z.nr_free());
+        }
+        assert_eq!(sizes, vec![4, 8, 16, 32], "batch << alloc_factor, doubling");
+        g.with(|i| free_to_pcp(&z, i, taken.pop().unwrap(), Order(0)));
+        assert_eq!(g.with(|i| i.alloc_factor), 2, "a free halves alloc_factor");
+        for p in taken {
+            g.with(|i| free_to_pcp(&z, i, p, Order(0)));
+        }
+        g.with(|i| drain(&z, i));
+        drop(g);
+        assert_eq!(z.check_invariants(0), Ok(0));
     }
 
     #[test]
