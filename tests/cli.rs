@@ -78,7 +78,10 @@ fn zoneinfo_text_and_json() {
     let o = zonal(&["--topology", "nodes=1,size=16M", "zoneinfo", "--workload", "allocs=100,free=0"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let s = stdout(&o);
-    assert!(s.contains("  pages free     3996\n"), "{s}");
+    // 100 frames allocated; the per-CPU lists hold a few more that the buddy lists do not
+    // count (as in Linux), at most high + batch of them.
+    let free: u64 = s.lines().find_map(|l| l.strip_prefix("  pages free")).unwrap().trim().parse().unwrap();
+    assert!((3996 - 256..=3996).contains(&free), "{s}");
     assert!(s.contains("        managed  4096\n"), "{s}");
     let o = zonal(&["--topology", "nodes=1,size=16M", "zoneinfo", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
