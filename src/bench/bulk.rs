@@ -2,8 +2,8 @@
 //! layout of seed 002's page_bench04_bulk table (array and list forms), beside the peers
 //! doing N single allocations then N frees.
 
-use super::page_api::{BulkForm, Glibc, Global, IdealStack, PageAlloc, ZonalPages};
-use super::{fmt_ns, paired_ratio, print_table, BenchOpts, Record, Summary};
+use super::page_api::{BulkForm, IdealStack, PageAlloc, ZonalPages};
+use super::{best_peer, fmt_ns, paired_ratio, print_table, BenchOpts, Record, Summary};
 use serde_json::json;
 use std::time::Instant;
 use zonal::Zonal;
@@ -31,17 +31,13 @@ fn subject<'a, A: PageAlloc + 'a>(a: A) -> (String, Cell<'a>) {
 
 /// Runs the experiment, prints its table and returns its records.
 pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
-    let subjects: Vec<((String, Cell<'_>), bool)> = vec![
+    let mut subjects: Vec<((String, Cell<'_>), bool)> = vec![
         (subject(ZonalPages { z, label: "zonal bulk array", bulk: Some(BulkForm::Array) }), false),
         (subject(ZonalPages { z, label: "zonal bulk list", bulk: Some(BulkForm::List) }), false),
         (subject(ZonalPages { z, label: "zonal single", bulk: None }), false),
         (subject(IdealStack), false),
-        (subject(Global(snmalloc_rs::SnMalloc, "snmalloc")), true),
-        (subject(Global(tcmalloc_better::TCMalloc, "tcmalloc")), true),
-        (subject(Global(mimalloc::MiMalloc, "mimalloc")), true),
-        (subject(Global(tikv_jemallocator::Jemalloc, "jemalloc")), true),
-        (subject(Glibc), true),
     ];
+    subjects.extend(crate::peer_subjects!(subject).into_iter().map(|s| (s, true)));
     let k = subjects.len();
     let pages_per_cell = |s: usize| {
         let ns = subjects[s].0 .1(16, 1000);
@@ -77,10 +73,7 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
     let mut rows = Vec::new();
     let mut records = Vec::new();
     for (ni, &n) in SIZES.iter().enumerate() {
-        let best = (0..k)
-            .filter(|&s| subjects[s].1)
-            .min_by(|&a, &b| Summary::of(&times[ni][a]).median.total_cmp(&Summary::of(&times[ni][b]).median))
-            .expect("peers exist");
+        let best = best_peer(&times[ni], |s| subjects[s].1);
         let mut row = vec![n.to_string()];
         for s in 0..k {
             let sum = Summary::of(&times[ni][s]);

@@ -1,8 +1,8 @@
 //! `cross`: one thread allocates, another on the other CPU frees (RX buffers freed by
 //! workers): pages pass through a bounded queue; ns per page end to end.
 
-use super::page_api::{Glibc, Global, PageAlloc, ZonalPages};
-use super::{fmt_ns, paired_ratio, print_table, BenchOpts, Record, Summary};
+use super::page_api::{PageAlloc, ZonalPages};
+use super::{best_peer, fmt_ns, paired_ratio, print_table, BenchOpts, Record, Summary};
 use crossbeam_queue::ArrayQueue;
 use serde_json::json;
 use std::time::Instant;
@@ -57,14 +57,9 @@ fn subject<'a, A: PageAlloc + 'a>(a: A) -> (String, Cell<'a>) {
 
 /// Runs the experiment, prints its table and returns its records.
 pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
-    let subjects: Vec<((String, Cell<'_>), bool)> = vec![
-        (subject(ZonalPages { z, label: "zonal pcp", bulk: None }), false),
-        (subject(Global(snmalloc_rs::SnMalloc, "snmalloc")), true),
-        (subject(Global(tcmalloc_better::TCMalloc, "tcmalloc")), true),
-        (subject(Global(mimalloc::MiMalloc, "mimalloc")), true),
-        (subject(Global(tikv_jemallocator::Jemalloc, "jemalloc")), true),
-        (subject(Glibc), true),
-    ];
+    let mut subjects: Vec<((String, Cell<'_>), bool)> =
+        vec![(subject(ZonalPages { z, label: "zonal pcp", bulk: None }), false)];
+    subjects.extend(crate::peer_subjects!(subject).into_iter().map(|s| (s, true)));
     let k = subjects.len();
     let counts: Vec<u64> = subjects
         .iter()
@@ -85,10 +80,7 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
         eprint!("\r{:40}\r", "");
     }
     println!("cross: one thread allocates (cpu 0), another frees (cpu 1), ns per page; {} repetitions", opts.reps);
-    let best = (0..k)
-        .filter(|&s| subjects[s].1)
-        .min_by(|&a, &b| Summary::of(&times[a]).median.total_cmp(&Summary::of(&times[b]).median))
-        .expect("peers exist");
+    let best = best_peer(&times, |s| subjects[s].1);
     let mut rows = Vec::new();
     let mut records = Vec::new();
     for s in 0..k {

@@ -148,6 +148,14 @@ pub fn measure(subjects: &mut [Box<dyn Subject + '_>], opts: &BenchOpts, label: 
     out
 }
 
+/// The subject with the lowest median among those `is_peer` accepts (`times[subject][rep]`).
+pub fn best_peer(times: &[Vec<f64>], is_peer: impl Fn(usize) -> bool) -> usize {
+    (0..times.len())
+        .filter(|&s| is_peer(s))
+        .min_by(|&a, &b| Summary::of(&times[a]).median.total_cmp(&Summary::of(&times[b]).median))
+        .expect("every experiment has peers")
+}
+
 /// Median over repetitions of `a[rep] / b[rep]`.
 pub fn paired_ratio(a: &[f64], b: &[f64]) -> f64 {
     let r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();

@@ -7,6 +7,21 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::cell::RefCell;
 use zonal::{Gfp, Zonal};
 
+/// The peers of the multi-threaded and batched experiments, each built into a subject by
+/// the experiment's own generic `subject` function: `peer_subjects!(subject)`.
+#[macro_export]
+macro_rules! peer_subjects {
+    ($subject:ident) => {
+        [
+            $subject($crate::bench::page_api::Global(snmalloc_rs::SnMalloc, "snmalloc")),
+            $subject($crate::bench::page_api::Global(tcmalloc_better::TCMalloc, "tcmalloc")),
+            $subject($crate::bench::page_api::Global(mimalloc::MiMalloc, "mimalloc")),
+            $subject($crate::bench::page_api::Global(tikv_jemallocator::Jemalloc, "jemalloc")),
+            $subject($crate::bench::page_api::Glibc),
+        ]
+    };
+}
+
 /// The block every peer allocates: one page, page-aligned.
 pub const PAGE: Layout = match Layout::from_size_align(4096, 4096) {
     Ok(l) => l,

@@ -2,8 +2,8 @@
 //! nproc and 2 × nproc (the oversubscribed run: threads share CPUs and so per-CPU lists, which
 //! exercises the try-lock fallback). Reports ns per pair per thread and the total rate.
 
-use super::page_api::{Glibc, Global, IdealStack, PageAlloc, ZonalPages};
-use super::{fmt_ns, paired_ratio, print_table, BenchOpts, Record, Summary};
+use super::page_api::{IdealStack, PageAlloc, ZonalPages};
+use super::{best_peer, fmt_ns, paired_ratio, print_table, BenchOpts, Record, Summary};
 use serde_json::json;
 use std::sync::Barrier;
 use std::time::Instant;
@@ -47,18 +47,13 @@ fn subject<'a, A: PageAlloc + 'a>(a: A) -> (String, Cell<'a>) {
 pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
     let buddy = Zonal::new(Config::new(z.topology().clone()).pcp(false)).expect("same topology as the main handle");
     let mut subjects: Vec<(String, Cell<'_>, bool)> = Vec::new();
-    for (s, peer) in [
-        (subject(IdealStack), false),
-        (subject(ZonalPages { z, label: "zonal pcp", bulk: None }), false),
-        (subject(ZonalPages { z: &buddy, label: "zonal buddy only", bulk: None }), false),
-        (subject(Global(snmalloc_rs::SnMalloc, "snmalloc")), true),
-        (subject(Global(tcmalloc_better::TCMalloc, "tcmalloc")), true),
-        (subject(Global(mimalloc::MiMalloc, "mimalloc")), true),
-        (subject(Global(tikv_jemallocator::Jemalloc, "jemalloc")), true),
-        (subject(Glibc), true),
-    ] {
-        subjects.push((s.0, s.1, peer));
-    }
+    let ours = [
+        subject(IdealStack),
+        subject(ZonalPages { z, label: "zonal pcp", bulk: None }),
+        subject(ZonalPages { z: &buddy, label: "zonal buddy only", bulk: None }),
+    ];
+    subjects.extend(ours.into_iter().map(|(n, c)| (n, c, false)));
+    subjects.extend(crate::peer_subjects!(subject).into_iter().map(|(n, c)| (n, c, true)));
     let nproc = zonal::sys::nr_cpus_online();
     let mut ts: Vec<usize> = (1..=nproc).collect();
     ts.push(2 * nproc);
@@ -100,10 +95,7 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
     let mut rows = Vec::new();
     let mut records = Vec::new();
     for (ti, &t) in ts.iter().enumerate() {
-        let best = (0..k)
-            .filter(|&s| subjects[s].2)
-            .min_by(|&a, &b| Summary::of(&times[ti][a]).median.total_cmp(&Summary::of(&times[ti][b]).median))
-            .expect("peers exist");
+        let best = best_peer(&times[ti], |s| subjects[s].2);
         let mut row = vec![if t > nproc { format!("{t} (2×nproc)") } else { t.to_string() }];
         for s in 0..k {
             let sum = Summary::of(&times[ti][s]);

@@ -29,6 +29,16 @@ pub const ZONAL_GFP_NO_WATERMARKS: u32 = 4;
 /// Version of this ABI; bumped when functions are appended.
 pub const ZONAL_ABI_VERSION: u32 = 1;
 
+/// The value of an `Ok`, or returns the errno of an `Err` from the enclosing closure.
+macro_rules! or_return {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(errno) => return errno,
+        }
+    };
+}
+
 thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
 }
@@ -99,11 +109,8 @@ pub unsafe extern "C" fn zonal_create(config: *const c_char, out: *mut *mut Zona
         if out.is_null() {
             return invalid("null out pointer");
         }
-        // SAFETY: per this function's contract.
-        let cfg = match unsafe { str_arg(config) } {
-            Ok(s) => s,
-            Err(e) => return e,
-        };
+        // SAFETY: per this function's contract, `config` is a NUL-terminated string.
+        let cfg = or_return!(unsafe { str_arg(config) });
         match Config::parse(cfg).and_then(Zonal::new) {
             Ok(z) => {
                 // SAFETY: `out` is non-null and valid for a write (contract).
@@ -136,15 +143,9 @@ pub unsafe extern "C" fn zonal_destroy(z: *mut Zonal) {
 #[no_mangle]
 pub unsafe extern "C" fn zonal_alloc_pages(z: *const Zonal, gfp: u32, order: u32, out: *mut *mut c_void) -> c_int {
     guard(|| {
-        // SAFETY: per this function's contract.
-        let z = match unsafe { handle(z) } {
-            Ok(z) => z,
-            Err(e) => return e,
-        };
-        let gfp = match gfp_arg(gfp) {
-            Ok(g) => g,
-            Err(e) => return e,
-        };
+        // SAFETY: per this function's contract, `z` is a live handle.
+        let z = or_return!(unsafe { handle(z) });
+        let gfp = or_return!(gfp_arg(gfp));
         if out.is_null() {
             return invalid("null out pointer");
         }
@@ -172,15 +173,9 @@ pub unsafe extern "C" fn zonal_alloc_pages_node(
     out: *mut *mut c_void,
 ) -> c_int {
     guard(|| {
-        // SAFETY: per this function's contract.
-        let z = match unsafe { handle(z) } {
-            Ok(z) => z,
-            Err(e) => return e,
-        };
-        let gfp = match gfp_arg(gfp) {
-            Ok(g) => g,
-            Err(e) => return e,
-        };
+        // SAFETY: per this function's contract, `z` is a live handle.
+        let z = or_return!(unsafe { handle(z) });
+        let gfp = or_return!(gfp_arg(gfp));
         if out.is_null() {
             return invalid("null out pointer");
         }
@@ -205,11 +200,8 @@ pub unsafe extern "C" fn zonal_alloc_pages_node(
 #[no_mangle]
 pub unsafe extern "C" fn zonal_free_pages(z: *const Zonal, addr: *mut c_void, order: u32) -> c_int {
     guard(|| {
-        // SAFETY: per this function's contract.
-        let z = match unsafe { handle(z) } {
-            Ok(z) => z,
-            Err(e) => return e,
-        };
+        // SAFETY: per this function's contract, `z` is a live handle.
+        let z = or_return!(unsafe { handle(z) });
         match z.free_pages(addr.cast(), order) {
             Ok(()) => 0,
             Err(e) => fail(&e),
@@ -224,11 +216,8 @@ pub unsafe extern "C" fn zonal_free_pages(z: *const Zonal, addr: *mut c_void, or
 #[no_mangle]
 pub unsafe extern "C" fn zonal_page_to_nid(z: *const Zonal, addr: *const c_void) -> c_int {
     guard(|| {
-        // SAFETY: per this function's contract.
-        let z = match unsafe { handle(z) } {
-            Ok(z) => z,
-            Err(e) => return e,
-        };
+        // SAFETY: per this function's contract, `z` is a live handle.
+        let z = or_return!(unsafe { handle(z) });
         match z.page_to_nid(addr.cast()) {
             Ok(n) => c_int::from(n.0),
             Err(e) => fail(&e),
@@ -263,11 +252,8 @@ pub unsafe extern "C" fn zonal_set_policy(z: *const Zonal, policy: *const c_char
 #[no_mangle]
 pub unsafe extern "C" fn zonal_nr_free_pages(z: *const Zonal, nid: c_int, out: *mut u64) -> c_int {
     guard(|| {
-        // SAFETY: per this function's contract.
-        let z = match unsafe { handle(z) } {
-            Ok(z) => z,
-            Err(e) => return e,
-        };
+        // SAFETY: per this function's contract, `z` is a live handle.
+        let z = or_return!(unsafe { handle(z) });
         if out.is_null() {
             return invalid("null out pointer");
         }
@@ -290,11 +276,8 @@ pub unsafe extern "C" fn zonal_nr_free_pages(z: *const Zonal, nid: c_int, out: *
 #[no_mangle]
 pub unsafe extern "C" fn zonal_nr_free_blocks(z: *const Zonal, nid: c_int, order: u32, out: *mut u64) -> c_int {
     guard(|| {
-        // SAFETY: per this function's contract.
-        let z = match unsafe { handle(z) } {
-            Ok(z) => z,
-            Err(e) => return e,
-        };
+        // SAFETY: per this function's contract, `z` is a live handle.
+        let z = or_return!(unsafe { handle(z) });
         if out.is_null() {
             return invalid("null out pointer");
         }
@@ -325,11 +308,8 @@ pub const ZONAL_REPORT_ZONES_JSON: c_int = 2;
 #[no_mangle]
 pub unsafe extern "C" fn zonal_report(z: *const Zonal, report: c_int, buf: *mut c_char, len: usize) -> c_int {
     guard(|| {
-        // SAFETY: per this function's contract.
-        let z = match unsafe { handle(z) } {
-            Ok(z) => z,
-            Err(e) => return e,
-        };
+        // SAFETY: per this function's contract, `z` is a live handle.
+        let z = or_return!(unsafe { handle(z) });
         let text = match report {
             ZONAL_REPORT_ZONEINFO => z.zoneinfo(),
             ZONAL_REPORT_BUDDYINFO => z.buddyinfo(),
@@ -372,15 +352,9 @@ pub unsafe extern "C" fn zonal_alloc_pages_bulk_array(
     len: usize,
 ) -> c_int {
     guard(|| {
-        // SAFETY: per this function's contract.
-        let z = match unsafe { handle(z) } {
-            Ok(z) => z,
-            Err(e) => return e,
-        };
-        let gfp = match gfp_arg(gfp) {
-            Ok(g) => g,
-            Err(e) => return e,
-        };
+        // SAFETY: per this function's contract, `z` is a live handle.
+        let z = or_return!(unsafe { handle(z) });
+        let gfp = or_return!(gfp_arg(gfp));
         if array.is_null() && len > 0 {
             return invalid("null array");
         }
@@ -407,15 +381,9 @@ pub unsafe extern "C" fn zonal_alloc_pages_bulk_list(
     out: *mut *mut c_void,
 ) -> c_int {
     guard(|| {
-        // SAFETY: per this function's contract.
-        let z = match unsafe { handle(z) } {
-            Ok(z) => z,
-            Err(e) => return e,
-        };
-        let gfp = match gfp_arg(gfp) {
-            Ok(g) => g,
-            Err(e) => return e,
-        };
+        // SAFETY: per this function's contract, `z` is a live handle.
+        let z = or_return!(unsafe { handle(z) });
+        let gfp = or_return!(gfp_arg(gfp));
         if out.is_null() && nr > 0 {
             return invalid("null out array");
         }
@@ -443,11 +411,8 @@ pub unsafe extern "C" fn zonal_free_pages_bulk(
     bad_index: *mut usize,
 ) -> c_int {
     guard(|| {
-        // SAFETY: per this function's contract.
-        let z = match unsafe { handle(z) } {
-            Ok(z) => z,
-            Err(e) => return e,
-        };
+        // SAFETY: per this function's contract, `z` is a live handle.
+        let z = or_return!(unsafe { handle(z) });
         if pages.is_null() && len > 0 {
             return invalid("null pages array");
         }

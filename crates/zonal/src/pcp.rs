@@ -528,6 +528,57 @@ pub mod rseq {
         pub nr_zones: usize,
     }
 
+    /// The start of every critical section: arm `rseq_cs` with this section's descriptor
+    /// (label 24), read the CPU id, find that CPU's `PerCpuPages` for the zone in `{p}`, and
+    /// give up (label 25) if the id is out of range or the lists are locked. Label 22 starts
+    /// the restartable range.
+    macro_rules! rseq_enter {
+        () => {
+            concat!(
+                "lea {t}, [rip + 24f]\n",
+                "mov qword ptr [{area} + 8], {t}\n",
+                "22:\n",
+                "mov {p:e}, dword ptr [{area} + 4]\n",
+                "cmp {p}, {ncpu}\n",
+                "jae 25f\n",
+                "imul {p}, {nz}\n",
+                "add {p}, {zone}\n",
+                "imul {p}, {p}, {size}\n",
+                "add {p}, {base}\n",
+                "cmp byte ptr [{p} + {off_lock}], 0\n",
+                "jne 25f\n",
+            )
+        };
+    }
+
+    /// The end of every critical section: label 23 ends the restartable range (right after
+    /// the commit store); the descriptor (`struct rseq_cs`: version, flags, start, length,
+    /// abort) goes to `__rseq_cs`; the abort handler, preceded by glibc's x86-64 signature
+    /// 0x53053053 as the kernel requires, sets `{ok}` to 0.
+    macro_rules! rseq_leave {
+        () => {
+            concat!(
+                "23:\n",
+                "mov {ok}, 1\n",
+                "jmp 26f\n",
+                ".pushsection __rseq_cs, \"aw\"\n",
+                ".balign 32\n",
+                "24:\n",
+                ".long 0, 0\n",
+                ".quad 22b, 23b - 22b, 25f\n",
+                ".popsection\n",
+                ".pushsection __rseq_failure, \"ax\"\n",
+                ".byte 0x0f, 0xb9, 0x3d\n",
+                ".long 0x53053053\n",
+                "25:\n",
+                "xor {ok:e}, {ok:e}\n",
+                "jmp 26f\n",
+                ".popsection\n",
+                "26:\n",
+            )
+        };
+    }
+
     /// Pops an order-0 block from the cache of the current CPU's lists for `zone`; `None`
     /// when the cache is empty, the lists are locked, or the section was interrupted.
     #[inline]
@@ -545,18 +596,7 @@ pub mod rseq {
             // cache meanwhile (lockers on other CPUs fence it first).
             unsafe {
                 std::arch::asm!(
-                    "lea {t}, [rip + 24f]",
-                    "mov qword ptr [{area} + 8], {t}",
-                    "22:",
-                    "mov {p:e}, dword ptr [{area} + 4]",
-                    "cmp {p}, {ncpu}",
-                    "jae 25f",
-                    "imul {p}, {nz}",
-                    "add {p}, {zone}",
-                    "imul {p}, {p}, {size}",
-                    "add {p}, {base}",
-                    "cmp byte ptr [{p} + {off_lock}], 0",
-                    "jne 25f",
+                    rseq_enter!(),
                     "mov {t}, qword ptr [{p} + {off_len}]",
                     "test {t}, {t}",
                     "jz 25f",
@@ -564,23 +604,7 @@ pub mod rseq {
                     "mov {out}, qword ptr [{p} + {off_slots}]",
                     "mov {out}, qword ptr [{out} + {t} * 8]",
                     "mov qword ptr [{p} + {off_len}], {t}",
-                    "23:",
-                    "mov {ok}, 1",
-                    "jmp 26f",
-                    ".pushsection __rseq_cs, \"aw\"",
-                    ".balign 32",
-                    "24:",
-                    ".long 0, 0",
-                    ".quad 22b, 23b - 22b, 25f",
-                    ".popsection",
-                    ".pushsection __rseq_failure, \"ax\"",
-                    ".byte 0x0f, 0xb9, 0x3d",
-                    ".long 0x53053053",
-                    "25:",
-                    "xor {ok:e}, {ok:e}",
-                    "jmp 26f",
-                    ".popsection",
-                    "26:",
+                    rseq_leave!(),
                     area = in(reg) area,
                     ncpu = in(reg) t.nr_cpus,
                     nz = in(reg) t.nr_zones,
@@ -619,18 +643,7 @@ pub mod rseq {
             // `cache_limit <= CACHE_CAP`, inside the cache, and is dead until the commit.
             unsafe {
                 std::arch::asm!(
-                    "lea {t}, [rip + 24f]",
-                    "mov qword ptr [{area} + 8], {t}",
-                    "22:",
-                    "mov {p:e}, dword ptr [{area} + 4]",
-                    "cmp {p}, {ncpu}",
-                    "jae 25f",
-                    "imul {p}, {nz}",
-                    "add {p}, {zone}",
-                    "imul {p}, {p}, {size}",
-                    "add {p}, {base}",
-                    "cmp byte ptr [{p} + {off_lock}], 0",
-                    "jne 25f",
+                    rseq_enter!(),
                     "mov {t}, qword ptr [{p} + {off_len}]",
                     "cmp {t}, qword ptr [{p} + {off_limit}]",
                     "jae 25f",
@@ -638,23 +651,7 @@ pub mod rseq {
                     "mov qword ptr [{s} + {t} * 8], {pfn}",
                     "add {t}, 1",
                     "mov qword ptr [{p} + {off_len}], {t}",
-                    "23:",
-                    "mov {ok}, 1",
-                    "jmp 26f",
-                    ".pushsection __rseq_cs, \"aw\"",
-                    ".balign 32",
-                    "24:",
-                    ".long 0, 0",
-                    ".quad 22b, 23b - 22b, 25f",
-                    ".popsection",
-                    ".pushsection __rseq_failure, \"ax\"",
-                    ".byte 0x0f, 0xb9, 0x3d",
-                    ".long 0x53053053",
-                    "25:",
-                    "xor {ok:e}, {ok:e}",
-                    "jmp 26f",
-                    ".popsection",
-                    "26:",
+                    rseq_leave!(),
                     area = in(reg) area,
                     ncpu = in(reg) t.nr_cpus,
                     nz = in(reg) t.nr_zones,
