@@ -199,6 +199,25 @@ int zonal_free_pages_bulk(const struct zonal_t *z,
  */
 int zonal_drain_all_pages(const struct zonal_t *z);
 
+/*
+ Writes the current value of tunable `name` into `buf` like `snprintf`; returns the full
+ length or a negated errno (`-EINVAL` for an unknown name).
+
+ # Safety
+ `z` is a live handle; `name` is a NUL-terminated string; `buf` is null with `len` 0, or
+ valid for `len` bytes.
+ */
+int zonal_sysctl_get(const struct zonal_t *z, const char *name, char *buf, size_t len);
+
+/*
+ Sets tunable `name` to `value` (decimal text). Returns 0, or a negated errno with the old
+ value kept (`-EINVAL` for an unknown name or a value out of bounds).
+
+ # Safety
+ `z` is a live handle; `name` and `value` are NUL-terminated strings.
+ */
+int zonal_sysctl_set(const struct zonal_t *z, const char *name, const char *value);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -44,6 +44,10 @@ struct Cli {
     #[arg(long, global = true)]
     thp: bool,
 
+    /// Set a tunable before the command runs (repeatable): NAME=VALUE, as `zonal sysctl`.
+    #[arg(long = "set", global = true, value_name = "NAME=VALUE")]
+    set: Vec<String>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -73,6 +77,23 @@ enum Command {
         /// Run a synthetic workload first: allocs=N,orders=A-B,policy=P,free=PCT,seed=S.
         #[arg(long, value_name = "SPEC")]
         workload: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show or set run-time tunables, like sysctl: `-a` lists every one, NAME prints one,
+    /// NAME=VALUE sets it (rejected with the old value kept if invalid) and prints it.
+    /// Tunables are also read from ZONAL_<NAME> when an allocator is built.
+    Sysctl {
+        /// NAME or NAME=VALUE.
+        #[arg(value_name = "NAME[=VALUE]")]
+        items: Vec<String>,
+        /// Every tunable.
+        #[arg(short = 'a', long = "all")]
+        all: bool,
+        /// The table: default, bounds, unit and what each tunable does.
+        #[arg(long)]
+        doc: bool,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -149,9 +170,52 @@ fn with_workload(z: &Zonal, workload: Option<&str>) -> Result<(), String> {
     Ok(())
 }
 
+fn set_tunable(z: &Zonal, item: &str) -> Result<(), String> {
+    let (name, value) = item.split_once('=').ok_or_else(|| format!("`{item}` is not NAME=VALUE"))?;
+    z.sysctl_set(name.trim(), value).map_err(|e| e.to_string())
+}
+
 fn run(cli: Cli) -> Result<(), String> {
     let z = allocator(&cli)?;
+    for item in &cli.set {
+        set_tunable(&z, item)?;
+    }
     match &cli.command {
+        Command::Sysctl { items, all, doc, json } => {
+            if *doc {
+                for t in zonal::sysctl::TUNABLES {
+                    println!("{} (default {}, {:?}, {}): {}", t.name, t.default, t.bounds, t.unit, t.doc);
+                }
+                return Ok(());
+            }
+            let mut shown = Vec::new();
+            for item in items {
+                match item.split_once('=') {
+                    Some((name, _)) => {
+                        set_tunable(&z, item)?;
+                        shown.push(name.trim().to_string());
+                    }
+                    None => shown.push(item.clone()),
+                }
+            }
+            let pairs: Vec<(String, String)> = if *all || items.is_empty() {
+                z.sysctl_all().into_iter().map(|(n, v)| (n.to_string(), v)).collect()
+            } else {
+                shown
+                    .iter()
+                    .map(|n| z.sysctl_get(n).map(|v| (n.clone(), v)).map_err(|e| e.to_string()))
+                    .collect::<Result<_, _>>()?
+            };
+            if *json {
+                let map: serde_json::Map<String, serde_json::Value> =
+                    pairs.into_iter().map(|(n, v)| (n, serde_json::Value::String(v))).collect();
+                println!("{}", serde_json::Value::Object(map));
+            } else {
+                for (n, v) in pairs {
+                    println!("{n} = {v}");
+                }
+            }
+        }
         Command::Topology { json } => {
             let t = z.topology();
             if *json {

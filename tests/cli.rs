@@ -138,3 +138,43 @@ fn help_explains_every_command() {
         assert!(s.contains(c), "{c} missing from --help");
     }
 }
+
+#[test]
+fn sysctl_lists_sets_and_rejects() {
+    let o = zonal(&["sysctl", "-a"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    for name in ["min_free_kbytes", "watermark_scale_factor", "percpu_pagelist_high_fraction", "stat_interval"] {
+        assert!(s.contains(&format!("{name} = ")), "{name} missing: {s}");
+    }
+    let o = zonal(&["sysctl", "watermark_scale_factor=250"]);
+    assert_eq!(stdout(&o), "watermark_scale_factor = 250\n");
+    let o = zonal(&["sysctl", "watermark_scale_factor=0"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("valid: 1..=3000"), "{}", stderr(&o));
+    let o = zonal(&["sysctl", "nosuch"]);
+    assert!(stderr(&o).contains("unknown tunable `nosuch`"), "{}", stderr(&o));
+    // --set applies before any command; the watermarks move.
+    let plain = zonal(&["--topology", "nodes=1,size=64M", "zoneinfo", "--json"]);
+    let wide = zonal(&["--topology", "nodes=1,size=64M", "--set", "watermark_scale_factor=1000", "zoneinfo", "--json"]);
+    let a: serde_json::Value = serde_json::from_str(&stdout(&plain)).unwrap();
+    let b: serde_json::Value = serde_json::from_str(&stdout(&wide)).unwrap();
+    assert!(b[0]["low"].as_u64().unwrap() > a[0]["low"].as_u64().unwrap());
+}
+
+#[test]
+fn sysctl_reads_the_environment() {
+    let o = Command::new(env!("CARGO_BIN_EXE_zonal"))
+        .args(["sysctl", "percpu_pagelist_high_fraction", "--json"])
+        .env("ZONAL_PERCPU_PAGELIST_HIGH_FRACTION", "32")
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&o).trim(), r#"{"percpu_pagelist_high_fraction":"32"}"#);
+    let o = Command::new(env!("CARGO_BIN_EXE_zonal"))
+        .args(["sysctl", "-a"])
+        .env("ZONAL_WATERMARK_SCALE_FACTOR", "5000")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("ZONAL_WATERMARK_SCALE_FACTOR"), "{}", stderr(&o));
+}

@@ -134,6 +134,17 @@ int main(void) {
     }
     CHECK(zonal_report(z, 42, msg, sizeof msg) == -EINVAL);
 
+    /* Tunables: get, set, reject with the old value kept. */
+    char val[64];
+    CHECK(zonal_sysctl_set(z, "watermark_scale_factor", "300") == 0);
+    CHECK(zonal_sysctl_get(z, "watermark_scale_factor", val, sizeof val) == 3 && strcmp(val, "300") == 0);
+    CHECK(zonal_sysctl_set(z, "watermark_scale_factor", "0") == -EINVAL);
+    CHECK(zonal_last_error(msg, sizeof msg) > 0 && strstr(msg, "1..=3000") != NULL);
+    CHECK(zonal_sysctl_get(z, "watermark_scale_factor", val, sizeof val) == 3 && strcmp(val, "300") == 0);
+    CHECK(zonal_sysctl_get(z, "nosuch", val, sizeof val) == -EINVAL);
+    CHECK(zonal_sysctl_set(z, "percpu_pagelist_high_fraction", "7") == -EINVAL);
+    CHECK(zonal_sysctl_set(z, "percpu_pagelist_high_fraction", "8") == 0);
+
     /* Everything back: the same free counts as at the start. */
     CHECK(zonal_drain_all_pages(z) >= 0);
     CHECK(free_pages(z, 0) == free0 && free_pages(z, 1) == free1);

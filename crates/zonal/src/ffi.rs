@@ -449,3 +449,43 @@ pub unsafe extern "C" fn zonal_drain_all_pages(z: *const Zonal) -> c_int {
         }
     })
 }
+
+/// Writes the current value of tunable `name` into `buf` like `snprintf`; returns the full
+/// length or a negated errno (`-EINVAL` for an unknown name).
+///
+/// # Safety
+/// `z` is a live handle; `name` is a NUL-terminated string; `buf` is null with `len` 0, or
+/// valid for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn zonal_sysctl_get(z: *const Zonal, name: *const c_char, buf: *mut c_char, len: usize) -> c_int {
+    guard(|| {
+        // SAFETY: per this function's contract, `z` is a live handle.
+        let z = or_return!(unsafe { handle(z) });
+        // SAFETY: per this function's contract, `name` is a NUL-terminated string.
+        let name = or_return!(unsafe { str_arg(name) });
+        match z.sysctl_get(name) {
+            // SAFETY: per this function's contract.
+            Ok(v) => unsafe { write_out(&v, buf, len) },
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+/// Sets tunable `name` to `value` (decimal text). Returns 0, or a negated errno with the old
+/// value kept (`-EINVAL` for an unknown name or a value out of bounds).
+///
+/// # Safety
+/// `z` is a live handle; `name` and `value` are NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn zonal_sysctl_set(z: *const Zonal, name: *const c_char, value: *const c_char) -> c_int {
+    guard(|| {
+        // SAFETY: per this function's contract, `z` is a live handle.
+        let z = or_return!(unsafe { handle(z) });
+        // SAFETY: per this function's contract, both are NUL-terminated strings.
+        let (name, value) = (or_return!(unsafe { str_arg(name) }), or_return!(unsafe { str_arg(value) }));
+        match z.sysctl_set(name, value) {
+            Ok(()) => 0,
+            Err(e) => fail(&e),
+        }
+    })
+}

@@ -29,6 +29,7 @@ pub mod pcp;
 pub mod report;
 pub mod sync;
 pub mod sys;
+pub mod sysctl;
 pub mod topology;
 pub mod types;
 pub mod vmstat;

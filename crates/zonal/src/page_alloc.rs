@@ -51,6 +51,8 @@ pub struct Zonal {
     pcp_enabled: bool,
     percpu_pagelist_high_fraction: AtomicU32,
     worker: Option<Worker>,
+    /// `stat_interval` in milliseconds, read by the worker at every wake-up.
+    stat_interval_ms: Arc<std::sync::atomic::AtomicU64>,
     node_zones: Vec<Vec<ZoneId>>,
     zonelists: Vec<Zonelists>,
     /// Zone of each largest-order block of the arena (`u16::MAX`: a gap).
@@ -125,8 +127,10 @@ impl Zonal {
         // Decide now (and register with membarrier, which can take milliseconds) whether the
         // rseq fast path runs, rather than inside the first allocation.
         let _ = pcp::rseq::enabled();
-        let worker = Worker::start(Arc::clone(&zones), Arc::clone(&pcps), config.stat_interval);
-        Ok(Zonal {
+        let stat_interval_ms =
+            Arc::new(std::sync::atomic::AtomicU64::new((config.stat_interval.as_millis() as u64).max(1)));
+        let worker = Worker::start(Arc::clone(&zones), Arc::clone(&pcps), Arc::clone(&stat_interval_ms));
+        let z = Zonal {
             id: NEXT_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             topo,
             zones,
@@ -136,6 +140,7 @@ impl Zonal {
             pcp_enabled: config.pcp,
             percpu_pagelist_high_fraction: AtomicU32::new(fraction),
             worker: Some(worker),
+            stat_interval_ms,
             node_zones,
             zonelists,
             block_zone,
@@ -144,7 +149,19 @@ impl Zonal {
             watermark_scale_factor: AtomicU64::new(config.watermark_scale_factor as u64),
             lowmem_pages,
             arena,
-        })
+        };
+        z.sysctl_from_env()?;
+        Ok(z)
+    }
+
+    /// `stat_interval`: how often the background worker runs.
+    pub fn stat_interval(&self) -> Duration {
+        Duration::from_millis(self.stat_interval_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Sets `stat_interval` (at least 1 ms); the worker takes it from its next wake-up.
+    pub fn set_stat_interval(&self, d: Duration) {
+        self.stat_interval_ms.store((d.as_millis() as u64).max(1), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Recomputes every zone's watermarks from `min_free_kbytes` and `watermark_scale_factor`.
@@ -826,7 +843,7 @@ struct Worker {
 }
 
 impl Worker {
-    fn start(zones: Arc<[Zone]>, pcps: Arc<[PerCpuPages]>, interval: Duration) -> Worker {
+    fn start(zones: Arc<[Zone]>, pcps: Arc<[PerCpuPages]>, interval_ms: Arc<std::sync::atomic::AtomicU64>) -> Worker {
         let stop = Arc::new((std::sync::Mutex::new(false), Condvar::new()));
         let s = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
@@ -835,6 +852,7 @@ impl Worker {
                 let (m, cv) = &*s;
                 let mut stopped = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 while !*stopped {
+                    let interval = Duration::from_millis(interval_ms.load(std::sync::atomic::Ordering::Relaxed));
                     let (g, timeout) =
                         cv.wait_timeout(stopped, interval).unwrap_or_else(std::sync::PoisonError::into_inner);
                     stopped = g;

@@ -1,0 +1,196 @@
+//! Run-time tunables by name: one table (name, default, bounds, unit, doc), get and set from
+//! Rust, C and the CLI, read from `ZONAL_<NAME>` when an allocator is built.
+//!
+//! Kernel counterpart: `/proc/sys/vm/*` and their bounded handlers (`proc_dointvec_minmax`).
+//! Every set is validated first; an invalid value is rejected with a message naming the
+//! valid ones, and the old value stays (as Linux's `-EINVAL` does).
+
+use crate::error::{Error, Result};
+use crate::page_alloc::Zonal;
+
+/// What values a tunable takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bounds {
+    /// An integer in `min..=max`.
+    Range(u64, u64),
+    /// 0, or an integer in `min..=max`.
+    ZeroOrRange(u64, u64),
+}
+
+/// One run-time tunable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tunable {
+    /// Name, as `/proc/sys/vm` spells it.
+    pub name: &'static str,
+    /// Default, as text (`computed` when it depends on the memory size).
+    pub default: &'static str,
+    /// Accepted values.
+    pub bounds: Bounds,
+    /// Unit of the value.
+    pub unit: &'static str,
+    /// What it does.
+    pub doc: &'static str,
+}
+
+/// Every tunable, in the order `sysctl -a` prints them.
+pub const TUNABLES: &[Tunable] = &[
+    Tunable {
+        name: "min_free_kbytes",
+        default: "computed",
+        bounds: Bounds::Range(1, u64::MAX),
+        unit: "KiB",
+        doc: "memory kept free below the min watermark, shared over the zones by size; default \
+              sqrt(16 * memory in KiB) clamped to 128..=262144, as Linux computes it",
+    },
+    Tunable {
+        name: "watermark_scale_factor",
+        default: "10",
+        bounds: Bounds::Range(1, 3000),
+        unit: "1/10000 of a zone",
+        doc: "distance between the min, low and high watermarks",
+    },
+    Tunable {
+        name: "percpu_pagelist_high_fraction",
+        default: "0",
+        bounds: Bounds::ZeroOrRange(8, u32::MAX as u64),
+        unit: "fraction",
+        doc: "0: each per-CPU list's high tunes itself (Linux 6.7); N >= 8: high is managed/N \
+              split over the node's CPUs",
+    },
+    Tunable {
+        name: "stat_interval",
+        default: "1000",
+        bounds: Bounds::Range(1, 3_600_000),
+        unit: "ms",
+        doc: "how often the background worker decays idle per-CPU lists",
+    },
+];
+
+/// The table entry of a name.
+pub fn tunable(name: &str) -> Result<&'static Tunable> {
+    TUNABLES.iter().find(|t| t.name == name).ok_or_else(|| {
+        let names: Vec<&str> = TUNABLES.iter().map(|t| t.name).collect();
+        Error::InvalidConfig(format!("unknown tunable `{name}`; tunables: {}", names.join(", ")))
+    })
+}
+
+/// Parses and bounds-checks a value for a tunable.
+pub fn parse_value(t: &Tunable, value: &str) -> Result<u64> {
+    let v = value.trim();
+    let n: u64 = v.parse().map_err(|_| {
+        Error::InvalidConfig(format!("{}: `{v}` is not a number; {}", t.name, describe_bounds(t.bounds)))
+    })?;
+    let ok = match t.bounds {
+        Bounds::Range(lo, hi) => (lo..=hi).contains(&n),
+        Bounds::ZeroOrRange(lo, hi) => n == 0 || (lo..=hi).contains(&n),
+    };
+    if !ok {
+        return Err(Error::InvalidConfig(format!("{}: {n} is out of range; {}", t.name, describe_bounds(t.bounds))));
+    }
+    Ok(n)
+}
+
+fn describe_bounds(b: Bounds) -> String {
+    match b {
+        Bounds::Range(lo, u64::MAX) => format!("valid: at least {lo}"),
+        Bounds::Range(lo, hi) => format!("valid: {lo}..={hi}"),
+        Bounds::ZeroOrRange(lo, hi) => format!("valid: 0 or {lo}..={hi}"),
+    }
+}
+
+impl Zonal {
+    /// The current value of a tunable.
+    pub fn sysctl_get(&self, name: &str) -> Result<String> {
+        let t = tunable(name)?;
+        Ok(match t.name {
+            "min_free_kbytes" => self.min_free_kbytes().to_string(),
+            "watermark_scale_factor" => self.watermark_scale_factor().to_string(),
+            "percpu_pagelist_high_fraction" => self.percpu_pagelist_high_fraction().to_string(),
+            "stat_interval" => self.stat_interval().as_millis().to_string(),
+            _ => unreachable!("every table entry is handled"),
+        })
+    }
+
+    /// Sets a tunable; an invalid value is rejected and the old value kept.
+    pub fn sysctl_set(&self, name: &str, value: &str) -> Result<()> {
+        let t = tunable(name)?;
+        let n = parse_value(t, value)?;
+        match t.name {
+            "min_free_kbytes" => self.set_min_free_kbytes(n),
+            "watermark_scale_factor" => self.set_watermark_scale_factor(n as u32),
+            "percpu_pagelist_high_fraction" => self.set_percpu_pagelist_high_fraction(n as u32),
+            "stat_interval" => {
+                self.set_stat_interval(std::time::Duration::from_millis(n));
+                Ok(())
+            }
+            _ => unreachable!("every table entry is handled"),
+        }
+    }
+
+    /// Every tunable with its current value (`sysctl -a`).
+    pub fn sysctl_all(&self) -> Vec<(&'static str, String)> {
+        TUNABLES.iter().map(|t| (t.name, self.sysctl_get(t.name).expect("table names are valid"))).collect()
+    }
+
+    /// Applies `ZONAL_<NAME>` from the environment for every tunable (at build time).
+    pub(crate) fn sysctl_from_env(&self) -> Result<()> {
+        for t in TUNABLES {
+            let var = format!("ZONAL_{}", t.name.to_ascii_uppercase());
+            if let Ok(v) = std::env::var(&var) {
+                self.sysctl_set(t.name, &v).map_err(|e| Error::InvalidConfig(format!("{var}: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::topology::{Machine, Topology};
+    use crate::Config;
+
+    fn zonal() -> Zonal {
+        let t = Topology::parse_for("nodes=2,size=16M", Machine { nr_cpus: 2, mem_total: 1 << 30 }).unwrap();
+        Zonal::new(Config::new(t)).unwrap()
+    }
+
+    #[test]
+    fn every_tunable_gets_and_sets() {
+        let z = zonal();
+        for (name, value) in z.sysctl_all() {
+            // Setting the current value back is always accepted.
+            z.sysctl_set(name, &value).unwrap();
+            assert_eq!(z.sysctl_get(name).unwrap(), value);
+        }
+        z.sysctl_set("watermark_scale_factor", "200").unwrap();
+        assert_eq!(z.watermark_scale_factor(), 200);
+        z.sysctl_set("percpu_pagelist_high_fraction", "16").unwrap();
+        assert_eq!(z.percpu_pagelist_high_fraction(), 16);
+        z.sysctl_set("stat_interval", "250").unwrap();
+        assert_eq!(z.sysctl_get("stat_interval").unwrap(), "250");
+        z.sysctl_set("min_free_kbytes", "2048").unwrap();
+        assert_eq!(z.min_free_kbytes(), 2048);
+    }
+
+    #[test]
+    fn bad_values_are_rejected_and_the_old_value_stays() {
+        let z = zonal();
+        let before = z.sysctl_all();
+        for (name, bad, says) in [
+            ("watermark_scale_factor", "0", "valid: 1..=3000"),
+            ("watermark_scale_factor", "3001", "out of range"),
+            ("watermark_scale_factor", "ten", "not a number"),
+            ("percpu_pagelist_high_fraction", "4", "valid: 0 or 8"),
+            ("stat_interval", "0", "valid: 1..=3600000"),
+            ("min_free_kbytes", "0", "at least 1"),
+            ("min_free_kbytes", "99999999", "min_free_kbytes"),
+            ("min_free_kbytes", "-5", "not a number"),
+        ] {
+            let e = z.sysctl_set(name, bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{name}={bad}: {e}");
+        }
+        assert!(z.sysctl_get("colour").unwrap_err().to_string().contains("tunables: min_free_kbytes"));
+        assert_eq!(z.sysctl_all(), before);
+    }
+}
