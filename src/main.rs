@@ -72,6 +72,23 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the NUMA counters (numa_hit, numa_miss, numa_foreign, interleave_hit,
+    /// local_node, other_node) per node, as the `numastat` command does, or for one node in
+    /// the layout of /sys/devices/system/node/nodeN/numastat. In the default
+    /// numa_stats_mode `auto`, counting starts at the first read of the counters (any report),
+    /// so after `--workload` alone they are still zero: add `--set numa_stats_mode=strict` to
+    /// count the workload (seed 001).
+    Numastat {
+        /// One node only, in the nodeN/numastat layout.
+        #[arg(long, value_name = "N")]
+        node: Option<u16>,
+        /// Run a synthetic workload first: allocs=N,orders=A-B,policy=P,free=PCT,seed=S.
+        #[arg(long, value_name = "SPEC")]
+        workload: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print free blocks per order per zone in the layout of Linux's /proc/buddyinfo.
     Buddyinfo {
         /// Run a synthetic workload first: allocs=N,orders=A-B,policy=P,free=PCT,seed=S.
@@ -245,6 +262,14 @@ fn run(cli: Cli) -> Result<(), String> {
                 println!("{}", z.zone_stats_json());
             } else {
                 print!("{}", z.zoneinfo());
+            }
+        }
+        Command::Numastat { node, workload, json } => {
+            with_workload(&z, workload.as_deref())?;
+            match (node, json) {
+                (Some(n), _) => print!("{}", z.numastat_node(zonal::NodeId(*n)).map_err(|e| e.to_string())?),
+                (None, true) => println!("{}", z.numastat_json()),
+                (None, false) => print!("{}", z.numastat()),
             }
         }
         Command::Buddyinfo { workload, json } => {

@@ -178,3 +178,29 @@ fn sysctl_reads_the_environment() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("ZONAL_WATERMARK_SCALE_FACTOR"), "{}", stderr(&o));
 }
+
+#[test]
+fn numastat_counts_a_workload_in_strict_mode_and_not_before_a_read_in_auto() {
+    let args = ["--topology", "nodes=2,size=8M", "numastat", "--workload", "allocs=100,policy=interleave,free=0"];
+    let auto = zonal(&args);
+    assert!(auto.status.success(), "{}", stderr(&auto));
+    let hits = |o: &Output| -> u64 {
+        stdout(o)
+            .lines()
+            .find(|l| l.starts_with("numa_hit"))
+            .unwrap()
+            .split_whitespace()
+            .skip(1)
+            .map(|x| x.parse::<u64>().unwrap())
+            .sum()
+    };
+    assert_eq!(hits(&auto), 0, "auto mode: nothing counted before the first read");
+    let mut strict = vec!["--set", "numa_stats_mode=strict"];
+    strict.extend(args);
+    let o = zonal(&strict);
+    assert_eq!(hits(&o), 100);
+    let o = zonal(&["numastat", "--node", "0"]);
+    assert!(stdout(&o).starts_with("numa_hit 0\nnuma_miss 0\n"), "{}", stdout(&o));
+    let o = zonal(&["numastat", "--node", "5"]);
+    assert!(!o.status.success());
+}

@@ -144,6 +144,13 @@ int main(void) {
     CHECK(zonal_sysctl_get(z, "nosuch", val, sizeof val) == -EINVAL);
     CHECK(zonal_sysctl_set(z, "percpu_pagelist_high_fraction", "7") == -EINVAL);
     CHECK(zonal_sysctl_set(z, "percpu_pagelist_high_fraction", "8") == 0);
+    CHECK(zonal_sysctl_set(z, "numa_stats_mode", "Strict") == 0);
+    CHECK(zonal_sysctl_get(z, "numa_stats_mode", val, sizeof val) == 6 && strcmp(val, "strict") == 0);
+    CHECK(zonal_sysctl_set(z, "numa_stats_mode", "sometimes") == -EINVAL);
+    CHECK(zonal_alloc_pages_node(z, 1, ZONAL_GFP_THISNODE, 0, &a) == 0 && zonal_free_pages(z, a, 0) == 0);
+    char table[1024];
+    CHECK(zonal_report(z, ZONAL_REPORT_NUMASTAT, table, sizeof table) > 0);
+    CHECK(strstr(table, "node1") != NULL && strstr(table, "numa_hit") != NULL);
 
     /* Everything back: the same free counts as at the start. */
     CHECK(zonal_drain_all_pages(z) >= 0);

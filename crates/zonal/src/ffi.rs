@@ -299,6 +299,8 @@ pub const ZONAL_REPORT_ZONEINFO: c_int = 0;
 pub const ZONAL_REPORT_BUDDYINFO: c_int = 1;
 /// [`zonal_report`]: the zone figures as JSON.
 pub const ZONAL_REPORT_ZONES_JSON: c_int = 2;
+/// [`zonal_report`]: the NUMA counters per node, as the `numastat` command prints them.
+pub const ZONAL_REPORT_NUMASTAT: c_int = 3;
 
 /// Writes a report into `buf` (`len` bytes) like `snprintf`: returns the full length, which
 /// may exceed `len - 1` (call again with a larger buffer), or a negated errno.
@@ -314,6 +316,7 @@ pub unsafe extern "C" fn zonal_report(z: *const Zonal, report: c_int, buf: *mut 
             ZONAL_REPORT_ZONEINFO => z.zoneinfo(),
             ZONAL_REPORT_BUDDYINFO => z.buddyinfo(),
             ZONAL_REPORT_ZONES_JSON => z.zone_stats_json(),
+            ZONAL_REPORT_NUMASTAT => z.numastat(),
             _ => return invalid(&format!("unknown report {report}")),
         };
         // SAFETY: per this function's contract.

@@ -24,7 +24,7 @@ use crate::sync::{AtomicU64, Ordering};
 use crate::sys;
 use crate::topology::Topology;
 use crate::types::{CpuId, NodeId, Order, Pfn, ZoneId, PAGE_SHIFT, PAGE_SIZE};
-use crate::vmstat::{self, PerCpuEvents, VmEvent};
+use crate::vmstat::{self, NumaStat, NumaStatsMode, PerCpuEvents, PerCpuZoneStat, VmEvent};
 use crate::zone::{self, Watermark, Zone};
 use crate::zonelist::{self, Zonelists};
 use std::ptr::NonNull;
@@ -51,6 +51,14 @@ pub struct Zonal {
     pcp_enabled: bool,
     percpu_pagelist_high_fraction: AtomicU32,
     worker: Option<Worker>,
+    /// Per-CPU NUMA counters, `[cpu * nr_zones + zone]`, apart from the lists (seed 002).
+    zone_stats: Box<[PerCpuZoneStat]>,
+    /// The user-space static key of `numa_stats_mode`: whether allocations count NUMA events.
+    numa_key: std::sync::atomic::AtomicBool,
+    /// The mode; its mutex serialises writers, as `vm_numa_stats_mode_lock` does.
+    numa_mode: std::sync::Mutex<NumaStatsMode>,
+    /// Messages about tunable changes (`pr_info` in the kernel), oldest first.
+    log: std::sync::Mutex<Vec<String>>,
     /// `stat_interval` in milliseconds, read by the worker at every wake-up.
     stat_interval_ms: Arc<std::sync::atomic::AtomicU64>,
     node_zones: Vec<Vec<ZoneId>>,
@@ -127,6 +135,7 @@ impl Zonal {
         // Decide now (and register with membarrier, which can take milliseconds) whether the
         // rseq fast path runs, rather than inside the first allocation.
         let _ = pcp::rseq::enabled();
+        let nr_zone_stats = nr_cpus * zones.len();
         let stat_interval_ms =
             Arc::new(std::sync::atomic::AtomicU64::new((config.stat_interval.as_millis() as u64).max(1)));
         let worker = Worker::start(Arc::clone(&zones), Arc::clone(&pcps), Arc::clone(&stat_interval_ms));
@@ -140,6 +149,12 @@ impl Zonal {
             pcp_enabled: config.pcp,
             percpu_pagelist_high_fraction: AtomicU32::new(fraction),
             worker: Some(worker),
+            zone_stats: (0..nr_zone_stats).map(|_| PerCpuZoneStat::default()).collect(),
+            numa_key: std::sync::atomic::AtomicBool::new(false),
+            numa_mode: std::sync::Mutex::new(NumaStatsMode::Auto),
+            log: std::sync::Mutex::new(vec![
+                "vmstat: NUMA stat updates are skipped unless they have been used".to_string()
+            ]),
             stat_interval_ms,
             node_zones,
             zonelists,
@@ -409,7 +424,126 @@ impl Zonal {
             None => self.alloc_pages_slowpath(&ctx, order)?,
         };
         self.count_event(cpu, VmEvent::PgallocNormal, order.pages() as u64);
+        // One predictable branch on a read-mostly flag when NUMA statistics are off.
+        if self.numa_key.load(std::sync::atomic::Ordering::Relaxed) {
+            let target = match r {
+                Resolved::Interleave(n) => Some(n),
+                _ => None,
+            };
+            self.zone_statistics(cpu, &ctx, self.zone_of(pfn), 1, target);
+        }
         Ok(self.pfn_to_ptr(pfn))
+    }
+
+    /// The zone of a frame zonal handed out.
+    #[inline]
+    fn zone_of(&self, pfn: Pfn) -> &Zone {
+        &self.zones[self.block_zone[pfn.0 >> self.max_order.0] as usize]
+    }
+
+    /// `zone_statistics`: charges `nr` frames allocated from `z` to the NUMA counters. Hit on
+    /// `z` when its node is the preferred zone's, else miss on `z` and foreign on the
+    /// preferred zone; local or other on `z` by the allocating CPU's node; an interleave hit
+    /// when the interleave policy got the node it asked for.
+    #[inline(never)]
+    fn zone_statistics(&self, cpu: usize, ctx: &AllocContext<'_>, z: &Zone, nr: u64, interleave: Option<NodeId>) {
+        let nz = self.zones.len();
+        let stat = |zone: &Zone| &self.zone_stats[cpu * nz + zone.id.0 as usize];
+        let preferred = ctx
+            .zonelist
+            .iter()
+            .map(|id| &self.zones[id.0 as usize])
+            .find(|pz| ctx.nodemask.is_none_or(|m| m.contains(pz.node)))
+            .unwrap_or(z);
+        if z.node == preferred.node {
+            stat(z).add(NumaStat::NumaHit, nr);
+        } else {
+            stat(z).add(NumaStat::NumaMiss, nr);
+            stat(preferred).add(NumaStat::NumaForeign, nr);
+        }
+        let local = self.topo.cpu_to_node(CpuId(cpu as u32));
+        stat(z).add(if z.node == local { NumaStat::NumaLocal } else { NumaStat::NumaOther }, nr);
+        if interleave == Some(z.node) {
+            stat(z).add(NumaStat::NumaInterleaveHit, nr);
+        }
+    }
+
+    /// A reader of the NUMA counters: in `auto` mode the first read turns counting on for good
+    /// (seed 001).
+    fn numa_read_hook(&self) {
+        let mode = self.numa_mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *mode == NumaStatsMode::Auto && !self.numa_key.load(std::sync::atomic::Ordering::Relaxed) {
+            self.numa_key.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.log_line("numa stats: counters read in auto mode, updates enabled".into());
+        }
+    }
+
+    fn log_line(&self, line: String) {
+        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(line);
+    }
+
+    /// Messages about tunable changes so far, oldest first (the kernel's `pr_info`s).
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// A NUMA counter of one zone, summed over CPUs (`zone_numa_event_state`). A read: in
+    /// `auto` mode it turns counting on.
+    pub fn numa_stat(&self, zone: ZoneId, s: NumaStat) -> u64 {
+        self.numa_read_hook();
+        let nz = self.zones.len();
+        (0..self.nr_cpus).map(|c| self.zone_stats[c * nz + zone.0 as usize].get(s)).fold(0, u64::wrapping_add)
+    }
+
+    /// Every NUMA counter of a node, in [`NumaStat::ALL`] order (`nodeN/numastat`).
+    pub fn node_numa_stats(&self, nid: NodeId) -> Result<[u64; vmstat::NR_NUMA_STATS]> {
+        let zones = self.node_zones(nid)?.to_vec();
+        let mut out = [0u64; vmstat::NR_NUMA_STATS];
+        for (i, s) in NumaStat::ALL.iter().enumerate() {
+            out[i] = zones.iter().map(|z| self.numa_stat(*z, *s)).sum();
+        }
+        Ok(out)
+    }
+
+    /// The current `numa_stats_mode`.
+    pub fn numa_stats_mode(&self) -> NumaStatsMode {
+        *self.numa_mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether allocations count NUMA events now (the static key).
+    pub fn numa_stats_counting(&self) -> bool {
+        self.numa_key.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets `numa_stats_mode` as seed 001 does: `strict` turns counting on, `coarse` turns it
+    /// off and zeroes the counters ("users can't tell the difference between the dead state
+    /// and when allocator activity is quiet"), `auto` keeps the current state until the next
+    /// read. An invalid value is rejected, naming the valid ones, and the old mode stays.
+    /// Each change is logged ([`Zonal::log`]).
+    pub fn set_numa_stats_mode(&self, value: &str) -> Result<()> {
+        let new = NumaStatsMode::parse(value).map_err(|e| {
+            self.log_line(format!("Ignoring {e}"));
+            Error::InvalidConfig(e)
+        })?;
+        let mut mode = self.numa_mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let old = *mode;
+        if old == new {
+            return Ok(());
+        }
+        match new {
+            NumaStatsMode::Strict => self.numa_key.store(true, std::sync::atomic::Ordering::Relaxed),
+            NumaStatsMode::Coarse => {
+                self.numa_key.store(false, std::sync::atomic::Ordering::Relaxed);
+                for s in self.zone_stats.iter() {
+                    s.zero();
+                }
+            }
+            NumaStatsMode::Auto => {}
+        }
+        *mode = new;
+        drop(mode);
+        self.log_line(format!("numa stats changes from {} mode to {} mode", old.name(), new.name()));
+        Ok(())
     }
 
     #[inline]
@@ -627,6 +761,13 @@ impl Zonal {
                 self.count_event(cpu, VmEvent::PcpRefill, refills);
             }
             self.count_event(cpu, VmEvent::PgallocNormal, n as u64);
+            if n > 0 && self.numa_key.load(std::sync::atomic::Ordering::Relaxed) {
+                let target = match r {
+                    Resolved::Interleave(node) => Some(node),
+                    _ => None,
+                };
+                self.zone_statistics(cpu, &ctx, zone, n as u64, target);
+            }
             (n > 0).then_some(n)
         });
         match got {

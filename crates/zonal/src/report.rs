@@ -7,7 +7,9 @@
 //! the kernel's are: each is exact at the moment it is read.
 
 use crate::page_alloc::Zonal;
+use crate::vmstat::NumaStat;
 use crate::zone::{Watermark, Zone};
+use crate::NodeId;
 use serde::Serialize;
 use std::fmt::Write;
 
@@ -38,6 +40,9 @@ pub struct ZoneStat {
     pub start_pfn: usize,
     /// Free blocks per order, `0..=max_order`.
     pub free_blocks: Vec<usize>,
+    /// The NUMA counters by name, when the report reads them (zoneinfo, JSON).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub numa: Option<std::collections::BTreeMap<&'static str, u64>>,
 }
 
 impl ZoneStat {
@@ -55,6 +60,7 @@ impl ZoneStat {
             managed: z.managed,
             start_pfn: z.start_pfn.0,
             free_blocks: z.free_blocks(),
+            numa: None,
         }
     }
 }
@@ -65,10 +71,20 @@ impl Zonal {
         self.zones().iter().map(ZoneStat::of).collect()
     }
 
-    /// `/proc/zoneinfo`.
+    /// The figures of every zone with their NUMA counters (a read of them: in `auto` mode it
+    /// turns counting on).
+    pub fn zone_stats_with_numa(&self) -> Vec<ZoneStat> {
+        let mut v = self.zone_stats();
+        for (st, z) in v.iter_mut().zip(self.zones()) {
+            st.numa = Some(NumaStat::ALL.iter().map(|&n| (n.name(), self.numa_stat(z.id, n))).collect());
+        }
+        v
+    }
+
+    /// `/proc/zoneinfo`, with the NUMA counters after the zone items as seed 000 prints them.
     pub fn zoneinfo(&self) -> String {
         let mut s = String::new();
-        for z in self.zone_stats() {
+        for z in self.zone_stats_with_numa() {
             let _ = write!(s, "Node {}, zone {:>8}", z.node, z.zone);
             let _ = write!(
                 s,
@@ -78,6 +94,10 @@ impl Zonal {
                 z.pages_free, z.min, z.low, z.high, z.promo, z.spanned, z.present, z.managed
             );
             let _ = write!(s, "\n      {:<12} {}", "nr_free_pages", z.pages_free);
+            for n in NumaStat::ALL {
+                let v = z.numa.as_ref().and_then(|m| m.get(n.name()).copied()).unwrap_or(0);
+                let _ = write!(s, "\n      {:<12} {}", n.name(), v);
+            }
             let _ = write!(s, "\n  node_unreclaimable:  0\n  start_pfn:           {}\n", z.start_pfn);
         }
         s
@@ -96,9 +116,47 @@ impl Zonal {
         s
     }
 
-    /// The zone figures as JSON (an array of [`ZoneStat`]).
+    /// The zone figures as JSON (an array of [`ZoneStat`], NUMA counters included).
     pub fn zone_stats_json(&self) -> String {
-        serde_json::to_string_pretty(&self.zone_stats()).expect("zone stats serialize")
+        serde_json::to_string_pretty(&self.zone_stats_with_numa()).expect("zone stats serialize")
+    }
+
+    /// `/sys/devices/system/node/nodeN/numastat`: one `name value` per line.
+    pub fn numastat_node(&self, nid: NodeId) -> crate::Result<String> {
+        let v = self.node_numa_stats(nid)?;
+        Ok(NumaStat::ALL.iter().zip(v).map(|(n, x)| format!("{} {x}\n", n.numastat_name())).collect())
+    }
+
+    /// The table of the `numastat` command: a row per counter, a column per node.
+    pub fn numastat(&self) -> String {
+        let nodes: Vec<[u64; crate::vmstat::NR_NUMA_STATS]> = (0..self.topology().nr_nodes())
+            .map(|n| self.node_numa_stats(NodeId(n as u16)).expect("node exists"))
+            .collect();
+        let mut s = format!("{:15}", "");
+        for n in 0..nodes.len() {
+            let _ = write!(s, "{:>16}", format!("node{n}"));
+        }
+        s.push('\n');
+        for (i, stat) in NumaStat::ALL.iter().enumerate() {
+            let _ = write!(s, "{:<15}", stat.numastat_name());
+            for node in &nodes {
+                let _ = write!(s, "{:>16}", node[i]);
+            }
+            s.push('\n');
+        }
+        s
+    }
+
+    /// Every node's NUMA counters as JSON: `{"node0": {"numa_hit": N, ...}, ...}`.
+    pub fn numastat_json(&self) -> String {
+        let mut m = serde_json::Map::new();
+        for n in 0..self.topology().nr_nodes() {
+            let v = self.node_numa_stats(NodeId(n as u16)).expect("node exists");
+            let node: serde_json::Map<String, serde_json::Value> =
+                NumaStat::ALL.iter().zip(v).map(|(s, x)| (s.numastat_name().to_string(), x.into())).collect();
+            m.insert(format!("node{n}"), node.into());
+        }
+        serde_json::to_string_pretty(&serde_json::Value::Object(m)).expect("numastat serializes")
     }
 }
 

@@ -15,6 +15,8 @@ pub enum Bounds {
     Range(u64, u64),
     /// 0, or an integer in `min..=max`.
     ZeroOrRange(u64, u64),
+    /// One of these words.
+    Choice(&'static [&'static str]),
 }
 
 /// One run-time tunable.
@@ -34,6 +36,14 @@ pub struct Tunable {
 
 /// Every tunable, in the order `sysctl -a` prints them.
 pub const TUNABLES: &[Tunable] = &[
+    Tunable {
+        name: "numa_stats_mode",
+        default: "auto",
+        bounds: Bounds::Choice(&["auto", "strict", "coarse"]),
+        unit: "mode",
+        doc: "NUMA counters (seed 001): strict counts always; coarse stops counting and zeroes \
+              them; auto counts once anyone has read them (any report, the API, C or the CLI)",
+    },
     Tunable {
         name: "min_free_kbytes",
         default: "computed",
@@ -83,6 +93,7 @@ pub fn parse_value(t: &Tunable, value: &str) -> Result<u64> {
     let ok = match t.bounds {
         Bounds::Range(lo, hi) => (lo..=hi).contains(&n),
         Bounds::ZeroOrRange(lo, hi) => n == 0 || (lo..=hi).contains(&n),
+        Bounds::Choice(_) => false,
     };
     if !ok {
         return Err(Error::InvalidConfig(format!("{}: {n} is out of range; {}", t.name, describe_bounds(t.bounds))));
@@ -95,6 +106,7 @@ fn describe_bounds(b: Bounds) -> String {
         Bounds::Range(lo, u64::MAX) => format!("valid: at least {lo}"),
         Bounds::Range(lo, hi) => format!("valid: {lo}..={hi}"),
         Bounds::ZeroOrRange(lo, hi) => format!("valid: 0 or {lo}..={hi}"),
+        Bounds::Choice(words) => format!("valid: {}", words.join(", ")),
     }
 }
 
@@ -103,6 +115,7 @@ impl Zonal {
     pub fn sysctl_get(&self, name: &str) -> Result<String> {
         let t = tunable(name)?;
         Ok(match t.name {
+            "numa_stats_mode" => self.numa_stats_mode().name().to_string(),
             "min_free_kbytes" => self.min_free_kbytes().to_string(),
             "watermark_scale_factor" => self.watermark_scale_factor().to_string(),
             "percpu_pagelist_high_fraction" => self.percpu_pagelist_high_fraction().to_string(),
@@ -114,6 +127,9 @@ impl Zonal {
     /// Sets a tunable; an invalid value is rejected and the old value kept.
     pub fn sysctl_set(&self, name: &str, value: &str) -> Result<()> {
         let t = tunable(name)?;
+        if t.name == "numa_stats_mode" {
+            return self.set_numa_stats_mode(value);
+        }
         let n = parse_value(t, value)?;
         match t.name {
             "min_free_kbytes" => self.set_min_free_kbytes(n),
@@ -186,11 +202,13 @@ mod tests {
             ("min_free_kbytes", "0", "at least 1"),
             ("min_free_kbytes", "99999999", "min_free_kbytes"),
             ("min_free_kbytes", "-5", "not a number"),
+            ("numa_stats_mode", "lazy", "valid: auto, strict, coarse"),
+            ("numa_stats_mode", "", "valid: auto, strict, coarse"),
         ] {
             let e = z.sysctl_set(name, bad).unwrap_err().to_string();
             assert!(e.contains(says), "{name}={bad}: {e}");
         }
-        assert!(z.sysctl_get("colour").unwrap_err().to_string().contains("tunables: min_free_kbytes"));
+        assert!(z.sysctl_get("colour").unwrap_err().to_string().contains("tunables: numa_stats_mode, min_free_kbytes"));
         assert_eq!(z.sysctl_all(), before);
     }
 }

@@ -108,3 +108,131 @@ mod tests {
         }
     }
 }
+
+/// The NUMA counters (`enum numa_stat_item`), kept apart from the zone counters (seed 000).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(usize)]
+pub enum NumaStat {
+    /// Allocated on the preferred zone's node.
+    NumaHit,
+    /// Allocated here although another node was preferred.
+    NumaMiss,
+    /// Preferred here but allocated on another node (charged to the preferred zone).
+    NumaForeign,
+    /// The interleave policy got the node it asked for.
+    NumaInterleaveHit,
+    /// Allocated on the allocating CPU's node.
+    NumaLocal,
+    /// Allocated on another node than the allocating CPU's.
+    NumaOther,
+}
+
+/// Number of [`NumaStat`]s.
+pub const NR_NUMA_STATS: usize = 6;
+
+impl NumaStat {
+    /// Every counter, in the kernel's order.
+    pub const ALL: [NumaStat; NR_NUMA_STATS] = [
+        NumaStat::NumaHit,
+        NumaStat::NumaMiss,
+        NumaStat::NumaForeign,
+        NumaStat::NumaInterleaveHit,
+        NumaStat::NumaLocal,
+        NumaStat::NumaOther,
+    ];
+
+    /// The name in `/proc/zoneinfo` and `/proc/vmstat`.
+    pub fn name(self) -> &'static str {
+        match self {
+            NumaStat::NumaHit => "numa_hit",
+            NumaStat::NumaMiss => "numa_miss",
+            NumaStat::NumaForeign => "numa_foreign",
+            NumaStat::NumaInterleaveHit => "numa_interleave",
+            NumaStat::NumaLocal => "numa_local",
+            NumaStat::NumaOther => "numa_other",
+        }
+    }
+
+    /// The name in `/sys/devices/system/node/nodeN/numastat`.
+    pub fn numastat_name(self) -> &'static str {
+        match self {
+            NumaStat::NumaHit => "numa_hit",
+            NumaStat::NumaMiss => "numa_miss",
+            NumaStat::NumaForeign => "numa_foreign",
+            NumaStat::NumaInterleaveHit => "interleave_hit",
+            NumaStat::NumaLocal => "local_node",
+            NumaStat::NumaOther => "other_node",
+        }
+    }
+}
+
+/// One CPU's NUMA counters for one zone, on lines of their own, apart from the per-CPU lists
+/// (seed 002: `per_cpu_zonestat`). Updated as event counters: a relaxed load and store by
+/// the CPU's own threads, never written by another CPU except to zero them; summed on read.
+#[repr(align(128))]
+#[derive(Debug, Default)]
+pub struct PerCpuZoneStat {
+    numa: [AtomicU64; NR_NUMA_STATS],
+}
+
+const _: () = assert!(std::mem::size_of::<PerCpuZoneStat>() % 128 == 0);
+
+impl PerCpuZoneStat {
+    /// Adds `n` to a counter (`__count_numa_events`).
+    #[inline]
+    pub fn add(&self, s: NumaStat, n: u64) {
+        let c = &self.numa[s as usize];
+        c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+    }
+
+    /// This CPU's count.
+    #[inline]
+    pub fn get(&self, s: NumaStat) -> u64 {
+        self.numa[s as usize].load(Ordering::Relaxed)
+    }
+
+    /// Zeroes every counter (coarse mode).
+    pub fn zero(&self) {
+        for c in &self.numa {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `numa_stats_mode` (seed 001).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NumaStatsMode {
+    /// Not updated until someone reads the NUMA counters, then updated (the default).
+    Auto,
+    /// Always updated.
+    Strict,
+    /// Not updated, and zeroed.
+    Coarse,
+}
+
+impl NumaStatsMode {
+    /// The mode's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            NumaStatsMode::Auto => "auto",
+            NumaStatsMode::Strict => "strict",
+            NumaStatsMode::Coarse => "coarse",
+        }
+    }
+
+    /// Parses a mode in the seed's spellings (`auto`/`Auto`, `strict`/`Strict`,
+    /// `coarse`/`Coarse`; any case, as Andrew Morton's strcasecmp fixup meant), ignoring the
+    /// newline `echo` adds. Anything else is an error naming the valid values.
+    pub fn parse(s: &str) -> Result<NumaStatsMode, String> {
+        let t = s.trim();
+        if t.eq_ignore_ascii_case("auto") {
+            Ok(NumaStatsMode::Auto)
+        } else if t.eq_ignore_ascii_case("strict") {
+            Ok(NumaStatsMode::Strict)
+        } else if t.eq_ignore_ascii_case("coarse") {
+            Ok(NumaStatsMode::Coarse)
+        } else {
+            Err(format!("invalid numa_stats_mode value `{t}`; valid: auto, strict, coarse"))
+        }
+    }
+}

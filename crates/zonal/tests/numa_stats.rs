@@ -1,0 +1,185 @@
+//! NUMA counters (seed 000) with Linux's `zone_statistics` semantics, and numa_stats_mode
+//! (seed 001): every counter moves in a scenario made for it; auto counts nothing before the
+//! first read; coarse zeroes; strict counts; an invalid value changes nothing.
+
+use zonal::topology::Machine;
+use zonal::vmstat::NumaStat::{self, *};
+use zonal::{Config, Gfp, MemPolicy, NodeId, NodeMask, Topology, Zonal};
+
+fn zonal() -> Zonal {
+    // CPU 0 on node 0, CPU 1 on node 1; node 2 memory-only. Buddy only, so counts are exact.
+    let m = Machine { nr_cpus: 2, mem_total: 1 << 30 };
+    let t = Topology::parse_for("nodes=3,size=4M,cpus=0:1:", m).unwrap();
+    let z = Zonal::new(Config::new(t).pcp(false)).unwrap();
+    z.set_numa_stats_mode("strict").unwrap();
+    z
+}
+
+fn stat(z: &Zonal, node: u16, s: NumaStat) -> u64 {
+    z.numa_stat(z.node_zones(NodeId(node)).unwrap()[0], s)
+}
+
+/// Runs `f` on a thread pinned to `cpu` (so the allocating CPU's node is known).
+fn on_cpu<R: Send>(cpu: u32, f: impl FnOnce() -> R + Send) -> R {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            zonal::sys::set_affinity(cpu).unwrap();
+            f()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+#[test]
+fn local_allocation_is_a_local_hit() {
+    let z = zonal();
+    on_cpu(0, || z.alloc_pages(Gfp::KERNEL, 0).unwrap().as_ptr() as usize);
+    assert_eq!((stat(&z, 0, NumaHit), stat(&z, 0, NumaLocal)), (1, 1));
+    assert_eq!(stat(&z, 0, NumaMiss) + stat(&z, 0, NumaOther) + stat(&z, 0, NumaForeign), 0);
+}
+
+#[test]
+fn fallback_is_a_miss_here_and_foreign_on_the_preferred_zone() {
+    let z = zonal();
+    on_cpu(0, || while z.alloc_pages_node(NodeId(0), Gfp::THISNODE | Gfp::NO_WATERMARKS, 0).is_ok() {});
+    let hits = stat(&z, 0, NumaHit);
+    let p = on_cpu(0, || z.alloc_pages_node(NodeId(0), Gfp::KERNEL, 0).unwrap().as_ptr() as usize);
+    let landed = z.page_to_nid(p as *const u8).unwrap().0;
+    assert_ne!(landed, 0);
+    assert_eq!(stat(&z, landed, NumaMiss), 1);
+    assert_eq!(stat(&z, 0, NumaForeign), 1);
+    assert_eq!(stat(&z, 0, NumaHit), hits, "no hit for the fallback");
+    assert_eq!(stat(&z, landed, NumaOther), 1, "cpu 0 is on node 0, the frame is not");
+}
+
+#[test]
+fn a_cpu_of_another_node_counts_other() {
+    let z = zonal();
+    on_cpu(1, || z.alloc_pages_node(NodeId(0), Gfp::KERNEL, 0).unwrap().as_ptr() as usize);
+    assert_eq!(stat(&z, 0, NumaHit), 1, "node 0 was preferred and used");
+    assert_eq!(stat(&z, 0, NumaOther), 1, "but the CPU is on node 1");
+    assert_eq!(stat(&z, 0, NumaLocal), 0);
+}
+
+#[test]
+fn interleave_hits() {
+    let z = zonal();
+    z.set_thread_policy(MemPolicy::Interleave(NodeMask::parse("0-2").unwrap())).unwrap();
+    for _ in 0..6 {
+        z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+    }
+    for n in 0..3 {
+        assert_eq!(stat(&z, n, NumaInterleaveHit), 2, "node {n}");
+        assert_eq!(stat(&z, n, NumaHit), 2, "node {n}");
+    }
+}
+
+#[test]
+fn bulk_counts_its_batch_once() {
+    let m = Machine { nr_cpus: 2, mem_total: 1 << 30 };
+    let z = Zonal::new(Config::new(Topology::parse_for("nodes=2,size=8M,cpus=0:1", m).unwrap())).unwrap();
+    z.set_numa_stats_mode("strict").unwrap();
+    let n = on_cpu(0, || {
+        let mut list = Vec::new();
+        z.alloc_pages_bulk_list(Gfp::KERNEL, 32, &mut list)
+    });
+    assert_eq!(n, 32);
+    let zone0 = z.node_zones(NodeId(0)).unwrap()[0];
+    assert_eq!(z.numa_stat(zone0, NumaHit), 32);
+    assert_eq!(z.numa_stat(zone0, NumaLocal), 32);
+}
+
+#[test]
+fn auto_counts_nothing_until_the_first_read() {
+    let m = Machine { nr_cpus: 2, mem_total: 1 << 30 };
+    let z = Zonal::new(Config::new(Topology::parse_for("nodes=1,size=4M", m).unwrap()).pcp(false)).unwrap();
+    assert_eq!(z.numa_stats_mode().name(), "auto");
+    assert!(!z.numa_stats_counting());
+    z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+    // The first read sees nothing and turns counting on.
+    assert_eq!(stat(&z, 0, NumaHit), 0);
+    assert!(z.numa_stats_counting());
+    z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+    assert_eq!(stat(&z, 0, NumaHit), 1);
+    assert!(z.log().iter().any(|l| l.contains("auto mode")), "{:?}", z.log());
+}
+
+#[test]
+fn any_report_is_a_read() {
+    let m = Machine { nr_cpus: 2, mem_total: 1 << 30 };
+    for report in ["zoneinfo", "numastat", "json"] {
+        let z = Zonal::new(Config::new(Topology::parse_for("nodes=1,size=4M", m).unwrap())).unwrap();
+        let _ = match report {
+            "zoneinfo" => z.zoneinfo(),
+            "numastat" => z.numastat(),
+            _ => z.zone_stats_json(),
+        };
+        assert!(z.numa_stats_counting(), "{report}");
+    }
+    // buddyinfo does not read the NUMA counters.
+    let z = Zonal::new(Config::new(Topology::parse_for("nodes=1,size=4M", m).unwrap())).unwrap();
+    let _ = z.buddyinfo();
+    assert!(!z.numa_stats_counting());
+}
+
+#[test]
+fn coarse_zeroes_and_stops_strict_counts_auto_keeps_state() {
+    let z = zonal();
+    z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+    assert!(stat(&z, 0, NumaHit) + stat(&z, 1, NumaHit) > 0);
+    z.set_numa_stats_mode("coarse").unwrap();
+    assert_eq!(NumaStat::ALL.iter().map(|&s| stat(&z, 0, s) + stat(&z, 1, s)).sum::<u64>(), 0);
+    z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+    assert_eq!(stat(&z, 0, NumaHit) + stat(&z, 1, NumaHit), 0, "coarse does not count, reads or not");
+    // auto keeps the current (off) state until the next read, which turns it on.
+    z.set_numa_stats_mode("Auto").unwrap();
+    assert!(!z.numa_stats_counting());
+    z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+    assert_eq!(stat(&z, 0, NumaHit) + stat(&z, 1, NumaHit), 0);
+    z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+    assert_eq!(stat(&z, 0, NumaHit) + stat(&z, 1, NumaHit), 1);
+    z.set_numa_stats_mode("Strict\n").unwrap();
+    assert!(z.numa_stats_counting());
+    let log = z.log();
+    assert!(log.iter().any(|l| l == "numa stats changes from strict mode to coarse mode"), "{log:?}");
+    assert!(log.iter().any(|l| l == "numa stats changes from auto mode to strict mode"), "{log:?}");
+}
+
+#[test]
+fn invalid_modes_change_nothing() {
+    let z = zonal();
+    for bad in ["", "lazy", "autox", "STRICTLY", "1"] {
+        let e = z.set_numa_stats_mode(bad).unwrap_err().to_string();
+        assert!(e.contains("valid: auto, strict, coarse"), "{e}");
+        assert_eq!(z.numa_stats_mode().name(), "strict");
+        assert!(z.numa_stats_counting());
+    }
+    assert!(z.log().iter().any(|l| l.starts_with("Ignoring invalid numa_stats_mode value")));
+}
+
+#[test]
+fn reports_parse_back() {
+    let z = zonal();
+    on_cpu(0, || z.alloc_pages(Gfp::KERNEL, 0).unwrap().as_ptr() as usize);
+    let node0 = z.numastat_node(NodeId(0)).unwrap();
+    let lines: Vec<&str> = node0.lines().collect();
+    assert_eq!(lines[0], "numa_hit 1");
+    assert_eq!(
+        lines.iter().map(|l| l.split(' ').next().unwrap()).collect::<Vec<_>>(),
+        ["numa_hit", "numa_miss", "numa_foreign", "interleave_hit", "local_node", "other_node"]
+    );
+    let table = z.numastat();
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["node0", "node1", "node2"]);
+    let hit: Vec<u64> = table.lines().nth(1).unwrap().split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
+    assert_eq!(hit, vec![1, 0, 0]);
+    // zoneinfo: the NUMA items come after the zone items (seed 000).
+    let zi = z.zoneinfo();
+    let first = zi.split("Node 1").next().unwrap();
+    let free_at = first.find("nr_free_pages").unwrap();
+    let hit_at = first.find("numa_hit").unwrap();
+    assert!(free_at < hit_at);
+    let zones = zonal::report::parse_zoneinfo(&zi);
+    assert_eq!(zones[0].2.iter().find(|(k, _)| k == "numa_hit").map(|(_, v)| *v), Some(1));
+}
