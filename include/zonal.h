@@ -49,52 +49,6 @@
 #define ZONAL_REPORT_NUMASTAT 3
 
 /*
- Number of [`NumaStat`]s.
- */
-#define NR_NUMA_STATS 6
-
-/*
- The NUMA counters (`enum numa_stat_item`), kept apart from the zone counters (seed 000).
- */
-enum NumaStat
-#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
-  : size_t
-#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
- {
-  /*
-   Allocated on the preferred zone's node.
-   */
-  NumaHit,
-  /*
-   Allocated here although another node was preferred.
-   */
-  NumaMiss,
-  /*
-   Preferred here but allocated on another node (charged to the preferred zone).
-   */
-  NumaForeign,
-  /*
-   The interleave policy got the node it asked for.
-   */
-  NumaInterleaveHit,
-  /*
-   Allocated on the allocating CPU's node.
-   */
-  NumaLocal,
-  /*
-   Allocated on another node than the allocating CPU's.
-   */
-  NumaOther,
-};
-#ifndef __cplusplus
-#if __STDC_VERSION__ >= 202311L
-typedef enum NumaStat NumaStat;
-#else
-typedef size_t NumaStat;
-#endif // __STDC_VERSION__ >= 202311L
-#endif // __cplusplus
-
-/*
  A page allocator over its own memory. `Send + Sync`: share it by reference or `Arc`.
 
  Blocks it hands out stay valid until they are freed or the handle is dropped (dropping
@@ -106,10 +60,7 @@ typedef struct zonal_t zonal_t;
 
 
 
-/*
- Every counter, in the kernel's order.
- */
-#define NumaStat_ALL { NumaHit, NumaMiss, NumaForeign, NumaInterleaveHit, NumaLocal, NumaOther, }
+
 
 #ifdef __cplusplus
 extern "C" {

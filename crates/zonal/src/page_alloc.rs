@@ -24,7 +24,9 @@ use crate::sync::{AtomicU64, Ordering};
 use crate::sys;
 use crate::topology::Topology;
 use crate::types::{CpuId, NodeId, Order, Pfn, ZoneId, PAGE_SHIFT, PAGE_SIZE};
-use crate::vmstat::{self, NumaStat, NumaStatsMode, PerCpuEvents, PerCpuZoneStat, VmEvent};
+use crate::vmstat::{
+    self, NumaStat, NumaStatsMode, NumaStrategy, PerCpuEvents, PerCpuZoneStat, VmEvent, ZoneNumaShared,
+};
 use crate::zone::{self, Watermark, Zone};
 use crate::zonelist::{self, Zonelists};
 use std::ptr::NonNull;
@@ -53,6 +55,13 @@ pub struct Zonal {
     worker: Option<Worker>,
     /// Per-CPU NUMA counters, `[cpu * nr_zones + zone]`, apart from the lists (seed 002).
     zone_stats: Box<[PerCpuZoneStat]>,
+    /// Per-zone shared NUMA counters that seed 000's per-CPU diffs fold into.
+    numa_shared: Box<[ZoneNumaShared]>,
+    /// `true`: count NUMA events as seed 000 does (diffs and a threshold); `false`: per-CPU
+    /// event counters (seed 002).
+    numa_by_threshold: std::sync::atomic::AtomicBool,
+    /// `numa_stat_threshold`.
+    numa_threshold: std::sync::atomic::AtomicU16,
     /// The user-space static key of `numa_stats_mode`: whether allocations count NUMA events.
     numa_key: std::sync::atomic::AtomicBool,
     /// The mode; its mutex serialises writers, as `vm_numa_stats_mode_lock` does.
@@ -150,6 +159,9 @@ impl Zonal {
             percpu_pagelist_high_fraction: AtomicU32::new(fraction),
             worker: Some(worker),
             zone_stats: (0..nr_zone_stats).map(|_| PerCpuZoneStat::default()).collect(),
+            numa_shared: (0..nr_zone_stats / nr_cpus.max(1)).map(|_| ZoneNumaShared::default()).collect(),
+            numa_by_threshold: std::sync::atomic::AtomicBool::new(false),
+            numa_threshold: std::sync::atomic::AtomicU16::new(vmstat::NUMA_STATS_THRESHOLD),
             numa_key: std::sync::atomic::AtomicBool::new(false),
             numa_mode: std::sync::Mutex::new(NumaStatsMode::Auto),
             log: std::sync::Mutex::new(vec![
@@ -448,7 +460,16 @@ impl Zonal {
     #[inline(never)]
     fn zone_statistics(&self, cpu: usize, ctx: &AllocContext<'_>, z: &Zone, nr: u64, interleave: Option<NodeId>) {
         let nz = self.zones.len();
-        let stat = |zone: &Zone| &self.zone_stats[cpu * nz + zone.id.0 as usize];
+        let by_threshold = self.numa_by_threshold.load(std::sync::atomic::Ordering::Relaxed);
+        let threshold = self.numa_threshold.load(std::sync::atomic::Ordering::Relaxed);
+        let count = |zone: &Zone, s: NumaStat, n: u64| {
+            let pcpu = &self.zone_stats[cpu * nz + zone.id.0 as usize];
+            if by_threshold {
+                pcpu.add_diff(s, n, threshold, &self.numa_shared[zone.id.0 as usize]);
+            } else {
+                pcpu.add(s, n);
+            }
+        };
         let preferred = ctx
             .zonelist
             .iter()
@@ -456,15 +477,15 @@ impl Zonal {
             .find(|pz| ctx.nodemask.is_none_or(|m| m.contains(pz.node)))
             .unwrap_or(z);
         if z.node == preferred.node {
-            stat(z).add(NumaStat::NumaHit, nr);
+            count(z, NumaStat::NumaHit, nr);
         } else {
-            stat(z).add(NumaStat::NumaMiss, nr);
-            stat(preferred).add(NumaStat::NumaForeign, nr);
+            count(z, NumaStat::NumaMiss, nr);
+            count(preferred, NumaStat::NumaForeign, nr);
         }
         let local = self.topo.cpu_to_node(CpuId(cpu as u32));
-        stat(z).add(if z.node == local { NumaStat::NumaLocal } else { NumaStat::NumaOther }, nr);
+        count(z, if z.node == local { NumaStat::NumaLocal } else { NumaStat::NumaOther }, nr);
         if interleave == Some(z.node) {
-            stat(z).add(NumaStat::NumaInterleaveHit, nr);
+            count(z, NumaStat::NumaInterleaveHit, nr);
         }
     }
 
@@ -492,7 +513,40 @@ impl Zonal {
     pub fn numa_stat(&self, zone: ZoneId, s: NumaStat) -> u64 {
         self.numa_read_hook();
         let nz = self.zones.len();
-        (0..self.nr_cpus).map(|c| self.zone_stats[c * nz + zone.0 as usize].get(s)).fold(0, u64::wrapping_add)
+        let shared = self.numa_shared.get(zone.0 as usize).map_or(0, |sh| sh.get(s));
+        (0..self.nr_cpus).map(|c| self.zone_stats[c * nz + zone.0 as usize].get(s)).fold(shared, u64::wrapping_add)
+    }
+
+    /// How NUMA events are counted now.
+    pub fn numa_strategy(&self) -> NumaStrategy {
+        if self.numa_by_threshold.load(std::sync::atomic::Ordering::Relaxed) {
+            NumaStrategy::Threshold
+        } else {
+            NumaStrategy::PerCpu
+        }
+    }
+
+    /// Switches how NUMA events are counted; counts so far stay (readers add both forms).
+    pub fn set_numa_strategy(&self, s: NumaStrategy) {
+        self.numa_by_threshold.store(s == NumaStrategy::Threshold, std::sync::atomic::Ordering::Relaxed);
+        self.log_line(format!("numa stats counted by {}", s.name()));
+    }
+
+    /// `numa_stat_threshold` (seed 000's strategy).
+    pub fn numa_stat_threshold(&self) -> u16 {
+        self.numa_threshold.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets `numa_stat_threshold`, 1..=65533 (the diff is a u16 and must hold threshold + 1).
+    pub fn set_numa_stat_threshold(&self, t: u64) -> Result<()> {
+        if !(1..=vmstat::NUMA_STATS_THRESHOLD as u64).contains(&t) {
+            return Err(Error::InvalidConfig(format!(
+                "numa_stat_threshold {t}: valid: 1..={}",
+                vmstat::NUMA_STATS_THRESHOLD
+            )));
+        }
+        self.numa_threshold.store(t as u16, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// Every NUMA counter of a node, in [`NumaStat::ALL`] order (`nodeN/numastat`).
@@ -535,6 +589,9 @@ impl Zonal {
             NumaStatsMode::Coarse => {
                 self.numa_key.store(false, std::sync::atomic::Ordering::Relaxed);
                 for s in self.zone_stats.iter() {
+                    s.zero();
+                }
+                for s in self.numa_shared.iter() {
                     s.zero();
                 }
             }

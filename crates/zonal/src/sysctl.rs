@@ -45,6 +45,25 @@ pub const TUNABLES: &[Tunable] = &[
               them; auto counts once anyone has read them (any report, the API, C or the CLI)",
     },
     Tunable {
+        name: "numa_stat_strategy",
+        default: "percpu",
+        bounds: Bounds::Choice(&["percpu", "threshold"]),
+        unit: "strategy",
+        doc: "percpu (seed 002): per-CPU event counters never written by another CPU, summed on \
+              read; threshold (seed 000): per-CPU u16 diffs folded into shared per-zone counters \
+              past numa_stat_threshold, which every allocating CPU then writes. Reads add the \
+              unfolded diffs, so both are exact once allocation stops (up to a rare lost update \
+              between two threads preempting each other on one CPU); the shared counters alone \
+              lag by up to nr_cpus * numa_stat_threshold per counter",
+    },
+    Tunable {
+        name: "numa_stat_threshold",
+        default: "65533",
+        bounds: Bounds::Range(1, 65533),
+        unit: "events",
+        doc: "per-CPU diff folded into the shared counter past this (seed 000: U16_MAX - 2)",
+    },
+    Tunable {
         name: "min_free_kbytes",
         default: "computed",
         bounds: Bounds::Range(1, u64::MAX),
@@ -116,6 +135,8 @@ impl Zonal {
         let t = tunable(name)?;
         Ok(match t.name {
             "numa_stats_mode" => self.numa_stats_mode().name().to_string(),
+            "numa_stat_strategy" => self.numa_strategy().name().to_string(),
+            "numa_stat_threshold" => self.numa_stat_threshold().to_string(),
             "min_free_kbytes" => self.min_free_kbytes().to_string(),
             "watermark_scale_factor" => self.watermark_scale_factor().to_string(),
             "percpu_pagelist_high_fraction" => self.percpu_pagelist_high_fraction().to_string(),
@@ -127,14 +148,29 @@ impl Zonal {
     /// Sets a tunable; an invalid value is rejected and the old value kept.
     pub fn sysctl_set(&self, name: &str, value: &str) -> Result<()> {
         let t = tunable(name)?;
-        if t.name == "numa_stats_mode" {
-            return self.set_numa_stats_mode(value);
+        match (t.name, value.trim()) {
+            ("numa_stats_mode", v) => return self.set_numa_stats_mode(v),
+            ("numa_stat_strategy", v) => {
+                let s = match v {
+                    "percpu" => crate::vmstat::NumaStrategy::PerCpu,
+                    "threshold" => crate::vmstat::NumaStrategy::Threshold,
+                    _ => {
+                        return Err(Error::InvalidConfig(format!(
+                            "numa_stat_strategy: `{v}` is not a strategy; valid: percpu, threshold"
+                        )))
+                    }
+                };
+                self.set_numa_strategy(s);
+                return Ok(());
+            }
+            _ => {}
         }
         let n = parse_value(t, value)?;
         match t.name {
             "min_free_kbytes" => self.set_min_free_kbytes(n),
             "watermark_scale_factor" => self.set_watermark_scale_factor(n as u32),
             "percpu_pagelist_high_fraction" => self.set_percpu_pagelist_high_fraction(n as u32),
+            "numa_stat_threshold" => self.set_numa_stat_threshold(n),
             "stat_interval" => {
                 self.set_stat_interval(std::time::Duration::from_millis(n));
                 Ok(())
@@ -204,11 +240,18 @@ mod tests {
             ("min_free_kbytes", "-5", "not a number"),
             ("numa_stats_mode", "lazy", "valid: auto, strict, coarse"),
             ("numa_stats_mode", "", "valid: auto, strict, coarse"),
+            ("numa_stat_strategy", "both", "valid: percpu, threshold"),
+            ("numa_stat_threshold", "0", "valid: 1..=65533"),
+            ("numa_stat_threshold", "65534", "out of range"),
         ] {
             let e = z.sysctl_set(name, bad).unwrap_err().to_string();
             assert!(e.contains(says), "{name}={bad}: {e}");
         }
-        assert!(z.sysctl_get("colour").unwrap_err().to_string().contains("tunables: numa_stats_mode, min_free_kbytes"));
+        assert!(z
+            .sysctl_get("colour")
+            .unwrap_err()
+            .to_string()
+            .contains("tunables: numa_stats_mode, numa_stat_strategy"));
         assert_eq!(z.sysctl_all(), before);
     }
 }

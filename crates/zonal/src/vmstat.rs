@@ -11,6 +11,7 @@
 //! updates stop, up to those rare lost updates.
 
 use crate::sync::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU16;
 
 /// The event counters, in report order, with their stable names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -173,6 +174,9 @@ impl NumaStat {
 #[derive(Debug, Default)]
 pub struct PerCpuZoneStat {
     numa: [AtomicU64; NR_NUMA_STATS],
+    /// Seed 000's way: per-CPU u16 diffs folded into the zone's shared counters past
+    /// `numa_stat_threshold` (`vm_numa_stat_diff`).
+    diff: [AtomicU16; NR_NUMA_STATS],
 }
 
 const _: () = assert!(std::mem::size_of::<PerCpuZoneStat>() % 128 == 0);
@@ -185,16 +189,78 @@ impl PerCpuZoneStat {
         c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
     }
 
-    /// This CPU's count.
+    /// This CPU's count: its event counter plus its unfolded diff.
     #[inline]
     pub fn get(&self, s: NumaStat) -> u64 {
-        self.numa[s as usize].load(Ordering::Relaxed)
+        self.numa[s as usize].load(Ordering::Relaxed) + self.diff[s as usize].load(Ordering::Relaxed) as u64
     }
 
-    /// Zeroes every counter (coarse mode).
+    /// Adds `n` to this CPU's diff; past `threshold` the diff goes to `shared` and restarts
+    /// from 0 (`__inc_numa_state`: `v = ++diff; if v > threshold { fold v; diff = 0 }`).
+    #[inline]
+    pub fn add_diff(&self, s: NumaStat, n: u64, threshold: u16, shared: &ZoneNumaShared) {
+        let d = &self.diff[s as usize];
+        let v = d.load(Ordering::Relaxed) as u64 + n;
+        if v > threshold as u64 {
+            shared.counters[s as usize].fetch_add(v, Ordering::Relaxed);
+            d.store(0, Ordering::Relaxed);
+        } else {
+            d.store(v as u16, Ordering::Relaxed);
+        }
+    }
+
+    /// Zeroes every counter and diff (coarse mode).
     pub fn zero(&self) {
         for c in &self.numa {
             c.store(0, Ordering::Relaxed);
+        }
+        for d in &self.diff {
+            d.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A zone's shared NUMA counters (`zone->vm_numa_stat`), which seed 000's per-CPU diffs fold
+/// into: the line every CPU that allocates from the zone writes, once per `threshold` events.
+#[repr(align(128))]
+#[derive(Debug, Default)]
+pub struct ZoneNumaShared {
+    counters: [AtomicU64; NR_NUMA_STATS],
+}
+
+impl ZoneNumaShared {
+    /// The folded count.
+    pub fn get(&self, s: NumaStat) -> u64 {
+        self.counters[s as usize].load(Ordering::Relaxed)
+    }
+
+    /// Zeroes the counters.
+    pub fn zero(&self) {
+        for c in &self.counters {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Seed 000's default and largest `numa_stat_threshold` (`NUMA_STATS_THRESHOLD`, U16_MAX - 2:
+/// the diff is a u16 and must hold `threshold + 1`).
+pub const NUMA_STATS_THRESHOLD: u16 = u16::MAX - 2;
+
+/// How NUMA events are counted (both kept so the seeds' experiments can be rerun).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NumaStrategy {
+    /// Seed 002: per-CPU event counters never written by another CPU, summed on read.
+    PerCpu,
+    /// Seed 000: per-CPU u16 diffs folded into shared per-zone counters past a threshold.
+    Threshold,
+}
+
+impl NumaStrategy {
+    /// The strategy's name in the sysctl table.
+    pub fn name(self) -> &'static str {
+        match self {
+            NumaStrategy::PerCpu => "percpu",
+            NumaStrategy::Threshold => "threshold",
         }
     }
 }

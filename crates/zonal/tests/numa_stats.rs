@@ -183,3 +183,38 @@ fn reports_parse_back() {
     let zones = zonal::report::parse_zoneinfo(&zi);
     assert_eq!(zones[0].2.iter().find(|(k, _)| k == "numa_hit").map(|(_, v)| *v), Some(1));
 }
+
+#[test]
+fn seed_000_threshold_strategy_counts_exactly_and_switches_both_ways() {
+    let z = zonal();
+    on_cpu(0, || {
+        for _ in 0..3 {
+            z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+        }
+    });
+    z.sysctl_set("numa_stat_strategy", "threshold").unwrap();
+    z.sysctl_set("numa_stat_threshold", "4").unwrap();
+    assert_eq!(z.sysctl_get("numa_stat_strategy").unwrap(), "threshold");
+    on_cpu(0, || {
+        for _ in 0..10 {
+            z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+        }
+    });
+    // Folded (twice past 4) and unfolded parts together: exact.
+    assert_eq!(stat(&z, 0, NumaHit), 13);
+    assert_eq!(stat(&z, 0, NumaLocal), 13);
+    // A bulk batch larger than the threshold folds at once.
+    on_cpu(0, || {
+        let mut arr = [None; 9];
+        z.alloc_pages_bulk_array(Gfp::KERNEL, &mut arr)
+    });
+    assert_eq!(stat(&z, 0, NumaHit), 22);
+    z.sysctl_set("numa_stat_strategy", "percpu").unwrap();
+    on_cpu(0, || z.alloc_pages(Gfp::KERNEL, 0).unwrap().as_ptr() as usize);
+    assert_eq!(stat(&z, 0, NumaHit), 23);
+    // Coarse zeroes every form.
+    z.sysctl_set("numa_stats_mode", "coarse").unwrap();
+    assert_eq!(stat(&z, 0, NumaHit) + stat(&z, 0, NumaLocal), 0);
+    assert!(z.sysctl_set("numa_stat_threshold", "65534").is_err());
+    assert_eq!(z.numa_stat_threshold(), 4);
+}
