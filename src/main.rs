@@ -62,7 +62,10 @@ enum Command {
         json: bool,
     },
     /// Print every zone in the layout of Linux's /proc/zoneinfo (pages free, watermarks
-    /// min/low/high, spanned/present/managed).
+    /// min/low/high, spanned/present/managed, then the NUMA counters). In the default
+    /// numa_stats_mode `auto` the NUMA counters start counting at their first read, so a
+    /// `--workload` run before the first report leaves them at zero (seed 001); add
+    /// `--set numa_stats_mode=strict` to count it.
     Zoneinfo {
         /// Run a synthetic workload first: allocs=N,orders=A-B,policy=P,free=PCT,seed=S
         /// (policy: local, preferred=N, bind=NODES, interleave[=NODES]).
