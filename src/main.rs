@@ -315,6 +315,8 @@ fn run(cli: Cli) -> Result<(), String> {
                     "parallel" => bench::parallel::run(&z, &opts),
                     "bulk" => bench::bulk::run(&z, &opts),
                     "cross" => bench::cross::run(&z, &opts),
+                    "threshold" => bench::vmstat_exp::run_threshold(&z, &opts),
+                    "modes" => bench::vmstat_exp::run_modes(&z, &opts),
                     _ => unreachable!("checked against EXPERIMENTS"),
                 });
             }

@@ -13,6 +13,7 @@ pub mod page_api;
 pub mod parallel;
 pub mod peers;
 pub mod single;
+pub mod vmstat_exp;
 
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -23,6 +24,8 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
     ("parallel", "T threads each doing single, T = 1 .. nproc and 2 × nproc (page_bench03)"),
     ("bulk", "N = 1 .. 128 pages per bulk call, array and list forms (page_bench04_bulk)"),
     ("cross", "one thread allocates, another on the other CPU frees"),
+    ("threshold", "seed 000: the NUMA counter threshold swept, all CPUs on one zone"),
+    ("modes", "seed 001: numa_stats_mode strict, coarse, auto before and after a read"),
 ];
 
 /// Google tcmalloc's per-CPU caches need the rseq area that glibc (2.35+) registers for

@@ -11,7 +11,7 @@ use zonal::{Config, Zonal};
 
 /// Runs `n` pairs on each of `threads` threads started together; returns (mean ns per pair
 /// per thread, total pairs per µs).
-fn cell<A: PageAlloc>(a: &A, threads: usize, n: u64) -> (f64, f64) {
+pub fn cell<A: PageAlloc>(a: &A, threads: usize, n: u64) -> (f64, f64) {
     let barrier = Barrier::new(threads);
     let start = Instant::now();
     let per_thread: Vec<f64> = std::thread::scope(|s| {
