@@ -470,12 +470,13 @@ impl Zonal {
                 pcpu.add(s, n);
             }
         };
-        let preferred = ctx
-            .zonelist
-            .iter()
-            .map(|id| &self.zones[id.0 as usize])
-            .find(|pz| ctx.nodemask.is_none_or(|m| m.contains(pz.node)))
-            .unwrap_or(z);
+        // Linux's preferred_zoneref: the first zone of the zonelist the nodemask allows.
+        let preferred = match ctx.nodemask {
+            None => ctx.zonelist.first().map_or(z, |id| &self.zones[id.0 as usize]),
+            Some(m) => {
+                ctx.zonelist.iter().map(|id| &self.zones[id.0 as usize]).find(|pz| m.contains(pz.node)).unwrap_or(z)
+            }
+        };
         if z.node == preferred.node {
             count(z, NumaStat::NumaHit, nr);
         } else {
