@@ -934,32 +934,32 @@ impl Zonal {
     /// The zone and frame of an address that must start a block of `order`.
     #[inline]
     fn addr_to_zone(&self, addr: usize, order: Order) -> Result<(&Zone, Pfn)> {
+        let (zone, pfn) = self.owning_zone(addr)?;
+        if addr % PAGE_SIZE != 0 || !pfn.is_aligned(order) {
+            return Err(Error::Misaligned { addr, order });
+        }
+        Ok((zone, pfn))
+    }
+
+    /// The zone that owns an address (any byte of a frame), and that frame.
+    #[inline]
+    fn owning_zone(&self, addr: usize) -> Result<(&Zone, Pfn)> {
         let pfn = self.arena.addr_to_pfn(addr).ok_or(Error::NotOwned { addr })?;
         let zid = self.block_zone[pfn.0 >> self.max_order.0];
         if zid == NO_ZONE || !self.zones[zid as usize].contains(pfn) {
             return Err(Error::NotOwned { addr });
-        }
-        if addr % PAGE_SIZE != 0 || !pfn.is_aligned(order) {
-            return Err(Error::Misaligned { addr, order });
         }
         Ok((&self.zones[zid as usize], pfn))
     }
 
     /// The node a frame of zonal belongs to (`page_to_nid`).
     pub fn page_to_nid(&self, addr: *const u8) -> Result<NodeId> {
-        let addr = addr as usize;
-        let pfn = self.arena.addr_to_pfn(addr).ok_or(Error::NotOwned { addr })?;
-        let zid = self.block_zone[pfn.0 >> self.max_order.0];
-        if zid == NO_ZONE || !self.zones[zid as usize].contains(pfn) {
-            return Err(Error::NotOwned { addr });
-        }
-        Ok(self.zones[zid as usize].node)
+        Ok(self.owning_zone(addr as usize)?.0.node)
     }
 
     /// The frame number of an address zonal owns.
     pub fn addr_to_pfn(&self, addr: *const u8) -> Result<Pfn> {
-        self.page_to_nid(addr)?;
-        Ok(self.arena.addr_to_pfn(addr as usize).expect("owned addresses are in the arena"))
+        Ok(self.owning_zone(addr as usize)?.1)
     }
 
     /// Free frames of a node in its buddy lists (`NR_FREE_PAGES`: frames on per-CPU lists are
