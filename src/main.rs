@@ -140,6 +140,10 @@ enum Command {
         /// No progress on stderr.
         #[arg(long)]
         quiet: bool,
+        /// Measure only the subjects whose names start with one of these (comma-separated),
+        /// and mimalloc, the reference; the experiments without them print nothing.
+        #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+        only: Vec<String>,
     },
 }
 
@@ -283,11 +287,10 @@ fn run(cli: Cli) -> Result<(), String> {
                 print!("{}", z.buddyinfo());
             }
         }
-        Command::Bench { experiments, reps, cell_ms, json, quiet } => {
+        Command::Bench { experiments, reps, cell_ms, json, quiet, only } => {
             if *reps == 0 {
                 return Err("--reps must be at least 1".into());
             }
-            bench::ensure_tcmalloc_rseq();
             let known: Vec<&str> = bench::EXPERIMENTS.iter().map(|(n, _)| *n).collect();
             let chosen: Vec<&str> = if experiments.is_empty() {
                 known.clone()
@@ -299,8 +302,12 @@ fn run(cli: Cli) -> Result<(), String> {
                 }
                 experiments.iter().map(String::as_str).collect()
             };
-            let opts =
-                bench::BenchOpts { reps: *reps, cell_time: Duration::from_millis((*cell_ms).max(1)), progress: !quiet };
+            let opts = bench::BenchOpts {
+                reps: *reps,
+                cell_time: Duration::from_millis((*cell_ms).max(1)),
+                progress: !quiet,
+                only: only.clone(),
+            };
             println!(
                 "zonal bench on {} node(s), {} cpu(s); {} ms per cell; ratios are medians of per-repetition ratios\n",
                 z.topology().nr_nodes(),
@@ -309,7 +316,10 @@ fn run(cli: Cli) -> Result<(), String> {
             );
             println!("{}\n", bench::cpu_identity_note());
             let mut records = Vec::new();
-            for e in chosen {
+            for &e in &chosen {
+                if !opts.only.is_empty() && !bench::WITH_TCMALLOC.contains(&e) {
+                    continue;
+                }
                 records.extend(match e {
                     "single" => bench::single::run(&z, &opts),
                     "parallel" => bench::parallel::run(&z, &opts),
@@ -320,6 +330,13 @@ fn run(cli: Cli) -> Result<(), String> {
                     _ => unreachable!("checked against EXPERIMENTS"),
                 });
             }
+            let mut records: Vec<serde_json::Value> =
+                records.iter().map(|r| serde_json::to_value(r).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
+            let mut global = vec!["--max-order".to_string(), cli.max_order.to_string()];
+            if let Some(t) = &cli.topology {
+                global.extend(["--topology".to_string(), t.clone()]);
+            }
+            records.extend(bench::run_tcmalloc_child(&chosen, &opts, &global, json.is_some())?);
             if let Some(path) = json {
                 let text = serde_json::to_string_pretty(&records).map_err(|e| e.to_string())?;
                 std::fs::write(path, text + "\n").map_err(|e| format!("cannot write {path}: {e}"))?;

@@ -38,6 +38,7 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
         (subject(IdealStack), false),
     ];
     subjects.extend(crate::peer_subjects!(subject).into_iter().map(|s| (s, true)));
+    subjects.retain(|((n, _), _)| opts.keeps(n));
     let k = subjects.len();
     let pages_per_cell = |s: usize| {
         let ns = subjects[s].0 .1(16, 1000);
@@ -68,8 +69,11 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
     );
     let mut header = vec!["N".to_string()];
     header.extend(subjects.iter().map(|((n, _), _)| n.clone()));
-    header.push("array ÷ single".into());
-    let single = 2;
+    let names = || subjects.iter().map(|((n, _), _)| n);
+    let (array, single) = (super::index_of(names(), "zonal bulk array"), super::index_of(names(), "zonal single"));
+    if array.is_some() && single.is_some() {
+        header.push("array ÷ single".into());
+    }
     let mut rows = Vec::new();
     let mut records = Vec::new();
     for (ni, &n) in SIZES.iter().enumerate() {
@@ -90,7 +94,9 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
             });
         }
         // Against zonal's single pair at N = 1 from the same repetitions.
-        row.push(format!("{:.2}", paired_ratio(&times[ni][0], &times[0][single])));
+        if let (Some(a), Some(s)) = (array, single) {
+            row.push(format!("{:.2}", paired_ratio(&times[ni][a], &times[0][s])));
+        }
         rows.push(row);
     }
     let h: Vec<&str> = header.iter().map(String::as_str).collect();

@@ -60,6 +60,7 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
     let mut subjects: Vec<((String, Cell<'_>), bool)> =
         vec![(subject(ZonalPages { z, label: "zonal pcp", bulk: None }), false)];
     subjects.extend(crate::peer_subjects!(subject).into_iter().map(|s| (s, true)));
+    subjects.retain(|((n, _), _)| opts.keeps(n));
     let k = subjects.len();
     let counts: Vec<u64> = subjects
         .iter()
@@ -81,12 +82,13 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
     }
     println!("cross: one thread allocates (cpu 0), another frees (cpu 1), ns per page; {} repetitions", opts.reps);
     let best = best_peer(&times, |s| subjects[s].1);
+    let mimalloc = super::index_of(subjects.iter().map(|((n, _), _)| n), "mimalloc").unwrap_or(best);
     let mut rows = Vec::new();
     let mut records = Vec::new();
     for s in 0..k {
         let sum = Summary::of(&times[s]);
         let ratio = paired_ratio(&times[s], &times[best]);
-        let mi = paired_ratio(&times[s], &times[3]);
+        let mi = paired_ratio(&times[s], &times[mimalloc]);
         rows.push(vec![
             subjects[s].0 .0.clone(),
             fmt_ns(sum.median),

@@ -28,23 +28,58 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
     ("modes", "seed 001: numa_stats_mode strict, coarse, auto before and after a read"),
 ];
 
-/// Google tcmalloc's per-CPU caches need the rseq area that glibc (2.35+) registers for
-/// itself, so `zonal bench` re-executes itself once with `GLIBC_TUNABLES=glibc.pthread.rseq=0`
-/// (unless that is already set, or `ZONAL_BENCH_NO_REEXEC=1`). In that process zonal reads
-/// its CPU with `sched_getcpu` instead of glibc's rseq area. Returns only when no re-exec
-/// happened (or it failed); the re-executed process's exit is this one's.
-pub fn ensure_tcmalloc_rseq() {
+/// The experiments with tcmalloc among their peers.
+pub const WITH_TCMALLOC: &[&str] = &["single", "parallel", "bulk", "cross"];
+
+/// Google tcmalloc's per-CPU caches need the thread's rseq area, which glibc (2.35+)
+/// registers for itself, and a thread has only one. zonal's own fast path reads glibc's area.
+/// So `zonal bench` measures everything in this process as users run it (glibc's rseq on:
+/// zonal on its restartable sequences, tcmalloc on per-thread caches), then runs the
+/// experiments that have tcmalloc again in a child process with
+/// `GLIBC_TUNABLES=glibc.pthread.rseq=0`, measuring only tcmalloc (now on its per-CPU caches)
+/// and mimalloc, the reference, beside it. The child prints its own tables; its JSON records
+/// are returned for the parent's file. Nothing happens when glibc's rseq is already off here
+/// (tcmalloc is per-CPU in this process then, and zonal finds its CPU with `sched_getcpu`).
+pub fn run_tcmalloc_child(
+    experiments: &[&str],
+    opts: &BenchOpts,
+    global_args: &[String],
+    json: bool,
+) -> Result<Vec<serde_json::Value>, String> {
     const TUNABLE: &str = "glibc.pthread.rseq=0";
-    let current = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
-    if current.contains(TUNABLE) || std::env::var_os("ZONAL_BENCH_NO_REEXEC").is_some() {
-        return;
+    let chosen: Vec<&str> = experiments.iter().copied().filter(|e| WITH_TCMALLOC.contains(e)).collect();
+    if chosen.is_empty() || !opts.only.is_empty() || zonal::sys::rseq_offset().is_none() {
+        return Ok(Vec::new());
     }
-    let Ok(exe) = std::env::current_exe() else { return };
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program to re-run it: {e}"))?;
+    let current = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
     let value = if current.is_empty() { TUNABLE.to_string() } else { format!("{current}:{TUNABLE}") };
-    let err = std::os::unix::process::CommandExt::exec(
-        std::process::Command::new(exe).args(std::env::args_os().skip(1)).env("GLIBC_TUNABLES", value),
+    let out = std::env::temp_dir().join(format!("zonal-bench-tcmalloc-{}.json", std::process::id()));
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(global_args).arg("bench").args(&chosen);
+    cmd.args(["--reps", &opts.reps.to_string(), "--cell-ms", &opts.cell_time.as_millis().to_string()]);
+    cmd.args(["--only", "tcmalloc"]);
+    if !opts.progress {
+        cmd.arg("--quiet");
+    }
+    if json {
+        cmd.arg("--json").arg(&out);
+    }
+    println!(
+        "tcmalloc on its rseq per-CPU caches: the same experiments in a child process with {TUNABLE}, \
+         beside mimalloc measured in that process\n"
     );
-    eprintln!("zonal: could not re-execute with {TUNABLE} ({err}); tcmalloc may run on per-thread caches");
+    let status =
+        cmd.env("GLIBC_TUNABLES", value).status().map_err(|e| format!("cannot run the tcmalloc child: {e}"))?;
+    if !status.success() {
+        return Err(format!("the tcmalloc child process failed ({status})"));
+    }
+    if !json {
+        return Ok(Vec::new());
+    }
+    let text = std::fs::read_to_string(&out).map_err(|e| format!("cannot read {}: {e}", out.display()))?;
+    let _ = std::fs::remove_file(&out);
+    serde_json::from_str(&text).map_err(|e| format!("bad JSON from the tcmalloc child: {e}"))
 }
 
 /// One line on how the CPU is found and which caches tcmalloc runs on.
@@ -67,6 +102,22 @@ pub struct BenchOpts {
     pub cell_time: Duration,
     /// Print progress to stderr.
     pub progress: bool,
+    /// Measure only the subjects whose names start with one of these, and mimalloc (all when
+    /// empty).
+    pub only: Vec<String>,
+}
+
+impl BenchOpts {
+    /// Whether a subject is measured in this run.
+    pub fn keeps(&self, name: &str) -> bool {
+        // mimalloc is every table's reference, so it is always measured.
+        self.only.is_empty() || name == "mimalloc" || self.only.iter().any(|p| name.starts_with(p.as_str()))
+    }
+}
+
+/// The index of a subject by name, among those kept.
+pub fn index_of<'a>(names: impl IntoIterator<Item = &'a String>, name: &str) -> Option<usize> {
+    names.into_iter().position(|n| n == name)
 }
 
 /// One measured cell: the JSON record `--json FILE` writes.

@@ -30,6 +30,7 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
         peers::glibc(),
         peers::kernel(),
     ];
+    subjects.retain(|s| opts.keeps(&s.name()));
     let names: Vec<String> = subjects.iter().map(|s| s.name()).collect();
     let times = measure(&mut subjects, opts, "single");
     let reference = names.iter().position(|n| n == REFERENCE).expect("the reference is a subject");

@@ -168,6 +168,12 @@ thread_local! {
     static HAS_POLICY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Whether this thread has a policy for any handle (one thread-local load).
+#[inline]
+pub(crate) fn thread_has_policy() -> bool {
+    HAS_POLICY.with(|h| h.get())
+}
+
 /// Sets (or with `Local`, clears) this thread's policy for handle `handle`.
 pub(crate) fn set_thread_policy(handle: u64, policy: MemPolicy) {
     THREAD_POLICIES.with(|p| {

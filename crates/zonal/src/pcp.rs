@@ -284,13 +284,19 @@ impl PerCpuPages {
 pub fn rmqueue_pcplist(zone: &Zone, pcp: &mut PcpInner, order: Order) -> Option<Pfn> {
     let o = order.0 as usize;
     pcp.free_factor >>= 1;
-    if pcp.lists[o].is_empty() {
-        rmqueue_bulk(zone, pcp, order);
+    loop {
+        if pcp.lists[o].is_empty() && rmqueue_bulk(zone, pcp, order) == 0 {
+            return None;
+        }
+        let pfn = Pfn(pcp.lists[o].pop()?);
+        pcp.count -= order.pages();
+        pcp.count_min = pcp.count_min.min(pcp.count);
+        // A second copy of a frame put on the lists by two racing frees (see `free_check`)
+        // no longer carries the tag: drop it.
+        if zone.state(pfn).load(Ordering::Relaxed) == buddy::state(PCP, order) {
+            return Some(pfn);
+        }
     }
-    let pfn = Pfn(pcp.lists[o].pop()?);
-    pcp.count -= order.pages();
-    pcp.count_min = pcp.count_min.min(pcp.count);
-    Some(pfn)
 }
 
 /// Moves `nr_pcp_alloc` blocks of `order` from the buddy lists to the pcp list under one
@@ -389,7 +395,7 @@ fn nr_pcp_free(pcp: &mut PcpInner) -> usize {
 /// one acquisition of the zone lock, oldest blocks first, lowest order first
 /// (`free_pcppages_bulk`). Returns the frames freed.
 pub fn free_pcppages_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
-    let mut freed = 0;
+    let (mut freed, mut stale) = (0, 0);
     let mut l = zone.lock();
     let mut b = l.buddy();
     for o in 0..NR_PCP_LISTS {
@@ -400,12 +406,19 @@ pub fn free_pcppages_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
         let list = &mut pcp.lists[o];
         let take = (nr - freed).div_ceil(pages).min(list.len());
         for pfn in list.drain(..take) {
-            zone.state(Pfn(pfn)).store(buddy::NONE, Ordering::Relaxed);
+            let state = zone.state(Pfn(pfn));
+            // The second copy of a frame that two racing frees put on the lists (see
+            // `free_check`): the first copy already left with the tag.
+            if state.load(Ordering::Relaxed) != buddy::state(PCP, Order(o as u8)) {
+                stale += pages;
+                continue;
+            }
+            state.store(buddy::NONE, Ordering::Relaxed);
             b.free_one(Pfn(pfn), Order(o as u8));
         }
         freed += take * pages;
     }
-    l.add_free(freed);
+    l.add_free(freed - stale);
     drop(l);
     pcp.count -= freed;
     pcp.count_min = pcp.count_min.min(pcp.count);
@@ -520,6 +533,8 @@ pub mod rseq {
     /// Where the critical sections find the per-CPU structures: `pcps[cpu * nr_zones + zone]`.
     #[derive(Clone, Copy, Debug)]
     pub struct Table {
+        /// This thread's registered rseq area (`struct rseq`).
+        pub area: *mut u8,
         /// `pcps.as_ptr()`.
         pub base: *const PerCpuPages,
         /// CPUs in the table.
@@ -585,7 +600,7 @@ pub mod rseq {
     pub fn pop(t: &Table, zone: usize) -> Option<usize> {
         #[cfg(all(target_arch = "x86_64", not(loom)))]
         {
-            let area = crate::sys::rseq_area()?;
+            let area = t.area;
             let ok: usize;
             let out: usize;
             // SAFETY: `area` is this thread's registered rseq area; `t.base` points to
@@ -637,7 +652,7 @@ pub mod rseq {
     pub fn push(t: &Table, zone: usize, pfn: usize) -> bool {
         #[cfg(all(target_arch = "x86_64", not(loom)))]
         {
-            let Some(area) = crate::sys::rseq_area() else { return false };
+            let area = t.area;
             let ok: usize;
             // SAFETY: as in `pop`; the slot written before the commit lies below
             // `cache_limit <= CACHE_CAP`, inside the cache, and is dead until the commit.
@@ -676,6 +691,145 @@ pub mod rseq {
         {
             let _ = (t, zone, pfn);
             false
+        }
+    }
+
+    /// Pops up to `out.len()` order-0 blocks from the cache of the current CPU's lists for
+    /// `zone` in one critical section into `out[0..]`; returns how many (0
+    /// when the cache is empty, the lists are locked, or the section was interrupted).
+    #[inline]
+    pub fn pop_many(t: &Table, zone: usize, out: &mut [usize]) -> usize {
+        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        {
+            if out.is_empty() {
+                return 0;
+            }
+            let ok: usize;
+            let n: usize;
+            // SAFETY: as in `pop`. The section copies `n <= len` slots below the cache's
+            // length into `out` (at most `out.len()` of them) and commits the shorter length
+            // with one store; an interrupted section commits nothing, and the caller ignores
+            // what it wrote into `out`. After `{p}` is found, the registers that held the
+            // table (`ncpu`, `nz`, `zone`, `base`) are reused as scratch (declared clobbered).
+            unsafe {
+                std::arch::asm!(
+                    rseq_enter!(),
+                    "mov {t}, qword ptr [{p} + {off_len}]",
+                    // n = min(len, max)
+                    "mov {ncpu}, {max}",
+                    "cmp {t}, {ncpu}",
+                    "cmovb {ncpu}, {t}",
+                    "test {ncpu}, {ncpu}",
+                    "jz 25f",
+                    "sub {t}, {ncpu}",
+                    // nz = &slots[new len]; copy slots[new len + i] to out[i].
+                    "mov {nz}, qword ptr [{p} + {off_slots}]",
+                    "lea {nz}, [{nz} + {t} * 8]",
+                    "xor {zone:e}, {zone:e}",
+                    "27:",
+                    "mov {base}, qword ptr [{nz} + {zone} * 8]",
+                    "mov qword ptr [{out} + {zone} * 8], {base}",
+                    "add {zone}, 1",
+                    "cmp {zone}, {ncpu}",
+                    "jb 27b",
+                    "mov qword ptr [{p} + {off_len}], {t}",
+                    rseq_leave!(),
+                    area = in(reg) t.area,
+                    ncpu = inout(reg) t.nr_cpus => n,
+                    nz = inout(reg) t.nr_zones => _,
+                    zone = inout(reg) zone => _,
+                    base = inout(reg) t.base => _,
+                    out = in(reg) out.as_mut_ptr(),
+                    max = in(reg) out.len(),
+                    size = const std::mem::size_of::<PerCpuPages>(),
+                    off_lock = const std::mem::offset_of!(PerCpuPages, lock),
+                    off_len = const std::mem::offset_of!(PerCpuPages, cache_len),
+                    off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
+                    p = out(reg) _,
+                    t = out(reg) _,
+                    ok = out(reg) ok,
+                    options(nostack),
+                );
+            }
+            if ok != 0 {
+                n
+            } else {
+                0
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+        {
+            let _ = (t, zone, out);
+            0
+        }
+    }
+
+    /// Pushes a prefix of `pfns` (order-0 blocks, heads already tagged `PCP`) onto the cache
+    /// of the current CPU's lists for `zone` in one critical section, as much as the cache's
+    /// bound allows; returns how many (0 when full, locked, or interrupted).
+    #[inline]
+    pub fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize {
+        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        {
+            if pfns.is_empty() {
+                return 0;
+            }
+            let ok: usize;
+            let n: usize;
+            // SAFETY: as in `push`: the section writes `n <= limit - len` slots at and above
+            // the cache's length, inside the cache (`limit <= CACHE_CAP`) and dead until the
+            // commit, then commits the new length with one store. Table registers are reused
+            // as scratch once `{p}` is found, as in `pop_many`.
+            unsafe {
+                std::arch::asm!(
+                    rseq_enter!(),
+                    "mov {t}, qword ptr [{p} + {off_len}]",
+                    // n = min(limit - len, count)
+                    "mov {ncpu}, qword ptr [{p} + {off_limit}]",
+                    "sub {ncpu}, {t}",
+                    "jbe 25f",
+                    "cmp {ncpu}, {count}",
+                    "cmova {ncpu}, {count}",
+                    "mov {nz}, qword ptr [{p} + {off_slots}]",
+                    "lea {nz}, [{nz} + {t} * 8]",
+                    "xor {zone:e}, {zone:e}",
+                    "27:",
+                    "mov {base}, qword ptr [{src} + {zone} * 8]",
+                    "mov qword ptr [{nz} + {zone} * 8], {base}",
+                    "add {zone}, 1",
+                    "cmp {zone}, {ncpu}",
+                    "jb 27b",
+                    "add {t}, {ncpu}",
+                    "mov qword ptr [{p} + {off_len}], {t}",
+                    rseq_leave!(),
+                    area = in(reg) t.area,
+                    ncpu = inout(reg) t.nr_cpus => n,
+                    nz = inout(reg) t.nr_zones => _,
+                    zone = inout(reg) zone => _,
+                    base = inout(reg) t.base => _,
+                    src = in(reg) pfns.as_ptr(),
+                    count = in(reg) pfns.len(),
+                    size = const std::mem::size_of::<PerCpuPages>(),
+                    off_lock = const std::mem::offset_of!(PerCpuPages, lock),
+                    off_len = const std::mem::offset_of!(PerCpuPages, cache_len),
+                    off_limit = const std::mem::offset_of!(PerCpuPages, cache_limit),
+                    off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
+                    p = out(reg) _,
+                    t = out(reg) _,
+                    ok = out(reg) ok,
+                    options(nostack),
+                );
+            }
+            if ok != 0 {
+                n
+            } else {
+                0
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+        {
+            let _ = (t, zone, pfns);
+            0
         }
     }
 }

@@ -221,7 +221,7 @@ pub fn membarrier_rseq_fence(cpu: u32) -> bool {
 
 /// The thread pointer (the TLS base the rseq offset is relative to).
 #[inline]
-fn thread_pointer() -> usize {
+pub(crate) fn thread_pointer() -> usize {
     let tp: usize;
     #[cfg(target_arch = "x86_64")]
     // SAFETY: reads the TCB's self pointer at %fs:0, which glibc sets for every thread.
