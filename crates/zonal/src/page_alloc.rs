@@ -101,6 +101,10 @@ const NUMA_ON_PERCPU: u8 = 1;
 /// `numa_key` when counting with seed 000's diffs and threshold.
 const NUMA_ON_THRESHOLD: u8 = 2;
 
+/// Frames a bulk free gathers per zone before freeing them under one lock: the cache's size,
+/// so one critical section can take a whole run.
+const FREE_RUN: usize = pcp::CACHE_CAP;
+
 /// No zone in this block (a gap between nodes).
 const NO_ZONE: u16 = u16::MAX;
 
@@ -437,38 +441,42 @@ impl Zonal {
     #[inline(always)]
     fn alloc_order0_fast(&self) -> Option<NonNull<u8>> {
         let area = self.rseq_area()?;
+        let (cpu, z) = self.local_fast_zone(area, 0)?;
+        let pfn = self.pop_cached(area, z)?;
+        self.account_local_alloc(cpu, z, 1);
+        Some(self.pfn_to_ptr(pfn))
+    }
+
+    /// The zone the order-0 fast paths (single and bulk) take from, with this thread's CPU:
+    /// under the local policy, the first zone of the local node's zonelist, when it is above
+    /// `low` with `extra` frames to spare. `None` sends the caller to the general path.
+    #[inline(always)]
+    fn local_fast_zone(&self, area: *mut u8, extra: usize) -> Option<(usize, &Zone)> {
         if mempolicy::thread_has_policy() {
             return None;
         }
         let cpu = self.rseq_cpu(area);
-        let zid = *self.local_zone.get(cpu)? as usize;
-        let z = self.zones.get(zid)?;
-        if !z.watermark_ok_fast(Order(0), z.watermark(Watermark::Low), false) {
-            return None;
-        }
-        let pfn = self.pop_cached(area, z)?;
-        self.count_event(cpu, VmEvent::PgallocNormal, 1);
-        let key = self.numa_key.load(std::sync::atomic::Ordering::Relaxed);
-        if key != 0 {
-            self.numa_charge_first_zone(cpu, z, key);
-        }
-        Some(self.pfn_to_ptr(pfn))
+        let z = self.zones.get(*self.local_zone.get(cpu)? as usize)?;
+        z.watermark_ok_fast(Order(0), z.watermark(Watermark::Low) + extra, false).then_some((cpu, z))
     }
 
-    /// Pops an order-0 frame from this CPU's cache for `z` and tags it allocated. A frame
-    /// whose tag is not `PCP` is the second copy left by two racing frees under
-    /// `free_check = sequential`: it is dropped (the first copy is live or back in the
-    /// lists), and the pop reports nothing so the caller takes the locked path.
+    /// Accounts `n` frames the fast paths took from `local_fast_zone`: the event, and, when
+    /// counting, the NUMA charge (that zone is the preferred one, so a hit).
+    #[inline(always)]
+    fn account_local_alloc(&self, cpu: usize, z: &Zone, n: u64) {
+        self.count_event(cpu, VmEvent::PgallocNormal, n);
+        let key = self.numa_key.load(std::sync::atomic::Ordering::Relaxed);
+        if key != 0 {
+            self.numa_charge_first_zone(cpu, z, key, n);
+        }
+    }
+
+    /// Pops an order-0 frame from this CPU's cache for `z` and tags it allocated; `None` when
+    /// the cache has nothing (see [`take_cached`]).
     #[inline(always)]
     fn pop_cached(&self, area: *mut u8, z: &Zone) -> Option<Pfn> {
         let pfn = Pfn(pcp::rseq::pop(&self.rseq_table(area), z.id.0 as usize)?);
-        let state = z.state(pfn);
-        if state.load(Ordering::Relaxed) != buddy::state(buddy::PCP, Order(0)) {
-            return None;
-        }
-        // Release: pairs with the Acquire of the claim in free_pages.
-        state.store(buddy::state(ALLOCATED, Order(0)), Ordering::Release);
-        Some(pfn)
+        take_cached(z, pfn).then_some(pfn)
     }
 
     #[inline]
@@ -584,14 +592,14 @@ impl Zonal {
         self.numa_charge(cpu, z, preferred, nr, interleave);
     }
 
-    /// Charges one frame from the local node's first zone, which is then the preferred zone
+    /// Charges `n` frames from the local node's first zone, which is then the preferred zone
     /// too: a hit, and local unless the CPU's node has no memory. The common case is one
     /// update of one per-CPU counter (seed 002's event counters).
     #[inline(always)]
-    fn numa_charge_first_zone(&self, cpu: usize, z: &Zone, key: u8) {
+    fn numa_charge_first_zone(&self, cpu: usize, z: &Zone, key: u8, n: u64) {
         match self.local_hit_stat.get(cpu).and_then(|&i| self.zone_stats.get(i as usize)) {
-            Some(stat) if key == NUMA_ON_PERCPU => stat.add_hit_local(1),
-            _ => self.numa_charge(cpu, z, z, 1, None),
+            Some(stat) if key == NUMA_ON_PERCPU => stat.add_hit_local(n),
+            _ => self.numa_charge(cpu, z, z, n, None),
         }
     }
 
@@ -860,31 +868,14 @@ impl Zonal {
     /// when the cache is full, locked, or the section was interrupted.
     #[inline(always)]
     fn free_order0_fast(&self, area: *mut u8, addr: usize) -> Result<()> {
-        let order = Order(0);
-        let (zone, pfn) = self.addr_to_zone(addr, order)?;
-        let (live, cached) = (buddy::state(ALLOCATED, order), buddy::state(buddy::PCP, order));
-        let state = zone.state(pfn);
-        // Acquire: pairs with the Release of the allocation that handed the frame out.
-        if self.free_check_atomic.load(std::sync::atomic::Ordering::Relaxed) {
-            if let Err(s) = state.compare_exchange(live, cached, Ordering::Acquire, Ordering::Relaxed) {
-                return Err(classify_bad_free(zone, pfn, order, s));
-            }
-        } else {
-            // A load and a store: a free that happens after another free of this frame sees
-            // its tag and fails. Two frees racing on different CPUs (a data race in the
-            // caller) may both pass; the pops and drains skip the second copy (see
-            // `pop_cached` and `pcp::free_pcppages_bulk`).
-            let s = state.load(Ordering::Acquire);
-            if s != live {
-                return Err(classify_bad_free(zone, pfn, order, s));
-            }
-            state.store(cached, Ordering::Relaxed);
-        }
+        let (zone, pfn) = self.addr_to_zone(addr, Order(0))?;
+        self.claim_order0(zone, pfn, buddy::state(buddy::PCP, Order(0)))?;
         let cpu = self.rseq_cpu(area);
         if !pcp::rseq::push(&self.rseq_table(area), zone.id.0 as usize, pfn.0) {
-            // Back to "claimed" for the locked path (see free_claimed).
+            // Back to "claimed" for the locked path: the buddy must not find a stale
+            // per-CPU tag on a frame that merging leaves inside a larger block.
             zone.state(pfn).store(buddy::NONE, Ordering::Relaxed);
-            self.free_claimed_locked(cpu, zone, pfn, order);
+            self.free_claimed(cpu, zone, &[pfn], Order(0));
         }
         self.count_event(cpu, VmEvent::Pgfree, 1);
         Ok(())
@@ -907,33 +898,20 @@ impl Zonal {
         let (zone, pfn) = self.addr_to_zone(addr as usize, order)?;
         claim(zone, pfn, order)?;
         let cpu = self.current_cpu();
-        self.free_claimed(cpu, zone, pfn, order);
+        self.free_claimed(cpu, zone, &[pfn], order);
         self.count_event(cpu, VmEvent::Pgfree, order.pages() as u64);
         Ok(())
     }
 
-    /// Returns a claimed block to this CPU's lists, or to the buddy lists for a large order or
-    /// when the lists are busy (`free_unref_page` / `free_one_page`).
+    /// Returns claimed blocks of one zone and order (head state `NONE`) to this CPU's lists
+    /// under one lock, or to the buddy lists for a large order or when the lists are off or
+    /// busy (`free_unref_page` / `free_one_page`). The order-0 cache is for the callers that
+    /// can use a restartable sequence (`free_order0_fast`, `free_run`).
     #[inline]
-    fn free_claimed(&self, cpu: usize, zone: &Zone, pfn: Pfn, order: Order) {
-        if let (0, Some(area)) = (order.0, self.rseq_area()) {
-            zone.state(pfn).store(buddy::state(buddy::PCP, order), Ordering::Relaxed);
-            if pcp::rseq::push(&self.rseq_table(area), zone.id.0 as usize, pfn.0) {
-                return;
-            }
-            // Back to "claimed": the buddy path must not find a stale per-CPU tag on a
-            // frame that merging leaves inside a larger block.
-            zone.state(pfn).store(buddy::NONE, Ordering::Relaxed);
-        }
-        self.free_claimed_locked(cpu, zone, pfn, order);
-    }
-
-    /// [`Zonal::free_claimed`] without the cache: this CPU's locked lists, or the buddy.
-    #[inline]
-    fn free_claimed_locked(&self, cpu: usize, zone: &Zone, pfn: Pfn, order: Order) {
+    fn free_claimed(&self, cpu: usize, zone: &Zone, pfns: &[Pfn], order: Order) {
         if order.0 <= PCP_MAX_ORDER && self.pcp_enabled {
             if let Some(mut g) = self.pcp(cpu, zone.id).try_lock() {
-                let drained = g.with(|p| pcp::free_to_pcp(zone, p, pfn, order));
+                let drained: usize = g.with(|p| pfns.iter().map(|&pfn| pcp::free_to_pcp(zone, p, pfn, order)).sum());
                 drop(g);
                 if drained > 0 {
                     self.count_event(cpu, VmEvent::PcpDrain, 1);
@@ -942,7 +920,9 @@ impl Zonal {
             }
             self.count_event(cpu, VmEvent::PcpTrylockFail, 1);
         }
-        free_one_page(zone, pfn, order);
+        for &pfn in pfns {
+            free_one_page(zone, pfn, order);
+        }
     }
 
     /// Allocates order-0 frames into the empty (`None`) slots of `array`, leaving filled slots
@@ -1052,33 +1032,17 @@ impl Zonal {
     /// room for the batch). Accounting once for them. Returns how many it put.
     fn alloc_bulk_cached(&self, nr: usize, put: &mut impl FnMut(NonNull<u8>)) -> usize {
         let Some(area) = self.rseq_area() else { return 0 };
-        if mempolicy::thread_has_policy() {
-            return 0;
-        }
-        let cpu = self.rseq_cpu(area);
-        let Some(z) = self.local_zone.get(cpu).and_then(|&zid| self.zones.get(zid as usize)) else { return 0 };
-        if !z.watermark_ok_fast(Order(0), z.watermark(Watermark::Low) + nr, false) {
-            return 0;
-        }
+        let Some((cpu, z)) = self.local_fast_zone(area, nr) else { return 0 };
         let mut buf = [0usize; pcp::CACHE_CAP];
         let want = nr.min(buf.len());
         let k = pcp::rseq::pop_many(&self.rseq_table(area), z.id.0 as usize, &mut buf[..want]);
         let mut n = 0;
-        for &p in &buf[..k] {
-            let state = z.state(Pfn(p));
-            // A second copy left by racing frees (see `pop_cached`): dropped.
-            if state.load(Ordering::Relaxed) != buddy::state(buddy::PCP, Order(0)) {
-                continue;
-            }
-            state.store(buddy::state(ALLOCATED, Order(0)), Ordering::Release);
-            put(self.pfn_to_ptr(Pfn(p)));
+        for pfn in buf[..k].iter().map(|&p| Pfn(p)).filter(|&pfn| take_cached(z, pfn)) {
+            put(self.pfn_to_ptr(pfn));
             n += 1;
         }
         if n > 0 {
-            self.count_event(cpu, VmEvent::PgallocNormal, n as u64);
-            if self.numa_key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
-                self.numa_charge(cpu, z, z, n as u64, None);
-            }
+            self.account_local_alloc(cpu, z, n as u64);
         }
         n
     }
@@ -1091,13 +1055,13 @@ impl Zonal {
         let mut first_err = None;
         let mut freed = 0usize;
         // Runs of frames of one zone, freed under one pcp lock each.
-        let mut run = [Pfn(0); 64];
+        let mut run = [Pfn(0); FREE_RUN];
         let mut len = 0;
         let mut run_zone: Option<&Zone> = None;
         for (i, &p) in pages.iter().enumerate() {
             let checked = self
                 .addr_to_zone(p as usize, Order(0))
-                .and_then(|(z, pfn)| self.claim_order0(z, pfn).map(|_| (z, pfn)));
+                .and_then(|(z, pfn)| self.claim_order0(z, pfn, buddy::NONE).map(|_| (z, pfn)));
             let (z, pfn) = match checked {
                 Ok(v) => v,
                 Err(e) => {
@@ -1126,20 +1090,31 @@ impl Zonal {
         }
     }
 
-    /// Claims an order-0 frame for a free as `free_check` says (see `free_order0_fast`);
-    /// the head state is `NONE` after.
-    #[inline]
-    fn claim_order0(&self, z: &Zone, pfn: Pfn) -> Result<()> {
-        if self.free_check_atomic() {
-            return claim(z, pfn, Order(0));
-        }
+    /// Claims an order-0 frame for a free as `free_check` says, leaving its head state `to`
+    /// (`NONE` for the locked paths, `PCP` for a push onto the cache). `atomic`: one CAS, so
+    /// of two racing frees exactly one wins. `sequential`: a load and a store, so a free that
+    /// happens after another free of this frame sees its tag and fails, while two frees racing
+    /// on different CPUs (a data race in the caller) may both pass; the pops and drains drop
+    /// the second copy (see [`take_cached`] and `pcp::free_pcppages_bulk`).
+    #[inline(always)]
+    fn claim_order0(&self, z: &Zone, pfn: Pfn, to: u8) -> Result<()> {
+        let live = buddy::state(ALLOCATED, Order(0));
         let state = z.state(pfn);
-        let s = state.load(Ordering::Acquire);
-        if s != buddy::state(ALLOCATED, Order(0)) {
-            return Err(classify_bad_free(z, pfn, Order(0), s));
-        }
-        state.store(buddy::NONE, Ordering::Relaxed);
-        Ok(())
+        // Acquire: pairs with the Release of the allocation that handed the frame out.
+        let seen = if self.free_check_atomic.load(std::sync::atomic::Ordering::Relaxed) {
+            match state.compare_exchange(live, to, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return Ok(()),
+                Err(s) => s,
+            }
+        } else {
+            let s = state.load(Ordering::Acquire);
+            if s == live {
+                state.store(to, Ordering::Relaxed);
+                return Ok(());
+            }
+            s
+        };
+        Err(classify_bad_free(z, pfn, Order(0), seen))
     }
 
     /// Frees claimed order-0 frames of one zone: onto this CPU's lists under one lock (one
@@ -1147,34 +1122,20 @@ impl Zonal {
     fn free_run(&self, cpu: usize, z: &Zone, mut pfns: &[Pfn]) {
         if let Some(area) = self.rseq_area() {
             // As much as the cache takes, in one critical section.
-            let mut raw = [0usize; 64];
+            let mut raw = [0usize; FREE_RUN];
             for (r, &pfn) in raw.iter_mut().zip(pfns) {
                 z.state(pfn).store(buddy::state(buddy::PCP, Order(0)), Ordering::Relaxed);
                 *r = pfn.0;
             }
-            let k = pcp::rseq::push_many(&self.rseq_table(area), z.id.0 as usize, &raw[..pfns.len().min(64)]);
+            let k = pcp::rseq::push_many(&self.rseq_table(area), z.id.0 as usize, &raw[..pfns.len()]);
             pfns = &pfns[k..];
+            // Back to "claimed" for the locked path, as in free_order0_fast.
             for &pfn in pfns {
-                zone_state_claimed(z, pfn);
-            }
-            if pfns.is_empty() {
-                return;
+                z.state(pfn).store(buddy::NONE, Ordering::Relaxed);
             }
         }
-        if self.pcp_enabled {
-            if let Some(mut g) = self.pcp(cpu, z.id).try_lock() {
-                let drained: usize =
-                    g.with(|inner| pfns.iter().map(|&pfn| pcp::free_to_pcp(z, inner, pfn, Order(0))).sum());
-                drop(g);
-                if drained > 0 {
-                    self.count_event(cpu, VmEvent::PcpDrain, 1);
-                }
-                return;
-            }
-            self.count_event(cpu, VmEvent::PcpTrylockFail, 1);
-        }
-        for &pfn in pfns {
-            free_one_page(z, pfn, Order(0));
+        if !pfns.is_empty() {
+            self.free_claimed(cpu, z, pfns, Order(0));
         }
     }
 
@@ -1395,10 +1356,18 @@ fn claim(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
     }
 }
 
-/// Back to "claimed" (`NONE`) after a per-CPU tag that did not make it into the cache.
-#[inline]
-fn zone_state_claimed(z: &Zone, pfn: Pfn) {
-    z.state(pfn).store(buddy::NONE, Ordering::Relaxed);
+/// Tags a frame just popped from a per-CPU cache allocated. `false` for a frame whose tag
+/// is not `PCP`: the second copy left by two racing frees under `free_check = sequential`,
+/// dropped here (the first copy is live or back in the lists).
+#[inline(always)]
+fn take_cached(z: &Zone, pfn: Pfn) -> bool {
+    let state = z.state(pfn);
+    if state.load(Ordering::Relaxed) != buddy::state(buddy::PCP, Order(0)) {
+        return false;
+    }
+    // Release: pairs with the Acquire of the claim in free_pages.
+    state.store(buddy::state(ALLOCATED, Order(0)), Ordering::Release);
+    true
 }
 
 /// Takes a block of `order` from a zone's buddy lists (`rmqueue_buddy`); the caller tags it.
