@@ -128,11 +128,12 @@ enum Command {
         /// Experiments to run (default: all).
         #[arg(value_name = "EXPERIMENT")]
         experiments: Vec<String>,
-        /// Repetitions of every cell.
-        #[arg(long, default_value_t = 9)]
+        /// Repetitions of every cell (1 to 1000).
+        #[arg(long, default_value_t = 9,
+              value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
         reps: usize,
-        /// Milliseconds per cell per repetition.
-        #[arg(long, default_value_t = 20)]
+        /// Milliseconds per cell per repetition (1 to 60000).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=60_000))]
         cell_ms: u64,
         /// Write one JSON record per measured cell to FILE.
         #[arg(long, value_name = "FILE")]
@@ -174,11 +175,12 @@ fn topology(arg: Option<&str>) -> Result<Topology, String> {
     .map_err(|e| e.to_string())
 }
 
-fn allocator(cli: &Cli) -> Result<Zonal, String> {
+/// What the command line asks the allocator to be built from.
+fn config(cli: &Cli) -> Result<Config, String> {
     let topo = topology(cli.topology.as_deref())?;
     let mut config = Config::new(topo).max_order(cli.max_order);
     config.arena = zonal::arena::ArenaOptions { populate: cli.populate, mlock: cli.mlock, thp: cli.thp };
-    Zonal::new(config).map_err(|e| e.to_string())
+    Ok(config)
 }
 
 fn with_workload(z: &Zonal, workload: Option<&str>) -> Result<(), String> {
@@ -200,7 +202,8 @@ fn set_tunable(z: &Zonal, item: &str) -> Result<(), String> {
 }
 
 fn run(cli: Cli) -> Result<(), String> {
-    let z = allocator(&cli)?;
+    let config = config(&cli)?;
+    let z = Zonal::new(config.clone()).map_err(|e| e.to_string())?;
     for item in &cli.set {
         set_tunable(&z, item)?;
     }
@@ -288,9 +291,6 @@ fn run(cli: Cli) -> Result<(), String> {
             }
         }
         Command::Bench { experiments, reps, cell_ms, json, quiet, only } => {
-            if *reps == 0 {
-                return Err("--reps must be at least 1".into());
-            }
             let known: Vec<&str> = bench::EXPERIMENTS.iter().map(|(n, _)| *n).collect();
             let chosen: Vec<&str> = if experiments.is_empty() {
                 known.clone()
@@ -304,9 +304,10 @@ fn run(cli: Cli) -> Result<(), String> {
             };
             let opts = bench::BenchOpts {
                 reps: *reps,
-                cell_time: Duration::from_millis((*cell_ms).max(1)),
+                cell_time: Duration::from_millis(*cell_ms),
                 progress: !quiet,
                 only: only.clone(),
+                config: config.clone(),
             };
             println!(
                 "zonal bench on {} node(s), {} cpu(s); {} ms per cell; ratios are medians of per-repetition ratios\n",
@@ -317,16 +318,17 @@ fn run(cli: Cli) -> Result<(), String> {
             println!("{}\n", bench::cpu_identity_note());
             let mut records = Vec::new();
             for &e in &chosen {
-                if !opts.only.is_empty() && !bench::WITH_TCMALLOC.contains(&e) {
+                // threshold and modes measure zonal alone.
+                if !bench::WITH_TCMALLOC.contains(&e) && !opts.keeps("zonal pcp") {
                     continue;
                 }
                 records.extend(match e {
-                    "single" => bench::single::run(&z, &opts),
-                    "parallel" => bench::parallel::run(&z, &opts),
-                    "bulk" => bench::bulk::run(&z, &opts),
-                    "cross" => bench::cross::run(&z, &opts),
-                    "threshold" => bench::vmstat_exp::run_threshold(&z, &opts),
-                    "modes" => bench::vmstat_exp::run_modes(&z, &opts),
+                    "single" => bench::single::run(&z, &opts)?,
+                    "parallel" => bench::parallel::run(&z, &opts)?,
+                    "bulk" => bench::bulk::run(&z, &opts)?,
+                    "cross" => bench::cross::run(&z, &opts)?,
+                    "threshold" => bench::vmstat_exp::run_threshold(&z, &opts)?,
+                    "modes" => bench::vmstat_exp::run_modes(&z, &opts)?,
                     _ => unreachable!("checked against EXPERIMENTS"),
                 });
             }

@@ -5,6 +5,9 @@
 
 use zonal::{Gfp, MemPolicy, Zonal};
 
+/// The most allocations one workload makes: enough to fill any fake topology many times.
+const MAX_ALLOCS: usize = 100_000_000;
+
 /// A parsed `--workload` spec: `allocs=N,orders=A-B,policy=P,free=PCT,seed=S`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Workload {
@@ -41,11 +44,18 @@ impl Workload {
         }
         for (k, v) in items {
             let num = |v: &str| v.parse::<u64>().map_err(|_| format!("workload `{k}`: `{v}` is not a number"));
+            let small = |v: &str| v.parse::<u32>().map_err(|_| format!("workload `{k}`: `{v}` is not a small number"));
             match k.as_str() {
-                "allocs" => w.allocs = num(&v)? as usize,
+                "allocs" => {
+                    w.allocs = num(&v)?
+                        .try_into()
+                        .ok()
+                        .filter(|&n| n <= MAX_ALLOCS)
+                        .ok_or_else(|| format!("workload `allocs`: {v} is more than {MAX_ALLOCS}"))?;
+                }
                 "orders" => {
                     let (a, b) = v.split_once('-').unwrap_or((&v, &v));
-                    let (a, b) = (num(a)? as u32, num(b)? as u32);
+                    let (a, b) = (small(a)?, small(b)?);
                     if a > b {
                         return Err(format!("workload `orders`: range `{v}` runs backwards"));
                     }
@@ -53,7 +63,7 @@ impl Workload {
                 }
                 "policy" => w.policy = v,
                 "free" => {
-                    w.free_percent = num(&v)? as u32;
+                    w.free_percent = small(&v)?;
                     if w.free_percent > 100 {
                         return Err(format!("workload `free`: {v} is not a percentage"));
                     }
@@ -82,7 +92,7 @@ impl Workload {
             rng
         };
         let span = (self.orders.1 - self.orders.0 + 1) as u64;
-        let mut live = Vec::with_capacity(self.allocs);
+        let mut live = Vec::new();
         let mut failed = 0;
         for _ in 0..self.allocs {
             let order = self.orders.0 + (next() % span) as u32;

@@ -120,6 +120,8 @@ fn bad_input_is_one_line_and_non_zero() {
         vec!["buddyinfo", "--workload", "policy=bind=7"],
         vec!["bench", "nosuch"],
         vec!["--max-order", "16", "topology"],
+        vec!["buddyinfo", "--workload", "allocs=18446744073709551615"],
+        vec!["buddyinfo", "--workload", "free=4294967296"],
     ] {
         let o = zonal(&args);
         assert!(!o.status.success(), "{args:?} succeeded");
@@ -127,6 +129,18 @@ fn bad_input_is_one_line_and_non_zero() {
         assert!(e.starts_with("zonal: error: "), "{args:?}: {e}");
         assert_eq!(e.lines().count(), 1, "{args:?}: {e}");
         assert!(!e.contains("panicked"), "{e}");
+    }
+}
+
+#[test]
+fn out_of_range_bench_options_are_refused_before_anything_runs() {
+    for args in [["bench", "--reps", "0"], ["bench", "--reps", "18446744073709551615"], ["bench", "--cell-ms", "0"]] {
+        let o = zonal(&args);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        let e = stderr(&o);
+        assert!(e.contains("is not in 1..="), "{args:?}: {e}");
+        assert!(!e.contains("panicked"), "{e}");
+        assert!(stdout(&o).is_empty(), "{args:?} measured something");
     }
 }
 

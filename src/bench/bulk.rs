@@ -30,7 +30,7 @@ fn subject<'a, A: PageAlloc + 'a>(a: A) -> (String, Cell<'a>) {
 }
 
 /// Runs the experiment, prints its table and returns its records.
-pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
+pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     let mut subjects: Vec<((String, Cell<'_>), bool)> = vec![
         (subject(ZonalPages { z, label: "zonal bulk array", bulk: Some(BulkForm::Array) }), false),
         (subject(ZonalPages { z, label: "zonal bulk list", bulk: Some(BulkForm::List) }), false),
@@ -39,6 +39,9 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
     ];
     subjects.extend(crate::peer_subjects!(subject).into_iter().map(|s| (s, true)));
     subjects.retain(|((n, _), _)| opts.keeps(n));
+    if super::only_reference_left(subjects.iter().map(|((n, _), _)| n)) {
+        return Ok(Vec::new());
+    }
     let k = subjects.len();
     let pages_per_cell = |s: usize| {
         let ns = subjects[s].0 .1(16, 1000);
@@ -72,7 +75,7 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
     let names = || subjects.iter().map(|((n, _), _)| n);
     let (array, single) = (super::index_of(names(), "zonal bulk array"), super::index_of(names(), "zonal single"));
     if array.is_some() && single.is_some() {
-        header.push("array ÷ single".into());
+        header.push("array ÷ single pair (N = 1)".into());
     }
     let mut rows = Vec::new();
     let mut records = Vec::new();
@@ -102,5 +105,5 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
     let h: Vec<&str> = header.iter().map(String::as_str).collect();
     print_table(&h, &rows);
     println!();
-    records
+    Ok(records)
 }

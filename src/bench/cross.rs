@@ -56,11 +56,14 @@ fn subject<'a, A: PageAlloc + 'a>(a: A) -> (String, Cell<'a>) {
 }
 
 /// Runs the experiment, prints its table and returns its records.
-pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
+pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     let mut subjects: Vec<((String, Cell<'_>), bool)> =
         vec![(subject(ZonalPages { z, label: "zonal pcp", bulk: None }), false)];
     subjects.extend(crate::peer_subjects!(subject).into_iter().map(|s| (s, true)));
     subjects.retain(|((n, _), _)| opts.keeps(n));
+    if super::only_reference_left(subjects.iter().map(|((n, _), _)| n)) {
+        return Ok(Vec::new());
+    }
     let k = subjects.len();
     let counts: Vec<u64> = subjects
         .iter()
@@ -108,5 +111,5 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
     }
     print_table(&["subject", "ns/page", "min – max", "× best peer", "× mimalloc"], &rows);
     println!();
-    records
+    Ok(records)
 }

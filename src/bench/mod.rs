@@ -105,6 +105,14 @@ pub struct BenchOpts {
     /// Measure only the subjects whose names start with one of these, and mimalloc (all when
     /// empty).
     pub only: Vec<String>,
+    /// What the command line built the main allocator from; the experiments' other handles
+    /// are built from it too.
+    pub config: zonal::Config,
+}
+
+/// zonal without per-CPU lists, built as the main handle otherwise is.
+pub fn buddy_only(opts: &BenchOpts) -> Result<zonal::Zonal, String> {
+    zonal::Zonal::new(opts.config.clone().pcp(false)).map_err(|e| format!("cannot build the buddy-only allocator: {e}"))
 }
 
 impl BenchOpts {
@@ -113,6 +121,11 @@ impl BenchOpts {
         // mimalloc is every table's reference, so it is always measured.
         self.only.is_empty() || name == "mimalloc" || self.only.iter().any(|p| name.starts_with(p.as_str()))
     }
+}
+
+/// Whether `--only` left nothing but the reference: the experiment then prints nothing.
+pub fn only_reference_left<'a>(mut names: impl Iterator<Item = &'a String>) -> bool {
+    names.all(|n| n == "mimalloc")
 }
 
 /// The index of a subject by name, among those kept.

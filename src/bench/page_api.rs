@@ -13,10 +13,11 @@ use zonal::{Gfp, Zonal};
 macro_rules! peer_subjects {
     ($subject:ident) => {
         [
-            $subject($crate::bench::page_api::Global(snmalloc_rs::SnMalloc, "snmalloc")),
-            $subject($crate::bench::page_api::Global(tcmalloc_better::TCMalloc, "tcmalloc")),
-            $subject($crate::bench::page_api::Global(mimalloc::MiMalloc, "mimalloc")),
-            $subject($crate::bench::page_api::Global(tikv_jemallocator::Jemalloc, "jemalloc")),
+            $subject($crate::bench::page_api::Global(snmalloc_rs::SnMalloc, "snmalloc".into())),
+            // Named after the caches it runs on in this process.
+            $subject($crate::bench::page_api::Global(tcmalloc_better::TCMalloc, $crate::bench::peers::tcmalloc_name())),
+            $subject($crate::bench::page_api::Global(mimalloc::MiMalloc, "mimalloc".into())),
+            $subject($crate::bench::page_api::Global(tikv_jemallocator::Jemalloc, "jemalloc".into())),
             $subject($crate::bench::page_api::Glibc),
         ]
     };
@@ -39,31 +40,35 @@ pub trait PageAlloc: Sync {
     /// Fills `out` with up to `n` pages; returns how many. Subjects with a bulk call use it.
     #[inline]
     fn alloc_many(&self, n: usize, out: &mut Vec<*mut u8>) -> usize {
-        let before = out.len();
-        for _ in 0..n {
-            let p = self.alloc();
-            if p.is_null() {
-                break;
-            }
-            out.push(p);
-        }
-        out.len() - before
+        alloc_each(self, n, out)
     }
     /// Frees every page in `pages`.
     #[inline]
     fn free_many(&self, pages: &[*mut u8]) {
-        for &p in pages {
-            self.free(p);
-        }
+        pages.iter().for_each(|&p| self.free(p));
     }
 }
 
-/// A `GlobalAlloc` used as a value.
-pub struct Global<A>(pub A, pub &'static str);
+/// `n` single allocations into `out`, stopping at the first failure; returns how many.
+#[inline]
+fn alloc_each<A: PageAlloc + ?Sized>(a: &A, n: usize, out: &mut Vec<*mut u8>) -> usize {
+    let before = out.len();
+    for _ in 0..n {
+        let p = a.alloc();
+        if p.is_null() {
+            break;
+        }
+        out.push(p);
+    }
+    out.len() - before
+}
+
+/// A `GlobalAlloc` used as a value, with its name.
+pub struct Global<A>(pub A, pub String);
 
 impl<A: GlobalAlloc + Sync> PageAlloc for Global<A> {
     fn name(&self) -> String {
-        self.1.to_string()
+        self.1.clone()
     }
     #[inline]
     fn alloc(&self) -> *mut u8 {
@@ -136,16 +141,7 @@ impl PageAlloc for ZonalPages<'_> {
     #[inline]
     fn alloc_many(&self, n: usize, out: &mut Vec<*mut u8>) -> usize {
         match self.bulk {
-            None => {
-                let before = out.len();
-                for _ in 0..n {
-                    match self.z.alloc_pages(Gfp::KERNEL, 0) {
-                        Ok(p) => out.push(p.as_ptr()),
-                        Err(_) => break,
-                    }
-                }
-                out.len() - before
-            }
+            None => alloc_each(self, n, out),
             Some(BulkForm::Array) => BULK_ARRAY.with(|a| {
                 let mut a = a.borrow_mut();
                 a.clear();
@@ -168,9 +164,7 @@ impl PageAlloc for ZonalPages<'_> {
         if self.bulk.is_some() {
             let _ = self.z.free_pages_bulk(pages);
         } else {
-            for &p in pages {
-                let _ = self.z.free_pages(p, 0);
-            }
+            pages.iter().for_each(|&p| self.free(p));
         }
     }
 }

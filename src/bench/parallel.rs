@@ -7,7 +7,7 @@ use super::{best_peer, fmt_ns, paired_ratio, print_table, BenchOpts, Record, Sum
 use serde_json::json;
 use std::sync::Barrier;
 use std::time::Instant;
-use zonal::{Config, Zonal};
+use zonal::Zonal;
 
 /// Runs `n` pairs on each of `threads` threads started together; returns (mean ns per pair
 /// per thread, total pairs per µs).
@@ -44,8 +44,8 @@ fn subject<'a, A: PageAlloc + 'a>(a: A) -> (String, Cell<'a>) {
 }
 
 /// Runs the experiment, prints its table and returns its records.
-pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
-    let buddy = Zonal::new(Config::new(z.topology().clone()).pcp(false)).expect("same topology as the main handle");
+pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
+    let buddy = super::buddy_only(opts)?;
     let mut subjects: Vec<(String, Cell<'_>, bool)> = Vec::new();
     let ours = [
         subject(IdealStack),
@@ -55,6 +55,9 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
     subjects.extend(ours.into_iter().map(|(n, c)| (n, c, false)));
     subjects.extend(crate::peer_subjects!(subject).into_iter().map(|(n, c)| (n, c, true)));
     subjects.retain(|(n, _, _)| opts.keeps(n));
+    if super::only_reference_left(subjects.iter().map(|(n, _, _)| n)) {
+        return Ok(Vec::new());
+    }
     let nproc = zonal::sys::nr_cpus_online();
     let mut ts: Vec<usize> = (1..=nproc).collect();
     ts.push(2 * nproc);
@@ -129,5 +132,5 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
         println!();
     }
     println!();
-    records
+    Ok(records)
 }

@@ -1,39 +1,32 @@
 //! `single`: one thread, order-0 alloc + free pairs (Jesper Brouer's page_bench01), zonal
 //! beside the peers.
 
+use super::page_api::{IdealStack, ZonalPages};
+use super::peers::page_pairs;
 use super::{fmt_ns, measure, paired_ratio, peers, print_table, BenchOpts, Record, Summary};
 use serde_json::json;
-use zonal::{Config, Gfp, Zonal};
+use zonal::Zonal;
 
 /// The reference every ratio of this experiment is taken against.
 pub const REFERENCE: &str = "mimalloc";
 
 /// Runs the experiment, prints its table and returns its records.
-pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
-    let buddy = Zonal::new(Config::new(z.topology().clone()).pcp(false)).expect("same topology as the main handle");
+pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
+    let buddy = super::buddy_only(opts)?;
     let mut subjects = vec![
-        peers::ideal_stack(),
-        peers::pairs("zonal pcp", || {
-            if let Ok(p) = z.alloc_pages(Gfp::KERNEL, 0) {
-                let _ = z.free_pages(std::hint::black_box(p.as_ptr()), 0);
-            }
-        }),
-        peers::pairs("zonal buddy only", || {
-            if let Ok(p) = buddy.alloc_pages(Gfp::KERNEL, 0) {
-                let _ = buddy.free_pages(std::hint::black_box(p.as_ptr()), 0);
-            }
-        }),
-        peers::snmalloc(),
-        peers::tcmalloc(),
-        peers::mimalloc(),
-        peers::jemalloc(),
-        peers::glibc(),
-        peers::kernel(),
+        page_pairs(IdealStack),
+        page_pairs(ZonalPages { z, label: "zonal pcp", bulk: None }),
+        page_pairs(ZonalPages { z: &buddy, label: "zonal buddy only", bulk: None }),
     ];
+    subjects.extend(crate::peer_subjects!(page_pairs));
+    subjects.push(peers::kernel());
     subjects.retain(|s| opts.keeps(&s.name()));
     let names: Vec<String> = subjects.iter().map(|s| s.name()).collect();
+    if super::only_reference_left(names.iter()) {
+        return Ok(Vec::new());
+    }
     let times = measure(&mut subjects, opts, "single");
-    let reference = names.iter().position(|n| n == REFERENCE).expect("the reference is a subject");
+    let reference = super::index_of(&names, REFERENCE).expect("the reference is always kept");
     println!("single: one thread, order-0 alloc + free pairs (page_bench01); {} repetitions", opts.reps);
     let mut rows = Vec::new();
     let mut records = Vec::new();
@@ -58,5 +51,5 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
     }
     print_table(&["subject", "ns/pair", "min – max", "× mimalloc"], &rows);
     println!();
-    records
+    Ok(records)
 }

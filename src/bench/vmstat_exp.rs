@@ -5,9 +5,9 @@
 
 use super::page_api::ZonalPages;
 use super::parallel::cell;
-use super::{fmt_ns, print_table, BenchOpts, Record, Summary};
+use super::{fmt_ns, paired_ratio, print_table, BenchOpts, Record, Summary};
 use serde_json::json;
-use zonal::{Config, Zonal};
+use zonal::Zonal;
 
 /// Seed 000's sweep, and its cycles per alloc+free on 88 threads (2-socket Broadwell).
 const SEED_000: [(&str, u32); 10] = [
@@ -27,23 +27,24 @@ const SEED_000: [(&str, u32); 10] = [
 type Setting<'a> = (String, Box<dyn Fn(&Zonal) + 'a>);
 
 /// One node, so that every CPU's folds land on the same zone's shared counters.
-fn one_zone(z: &Zonal) -> Zonal {
+/// Built with the command line's settings but for the topology.
+fn one_zone(z: &Zonal, opts: &BenchOpts) -> Result<Zonal, String> {
     let spec = format!("nodes=1,size={}", zonal::topology::fmt_size(z.topology().nodes()[0].mem_bytes));
-    let t = zonal::Topology::parse(&spec).expect("a one-node topology of the default's size");
-    Zonal::new(Config::new(t)).expect("one-node handle")
+    let mut config = opts.config.clone();
+    config.topology = zonal::Topology::parse(&spec).map_err(|e| e.to_string())?;
+    Zonal::new(config).map_err(|e| format!("cannot build the one-node allocator: {e}"))
 }
 
-fn pairs_per_cell(z: &Zonal, opts: &BenchOpts) -> u64 {
-    let a = ZonalPages { z, label: "zonal", bulk: None };
-    let (ns, _) = cell(&a, 1, 20_000);
+fn pairs_per_cell(a: &ZonalPages<'_>, opts: &BenchOpts) -> u64 {
+    let (ns, _) = cell(a, 1, 20_000);
     ((opts.cell_time.as_nanos() as f64 / ns.max(0.1)) as u64).clamp(1000, 1 << 26)
 }
 
 /// Runs `configs` (label, setter) at each thread count, rotating per repetition; returns
 /// `times[config][threads][rep]`.
 fn sweep(z: &Zonal, opts: &BenchOpts, label: &str, configs: &[Setting<'_>], ts: &[usize]) -> Vec<Vec<Vec<f64>>> {
-    let n = pairs_per_cell(z, opts);
-    let a = ZonalPages { z, label: "zonal", bulk: None };
+    let a = ZonalPages { z, label: "zonal pcp", bulk: None };
+    let n = pairs_per_cell(&a, opts);
     let k = configs.len();
     let mut times = vec![vec![Vec::new(); ts.len()]; k];
     for rep in 0..opts.reps {
@@ -64,9 +65,42 @@ fn sweep(z: &Zonal, opts: &BenchOpts, label: &str, configs: &[Setting<'_>], ts: 
     times
 }
 
+/// For every setting and thread count, "ns (±% against setting `base`)" with the change
+/// taken as the median of per-repetition ratios, and its records.
+fn against_base(
+    times: &[Vec<Vec<f64>>],
+    base: usize,
+    configs: &[Setting<'_>],
+    ts: &[usize],
+    (experiment, param): (&str, &str),
+    opts: &BenchOpts,
+) -> (Vec<Vec<String>>, Vec<Record>) {
+    let mut cells = Vec::new();
+    let mut records = Vec::new();
+    for (c, (name, _)) in configs.iter().enumerate() {
+        let mut row = Vec::new();
+        for (ti, &threads) in ts.iter().enumerate() {
+            let s = Summary::of(&times[c][ti]);
+            let ratio = paired_ratio(&times[c][ti], &times[base][ti]);
+            row.push(format!("{} ({:+.1}%)", fmt_ns(s.median), (ratio - 1.0) * 100.0));
+            records.push(Record {
+                experiment: experiment.into(),
+                subject: "zonal pcp".into(),
+                params: json!({"threads": threads, param: name}),
+                ns_per_op: s,
+                reference: format!("{param} {}", configs[base].0),
+                ratio_to_reference: ratio,
+                reps: opts.reps,
+            });
+        }
+        cells.push(row);
+    }
+    (cells, records)
+}
+
 /// `threshold` (seed 000).
-pub fn run_threshold(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
-    let z = one_zone(z);
+pub fn run_threshold(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
+    let z = one_zone(z, opts)?;
     let nproc = zonal::sys::nr_cpus_online();
     let ts = [nproc, 2 * nproc];
     let configs: Vec<Setting<'static>> = SEED_000
@@ -91,37 +125,25 @@ pub fn run_threshold(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
          the threshold; ns per pair per thread, change against 125; {} repetitions",
         opts.reps
     );
-    let mut rows = Vec::new();
-    let mut records = Vec::new();
-    for (c, &(t, seed)) in SEED_000.iter().enumerate() {
-        let mut row =
-            vec![t.to_string(), format!("{seed} ({:+.1}%)", (seed as f64 / SEED_000[base].1 as f64 - 1.0) * 100.0)];
-        for (ti, &threads) in ts.iter().enumerate() {
-            let s = Summary::of(&times[c][ti]);
-            let b = Summary::of(&times[base][ti]).median;
-            row.push(format!("{} ({:+.1}%)", fmt_ns(s.median), (s.median / b - 1.0) * 100.0));
-            records.push(Record {
-                experiment: "threshold".into(),
-                subject: "zonal pcp".into(),
-                params: json!({"threads": threads, "numa_stat_threshold": t}),
-                ns_per_op: s,
-                reference: "threshold 125".into(),
-                ratio_to_reference: s.median / b,
-                reps: opts.reps,
-            });
-        }
-        rows.push(row);
-    }
+    let (cells, records) = against_base(&times, base, &configs, &ts, ("threshold", "numa_stat_threshold"), opts);
+    let rows: Vec<Vec<String>> = SEED_000
+        .iter()
+        .zip(cells)
+        .map(|(&(t, seed), cells)| {
+            let change = (seed as f64 / SEED_000[base].1 as f64 - 1.0) * 100.0;
+            [t.to_string(), format!("{seed} ({change:+.1}%)")].into_iter().chain(cells).collect()
+        })
+        .collect();
     let h1 = format!("zonal, {nproc} threads");
     let h2 = format!("zonal, {} threads", 2 * nproc);
     print_table(&["threshold", "seed 000 cycles, 88 thr", &h1, &h2], &rows);
     println!();
-    records
+    Ok(records)
 }
 
 /// `modes` (seed 001).
-pub fn run_modes(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
-    let z = one_zone(z);
+pub fn run_modes(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
+    let z = one_zone(z, opts)?;
     let nproc = zonal::sys::nr_cpus_online();
     let ts = [1, nproc];
     let auto_before = |z: &Zonal| {
@@ -144,28 +166,15 @@ pub fn run_modes(z: &Zonal, opts: &BenchOpts) -> Vec<Record> {
          page_bench01 185 -> 176 cycles (-4.8%), page_bench03 343 -> 315 (-8.1%); {} repetitions",
         opts.reps
     );
-    let mut rows = Vec::new();
-    let mut records = Vec::new();
-    for (c, (name, _)) in configs.iter().enumerate() {
-        let mut row = vec![name.clone()];
-        for (ti, &threads) in ts.iter().enumerate() {
-            let s = Summary::of(&times[c][ti]);
-            let coarse = Summary::of(&times[1][ti]).median;
-            row.push(format!("{} ({:+.1}%)", fmt_ns(s.median), (s.median / coarse - 1.0) * 100.0));
-            records.push(Record {
-                experiment: "modes".into(),
-                subject: "zonal pcp".into(),
-                params: json!({"threads": threads, "numa_stats_mode": name}),
-                ns_per_op: s,
-                reference: "coarse".into(),
-                ratio_to_reference: s.median / coarse,
-                reps: opts.reps,
-            });
-        }
-        rows.push(row);
-    }
+    let coarse = configs.iter().position(|(n, _)| n == "coarse").expect("coarse is a mode");
+    let (cells, records) = against_base(&times, coarse, &configs, &ts, ("modes", "numa_stats_mode"), opts);
+    let rows: Vec<Vec<String>> = configs
+        .iter()
+        .zip(cells)
+        .map(|((name, _), cells)| std::iter::once(name.clone()).chain(cells).collect())
+        .collect();
     let h2 = format!("{nproc} threads");
     print_table(&["mode", "1 thread", &h2], &rows);
     println!();
-    records
+    Ok(records)
 }

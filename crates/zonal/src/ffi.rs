@@ -390,13 +390,17 @@ pub unsafe extern "C" fn zonal_alloc_pages_bulk_list(
         if out.is_null() && nr > 0 {
             return invalid("null out array");
         }
-        let mut list = Vec::with_capacity(nr);
-        let n = z.alloc_pages_bulk_list(gfp, nr, &mut list);
-        for (i, p) in list.into_iter().enumerate() {
-            // SAFETY: i < n <= nr and `out` is valid for `nr` writes (contract).
-            unsafe { *out.add(i) = p.as_ptr().cast() };
+        if nr == 0 {
+            return 0;
         }
-        c_int::try_from(n).unwrap_or(c_int::MAX)
+        // The caller's array is the list: clear it and fill it as the array form does, which
+        // fills empty slots in order, so the frames land in out[0..n] with no copy and no
+        // allocation sized by `nr`.
+        // SAFETY: `out` is valid for `nr` writes (contract); a nullable raw pointer and
+        // Option<NonNull<u8>> have the same layout, with NULL as None.
+        let slots = unsafe { std::slice::from_raw_parts_mut(out.cast::<Option<std::ptr::NonNull<u8>>>(), nr) };
+        slots.fill(None);
+        c_int::try_from(z.alloc_pages_bulk_array(gfp, slots)).unwrap_or(c_int::MAX)
     })
 }
 

@@ -457,7 +457,7 @@ impl Zonal {
         }
         let cpu = self.rseq_cpu(area);
         let z = self.zones.get(*self.local_zone.get(cpu)? as usize)?;
-        z.watermark_ok_fast(Order(0), z.watermark(Watermark::Low) + extra, false).then_some((cpu, z))
+        z.watermark_ok_fast(Order(0), z.watermark(Watermark::Low).saturating_add(extra), false).then_some((cpu, z))
     }
 
     /// Accounts `n` frames the fast paths took from `local_fast_zone`: the event, and, when
@@ -948,7 +948,8 @@ impl Zonal {
     /// Allocates `nr` order-0 frames and appends them to `list`; returns how many it appended
     /// (`alloc_pages_bulk`, list form). Partial under memory pressure, never an error.
     pub fn alloc_pages_bulk_list(&self, gfp: Gfp, nr: usize, list: &mut Vec<NonNull<u8>>) -> usize {
-        list.reserve(nr);
+        // No more room than there are frames: `nr` is the caller's, and may be anything.
+        list.reserve(nr.min(self.lowmem_pages));
         self.alloc_bulk(gfp, nr, |p| list.push(p))
     }
 
@@ -986,7 +987,8 @@ impl Zonal {
             // The first zone that may serve the whole batch above `low`.
             let zone = ctx.zonelist.iter().map(|z| &self.zones[z.0 as usize]).find(|z| {
                 ctx.nodemask.is_none_or(|m| m.contains(z.node))
-                    && (ctx.no_watermarks || z.watermark_ok_fast(Order(0), z.watermark(Watermark::Low) + nr, ctx.high))
+                    && (ctx.no_watermarks
+                        || z.watermark_ok_fast(Order(0), z.watermark(Watermark::Low).saturating_add(nr), ctx.high))
             });
             let zone = zone.filter(|z| z.node == preferred)?;
             let mut g = self.pcp(cpu, zone.id).try_lock()?;
