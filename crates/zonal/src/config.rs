@@ -9,7 +9,7 @@ use crate::arena::ArenaOptions;
 use crate::error::{Error, Result};
 use crate::topology::Topology;
 use crate::types::{DEFAULT_MAX_ORDER, MAX_ORDER_LIMIT};
-use crate::zone::{DEFAULT_WATERMARK_SCALE_FACTOR, MAX_WATERMARK_SCALE_FACTOR};
+use crate::zone::DEFAULT_WATERMARK_SCALE_FACTOR;
 
 /// Everything an allocator is built from.
 #[derive(Clone, Debug)]
@@ -96,7 +96,7 @@ impl Config {
                 "percpu_pagelist_high_fraction" => {
                     c.percpu_pagelist_high_fraction = u32::try_from(num(&v)?).unwrap_or(u32::MAX)
                 }
-                "stat_interval_ms" => c.stat_interval = std::time::Duration::from_millis(num(&v)?.max(1)),
+                "stat_interval_ms" => c.stat_interval = std::time::Duration::from_millis(num(&v)?),
                 _ => {
                     return Err(Error::InvalidConfig(format!(
                         "config: unknown key `{k}`; valid keys: topology, max_order, populate, mlock, thp, \
@@ -117,16 +117,15 @@ impl Config {
                 self.max_order
             )));
         }
-        if !(1..=MAX_WATERMARK_SCALE_FACTOR).contains(&self.watermark_scale_factor) {
-            return Err(Error::InvalidConfig(format!(
-                "config `watermark_scale_factor`: {} is outside 1..={MAX_WATERMARK_SCALE_FACTOR}",
-                self.watermark_scale_factor
-            )));
-        }
+        // The run-time tunables among these are bounded where sysctl bounds them.
+        let config = |e: Error| Error::InvalidConfig(format!("config {e}"));
+        crate::sysctl::check("watermark_scale_factor", self.watermark_scale_factor as u64).map_err(config)?;
+        crate::sysctl::check("percpu_pagelist_high_fraction", self.percpu_pagelist_high_fraction as u64)
+            .map_err(config)?;
+        crate::sysctl::check("stat_interval", self.stat_interval.as_millis().try_into().unwrap_or(u64::MAX))
+            .map_err(config)?;
         if let Some(m) = self.min_free_kbytes {
-            if m == 0 {
-                return Err(Error::InvalidConfig("config `min_free_kbytes`: must be at least 1".into()));
-            }
+            crate::sysctl::check("min_free_kbytes", m).map_err(config)?;
         }
         Ok(())
     }

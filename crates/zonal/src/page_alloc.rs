@@ -101,6 +101,16 @@ const NUMA_ON_PERCPU: u8 = 1;
 /// `numa_key` when counting with seed 000's diffs and threshold.
 const NUMA_ON_THRESHOLD: u8 = 2;
 
+/// `min_free_kbytes` within the table's bounds and no more than the memory there is.
+fn check_min_free_kbytes(kb: u64, lowmem_pages: usize) -> Result<u64> {
+    crate::sysctl::check("min_free_kbytes", kb)?;
+    let total_kb = (lowmem_pages as u64) << (PAGE_SHIFT - 10);
+    if kb > total_kb {
+        return Err(Error::InvalidConfig(format!("min_free_kbytes {kb}: more than the {total_kb} KiB zonal manages")));
+    }
+    Ok(kb)
+}
+
 /// Frames a bulk free gathers per zone before freeing them under one lock: the cache's size,
 /// so one critical section can take a whole run.
 const FREE_RUN: usize = pcp::CACHE_CAP;
@@ -121,15 +131,6 @@ impl Zonal {
     /// Builds an allocator: maps each node's memory and puts it all on the free lists.
     pub fn new(config: Config) -> Result<Zonal> {
         config.validate()?;
-        if config.percpu_pagelist_high_fraction != 0
-            && config.percpu_pagelist_high_fraction < pcp::MIN_PERCPU_PAGELIST_HIGH_FRACTION
-        {
-            return Err(Error::InvalidConfig(format!(
-                "percpu_pagelist_high_fraction {}: must be 0 or at least {}",
-                config.percpu_pagelist_high_fraction,
-                pcp::MIN_PERCPU_PAGELIST_HIGH_FRACTION
-            )));
-        }
         let max_order = Order(config.max_order);
         let topo = config.topology;
         let arena = Arena::new(&topo, max_order, config.arena)?;
@@ -147,7 +148,10 @@ impl Zonal {
         }
         let zonelists = zonelist::build_zonelists(&topo, &node_zones);
         let lowmem_pages = zones.iter().map(|z| z.managed).sum();
-        let min_free = config.min_free_kbytes.unwrap_or_else(|| zone::default_min_free_kbytes(lowmem_pages));
+        let min_free = match config.min_free_kbytes {
+            Some(kb) => check_min_free_kbytes(kb, lowmem_pages)?,
+            None => zone::default_min_free_kbytes(lowmem_pages),
+        };
         let nr_cpus = topo.nr_cpus();
         let zones: Arc<[Zone]> = zones.into();
         for z in zones.iter() {
@@ -206,7 +210,7 @@ impl Zonal {
             percpu_pagelist_high_fraction: AtomicU32::new(fraction),
             worker: Some(worker),
             zone_stats: (0..nr_zone_stats).map(|_| PerCpuZoneStat::default()).collect(),
-            numa_shared: (0..nr_zone_stats / nr_cpus.max(1)).map(|_| ZoneNumaShared::default()).collect(),
+            numa_shared: (0..nz).map(|_| ZoneNumaShared::default()).collect(),
             numa_by_threshold: std::sync::atomic::AtomicBool::new(false),
             numa_threshold: std::sync::atomic::AtomicU16::new(vmstat::NUMA_STATS_THRESHOLD),
             numa_key: std::sync::atomic::AtomicU8::new(0),
@@ -268,12 +272,7 @@ impl Zonal {
     /// N >= 8 fixes `high` at `managed / N` split likewise. Other values are rejected and the
     /// old value kept.
     pub fn set_percpu_pagelist_high_fraction(&self, fraction: u32) -> Result<()> {
-        if fraction != 0 && fraction < pcp::MIN_PERCPU_PAGELIST_HIGH_FRACTION {
-            return Err(Error::InvalidConfig(format!(
-                "percpu_pagelist_high_fraction {fraction}: must be 0 or at least {}",
-                pcp::MIN_PERCPU_PAGELIST_HIGH_FRACTION
-            )));
-        }
+        crate::sysctl::check("percpu_pagelist_high_fraction", fraction as u64)?;
         self.percpu_pagelist_high_fraction.store(fraction, Ordering::Relaxed);
         self.update_pcp_sizes();
         Ok(())
@@ -287,10 +286,7 @@ impl Zonal {
     /// Sets `min_free_kbytes` and recomputes the watermarks. Rejects 0 and values that would
     /// reserve more than the memory there is, keeping the old value.
     pub fn set_min_free_kbytes(&self, kb: u64) -> Result<()> {
-        let total_kb = (self.lowmem_pages as u64) << (PAGE_SHIFT - 10);
-        if kb == 0 || kb > total_kb {
-            return Err(Error::InvalidConfig(format!("min_free_kbytes {kb}: must be 1..={total_kb}")));
-        }
+        check_min_free_kbytes(kb, self.lowmem_pages)?;
         self.min_free_kbytes.store(kb, Ordering::Relaxed);
         self.setup_per_zone_wmarks();
         Ok(())
@@ -298,12 +294,7 @@ impl Zonal {
 
     /// Sets `watermark_scale_factor` (1..=3000) and recomputes the watermarks.
     pub fn set_watermark_scale_factor(&self, wsf: u32) -> Result<()> {
-        if !(1..=zone::MAX_WATERMARK_SCALE_FACTOR).contains(&wsf) {
-            return Err(Error::InvalidConfig(format!(
-                "watermark_scale_factor {wsf}: must be 1..={}",
-                zone::MAX_WATERMARK_SCALE_FACTOR
-            )));
-        }
+        crate::sysctl::check("watermark_scale_factor", wsf as u64)?;
         self.watermark_scale_factor.store(wsf as u64, Ordering::Relaxed);
         self.setup_per_zone_wmarks();
         Ok(())
@@ -670,7 +661,10 @@ impl Zonal {
     /// Switches how NUMA events are counted; counts so far stay (readers add both forms).
     pub fn set_numa_strategy(&self, s: NumaStrategy) {
         let mode = self.numa_mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.numa_by_threshold.store(s == NumaStrategy::Threshold, std::sync::atomic::Ordering::Relaxed);
+        let threshold = s == NumaStrategy::Threshold;
+        if self.numa_by_threshold.swap(threshold, std::sync::atomic::Ordering::Relaxed) == threshold {
+            return;
+        }
         if self.numa_key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
             self.numa_key.store(self.numa_on(), std::sync::atomic::Ordering::Relaxed);
         }
@@ -697,7 +691,7 @@ impl Zonal {
 
     /// Every NUMA counter of a node, in [`NumaStat::ALL`] order (`nodeN/numastat`).
     pub fn node_numa_stats(&self, nid: NodeId) -> Result<[u64; vmstat::NR_NUMA_STATS]> {
-        let zones = self.node_zones(nid)?.to_vec();
+        let zones = self.node_zones(nid)?;
         let mut out = [0u64; vmstat::NR_NUMA_STATS];
         for (i, s) in NumaStat::ALL.iter().enumerate() {
             out[i] = zones.iter().map(|z| self.numa_stat(*z, *s)).sum();
@@ -888,7 +882,9 @@ impl Zonal {
 
     /// Sets `free_check` (see [`crate::sysctl::TUNABLES`]).
     pub fn set_free_check_atomic(&self, atomic: bool) {
-        self.free_check_atomic.store(atomic, std::sync::atomic::Ordering::Relaxed);
+        if self.free_check_atomic.swap(atomic, std::sync::atomic::Ordering::Relaxed) == atomic {
+            return;
+        }
         self.log_line(format!("free_check: {}", if atomic { "atomic" } else { "sequential" }));
     }
 

@@ -59,7 +59,7 @@ pub const TUNABLES: &[Tunable] = &[
     Tunable {
         name: "numa_stat_threshold",
         default: "65533",
-        bounds: Bounds::Range(1, 65533),
+        bounds: Bounds::Range(1, crate::vmstat::NUMA_STATS_THRESHOLD as u64),
         unit: "events",
         doc: "per-CPU diff folded into the shared counter past this (seed 000: U16_MAX - 2)",
     },
@@ -74,14 +74,14 @@ pub const TUNABLES: &[Tunable] = &[
     Tunable {
         name: "watermark_scale_factor",
         default: "10",
-        bounds: Bounds::Range(1, 3000),
+        bounds: Bounds::Range(1, crate::zone::MAX_WATERMARK_SCALE_FACTOR as u64),
         unit: "1/10000 of a zone",
         doc: "distance between the min, low and high watermarks",
     },
     Tunable {
         name: "percpu_pagelist_high_fraction",
         default: "0",
-        bounds: Bounds::ZeroOrRange(8, u32::MAX as u64),
+        bounds: Bounds::ZeroOrRange(crate::pcp::MIN_PERCPU_PAGELIST_HIGH_FRACTION as u64, u32::MAX as u64),
         unit: "fraction",
         doc: "0: each per-CPU list's high tunes itself (Linux 6.7); N >= 8: high is managed/N \
               split over the node's CPUs",
@@ -114,19 +114,39 @@ pub fn tunable(name: &str) -> Result<&'static Tunable> {
     })
 }
 
-/// Parses and bounds-checks a value for a tunable.
+/// Parses and bounds-checks a value for a tunable: the number, or for a word tunable the
+/// index of the word in its list (any case).
 pub fn parse_value(t: &Tunable, value: &str) -> Result<u64> {
     let v = value.trim();
+    if let Bounds::Choice(words) = t.bounds {
+        return words.iter().position(|w| w.eq_ignore_ascii_case(v)).map(|i| i as u64).ok_or_else(|| {
+            Error::InvalidConfig(format!("{}: `{v}` is not a choice; {}", t.name, describe_bounds(t.bounds)))
+        });
+    }
     let n: u64 = v.parse().map_err(|_| {
         Error::InvalidConfig(format!("{}: `{v}` is not a number; {}", t.name, describe_bounds(t.bounds)))
     })?;
+    check_bounds(t, n)
+}
+
+/// Checks a number against a tunable's bounds: the one place each bound is enforced, for
+/// `sysctl_set`, the typed setters and [`crate::Config::validate`] alike.
+pub(crate) fn check(name: &str, n: u64) -> Result<u64> {
+    check_bounds(tunable(name)?, n)
+}
+
+fn check_bounds(t: &Tunable, n: u64) -> Result<u64> {
     let ok = match t.bounds {
         Bounds::Range(lo, hi) => (lo..=hi).contains(&n),
         Bounds::ZeroOrRange(lo, hi) => n == 0 || (lo..=hi).contains(&n),
-        Bounds::Choice(_) => false,
+        Bounds::Choice(words) => (n as usize) < words.len(),
     };
     if !ok {
-        return Err(Error::InvalidConfig(format!("{}: {n} is out of range; {}", t.name, describe_bounds(t.bounds))));
+        return Err(Error::InvalidConfig(format!(
+            "{}: {n} is out of range (outside its bounds); {}",
+            t.name,
+            describe_bounds(t.bounds)
+        )));
     }
     Ok(n)
 }
@@ -135,7 +155,7 @@ fn describe_bounds(b: Bounds) -> String {
     match b {
         Bounds::Range(lo, u64::MAX) => format!("valid: at least {lo}"),
         Bounds::Range(lo, hi) => format!("valid: {lo}..={hi}"),
-        Bounds::ZeroOrRange(lo, hi) => format!("valid: 0 or {lo}..={hi}"),
+        Bounds::ZeroOrRange(lo, hi) => format!("valid: 0 or {lo}..={hi} (0, or at least {lo})"),
         Bounds::Choice(words) => format!("valid: {}", words.join(", ")),
     }
 }
@@ -160,38 +180,25 @@ impl Zonal {
     /// Sets a tunable; an invalid value is rejected and the old value kept.
     pub fn sysctl_set(&self, name: &str, value: &str) -> Result<()> {
         let t = tunable(name)?;
-        match (t.name, value.trim()) {
-            ("numa_stats_mode", v) => return self.set_numa_stats_mode(v),
-            ("numa_stat_strategy", v) => {
-                let s = match v {
-                    "percpu" => crate::vmstat::NumaStrategy::PerCpu,
-                    "threshold" => crate::vmstat::NumaStrategy::Threshold,
-                    _ => {
-                        return Err(Error::InvalidConfig(format!(
-                            "numa_stat_strategy: `{v}` is not a strategy; valid: percpu, threshold"
-                        )))
-                    }
-                };
-                self.set_numa_strategy(s);
-                return Ok(());
-            }
-            ("free_check", v) => {
-                let atomic = match v {
-                    "sequential" => false,
-                    "atomic" => true,
-                    _ => {
-                        return Err(Error::InvalidConfig(format!(
-                            "free_check: `{v}` is not a mode; valid: sequential, atomic"
-                        )))
-                    }
-                };
-                self.set_free_check_atomic(atomic);
-                return Ok(());
-            }
-            _ => {}
+        if t.name == "numa_stats_mode" {
+            // Seed 001's handler: it logs an invalid value as well as rejecting it.
+            return self.set_numa_stats_mode(value.trim());
         }
         let n = parse_value(t, value)?;
         match t.name {
+            // Word tunables: `n` is the index of the word in the table's list.
+            "numa_stat_strategy" => {
+                self.set_numa_strategy(if n == 0 {
+                    crate::vmstat::NumaStrategy::PerCpu
+                } else {
+                    crate::vmstat::NumaStrategy::Threshold
+                });
+                Ok(())
+            }
+            "free_check" => {
+                self.set_free_check_atomic(n == 1);
+                Ok(())
+            }
             "min_free_kbytes" => self.set_min_free_kbytes(n),
             "watermark_scale_factor" => self.set_watermark_scale_factor(n as u32),
             "percpu_pagelist_high_fraction" => self.set_percpu_pagelist_high_fraction(n as u32),

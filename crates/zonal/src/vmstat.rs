@@ -199,7 +199,10 @@ impl PerCpuZoneStat {
             NumaStat::NumaHit | NumaStat::NumaLocal => self.hit_local.load(Ordering::Relaxed),
             _ => 0,
         };
-        self.numa[s as usize].load(Ordering::Relaxed) + self.diff[s as usize].load(Ordering::Relaxed) as u64 + both
+        self.numa[s as usize]
+            .load(Ordering::Relaxed)
+            .wrapping_add(self.diff[s as usize].load(Ordering::Relaxed) as u64)
+            .wrapping_add(both)
     }
 
     /// Adds `n` allocations that were a hit and local: `numa_hit` and `numa_local` both.

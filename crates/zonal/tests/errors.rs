@@ -187,6 +187,8 @@ fn invalid_order() {
         refused(&z, bad(o), || z.alloc_pages_node(NodeId(0), Gfp::NO_WATERMARKS, o));
         refused(&z, bad(o), || z.alloc_pages_policy(Gfp::KERNEL, o, &MemPolicy::Preferred(NodeId(1))));
         refused(&z, bad(o), || z.free_pages(held.as_ptr(), o));
+        // The order is checked before the address.
+        refused(&z, bad(o), || z.free_pages(std::ptr::null_mut(), o));
         assert_eq!(z.nr_free_blocks(NodeId(0), o), Err(bad(o)));
     }
     let e = bad(4);
@@ -602,7 +604,12 @@ fn invalid_tunables_keep_the_old_values() {
     }
     assert_eq!((z.min_free_kbytes(), z.watermark_scale_factor(), z.percpu_pagelist_high_fraction()), (362, 10, 0));
     assert_eq!(marks(&z), before);
-    // A valid value takes effect: 1024 kB -> 256 frames, 128 per zone.
+    // A valid value takes effect: 1024 kB -> 256 frames, 128 per zone; a scale factor of
+    // 1000 puts low 10% of the zone (1024 frames) above min.
+    z.set_watermark_scale_factor(1000).unwrap();
+    let s = &z.zone_stats()[0];
+    assert_eq!(s.low - s.min, 1024 * 1000 / 10_000);
+    z.set_watermark_scale_factor(10).unwrap();
     z.set_min_free_kbytes(1024).unwrap();
     assert_eq!(zone(&z, 0).watermark(Watermark::Min), 128);
     assert_eq!(z.check_invariants(), Ok(0));
@@ -614,6 +621,40 @@ fn invalid_tunables_keep_the_old_values() {
     let e = Topology::parse_for("nodes=2,sizes=4M:6K", MACHINE).unwrap_err();
     assert!(matches!(e, Error::InvalidConfig(ref m) if m.contains("multiple of 4K")), "{e}");
     let t = Topology::parse_for("nodes=1,size=4M", MACHINE).unwrap();
-    let e = Zonal::new(Config::new(t).max_order(16)).err().expect("max_order 16 is above the limit");
+    let e = Zonal::new(Config::new(t.clone()).max_order(16)).err().expect("max_order 16 is above the limit");
     assert!(matches!(e, Error::InvalidConfig(ref m) if m.contains("max_order")), "{e}");
+    // A config is bounded as the tunables are: the same bounds, whichever way a value comes.
+    let mut c = Config::new(t.clone());
+    c.min_free_kbytes = Some(4 << 10 << 10);
+    let e = Zonal::new(c).err().expect("min_free_kbytes above the memory");
+    assert!(matches!(e, Error::InvalidConfig(ref m) if m.contains("min_free_kbytes")), "{e}");
+    let mut c = Config::new(t.clone());
+    c.stat_interval = std::time::Duration::ZERO;
+    let e = Zonal::new(c).err().expect("stat_interval 0");
+    assert!(matches!(e, Error::InvalidConfig(ref m) if m.contains("stat_interval") && m.contains("1..=")), "{e}");
+    let mut c = Config::new(t);
+    c.percpu_pagelist_high_fraction = 7;
+    let e = Zonal::new(c).err().expect("fraction 7");
+    assert!(matches!(e, Error::InvalidConfig(ref m) if m.contains("at least 8")), "{e}");
+}
+
+#[test]
+fn policies_place_blocks() {
+    let z = zonal_with("nodes=3,size=4M", 3, false, None);
+    z.set_thread_policy(MemPolicy::parse("interleave=0,2", 3).unwrap()).unwrap();
+    let nodes: Vec<u16> =
+        (0..6).map(|_| z.page_to_nid(z.alloc_pages(Gfp::KERNEL, 0).unwrap().as_ptr()).unwrap().0).collect();
+    assert_eq!(nodes, vec![0, 2, 0, 2, 0, 2]);
+    z.set_thread_policy(MemPolicy::Preferred(NodeId(1))).unwrap();
+    assert_eq!(z.page_to_nid(z.alloc_pages(Gfp::KERNEL, 0).unwrap().as_ptr()), Ok(NodeId(1)));
+    assert_eq!(z.thread_policy(), MemPolicy::Preferred(NodeId(1)));
+    // A per-call policy leaves the thread's alone.
+    let p = z.alloc_pages_policy(Gfp::KERNEL, 0, &MemPolicy::parse("bind=2", 3).unwrap()).unwrap();
+    assert_eq!(z.page_to_nid(p.as_ptr()), Ok(NodeId(2)));
+    assert_eq!(z.thread_policy(), MemPolicy::Preferred(NodeId(1)));
+    // Another thread has its own (default) policy.
+    std::thread::scope(|s| {
+        s.spawn(|| assert_eq!(z.thread_policy(), MemPolicy::Local));
+    });
+    assert_eq!(z.check_invariants(), Ok(8));
 }

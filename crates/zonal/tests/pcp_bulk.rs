@@ -10,7 +10,10 @@ use zonal::{Config, Error, Gfp, NodeId, Topology, Zonal};
 const M: Machine = Machine { nr_cpus: 2, mem_total: 1 << 30 };
 
 fn zonal(spec: &str) -> Zonal {
-    Zonal::new(Config::new(Topology::parse_for(spec, M).unwrap())).unwrap()
+    // No background decay between the reads a test compares.
+    let mut c = Config::new(Topology::parse_for(spec, M).unwrap());
+    c.stat_interval = std::time::Duration::from_secs(3600);
+    Zonal::new(c).unwrap()
 }
 
 fn managed(z: &Zonal, nid: u16) -> usize {
