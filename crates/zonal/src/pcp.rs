@@ -594,46 +594,63 @@ pub mod rseq {
         };
     }
 
+    /// One critical section: `rseq_enter!`, the body, `rseq_leave!`, with the operands every
+    /// section shares (the table, `{p}`, `{t}`, the cache's offsets) and the body's own
+    /// (which include `{ok}`, and `{off_limit}` for pushes). The table's
+    /// registers (`{ncpu}`, `{nz}`, `{zone}`, `{base}`) are dead once `{p}` is found, so they
+    /// are declared clobbered and bodies may use them as scratch.
+    macro_rules! rseq_section {
+        ($table:expr, $zone:expr, [$($body:expr),* $(,)?], $($operands:tt)*) => {
+            std::arch::asm!(
+                rseq_enter!(),
+                $($body,)*
+                rseq_leave!(),
+                area = in(reg) $table.area,
+                ncpu = inout(reg) $table.nr_cpus => _,
+                nz = inout(reg) $table.nr_zones => _,
+                zone = inout(reg) $zone => _,
+                base = inout(reg) $table.base => _,
+                size = const std::mem::size_of::<PerCpuPages>(),
+                off_lock = const std::mem::offset_of!(PerCpuPages, lock),
+                off_len = const std::mem::offset_of!(PerCpuPages, cache_len),
+                off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
+                p = out(reg) _,
+                t = out(reg) _,
+                $($operands)*
+                options(nostack),
+            )
+        };
+    }
+
     /// Pops an order-0 block from the cache of the current CPU's lists for `zone`; `None`
     /// when the cache is empty, the lists are locked, or the section was interrupted.
     #[inline]
     pub fn pop(t: &Table, zone: usize) -> Option<usize> {
         #[cfg(all(target_arch = "x86_64", not(loom)))]
         {
-            let area = t.area;
             let ok: usize;
             let out: usize;
-            // SAFETY: `area` is this thread's registered rseq area; `t.base` points to
+            // SAFETY: `t.area` is this thread's registered rseq area; `t.base` points to
             // `nr_cpus * nr_zones` live `PerCpuPages` (the handle outlives the call), and the
             // section only indexes it with a CPU id checked against `nr_cpus`. It reads the
             // cache only while the lock is free and the kernel guarantees that it runs
             // uninterrupted on that CPU up to the commit, so no other thread touches that
             // cache meanwhile (lockers on other CPUs fence it first).
             unsafe {
-                std::arch::asm!(
-                    rseq_enter!(),
-                    "mov {t}, qword ptr [{p} + {off_len}]",
-                    "test {t}, {t}",
-                    "jz 25f",
-                    "sub {t}, 1",
-                    "mov {out}, qword ptr [{p} + {off_slots}]",
-                    "mov {out}, qword ptr [{out} + {t} * 8]",
-                    "mov qword ptr [{p} + {off_len}], {t}",
-                    rseq_leave!(),
-                    area = in(reg) area,
-                    ncpu = in(reg) t.nr_cpus,
-                    nz = in(reg) t.nr_zones,
-                    zone = in(reg) zone,
-                    base = in(reg) t.base,
-                    size = const std::mem::size_of::<PerCpuPages>(),
-                    off_lock = const std::mem::offset_of!(PerCpuPages, lock),
-                    off_len = const std::mem::offset_of!(PerCpuPages, cache_len),
-                    off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
-                    p = out(reg) _,
-                    t = out(reg) _,
+                rseq_section!(
+                    t,
+                    zone,
+                    [
+                        "mov {t}, qword ptr [{p} + {off_len}]",
+                        "test {t}, {t}",
+                        "jz 25f",
+                        "sub {t}, 1",
+                        "mov {out}, qword ptr [{p} + {off_slots}]",
+                        "mov {out}, qword ptr [{out} + {t} * 8]",
+                        "mov qword ptr [{p} + {off_len}], {t}",
+                    ],
                     out = out(reg) out,
                     ok = out(reg) ok,
-                    options(nostack),
                 );
             }
             (ok != 0).then_some(out)
@@ -652,37 +669,25 @@ pub mod rseq {
     pub fn push(t: &Table, zone: usize, pfn: usize) -> bool {
         #[cfg(all(target_arch = "x86_64", not(loom)))]
         {
-            let area = t.area;
             let ok: usize;
             // SAFETY: as in `pop`; the slot written before the commit lies below
             // `cache_limit <= CACHE_CAP`, inside the cache, and is dead until the commit.
             unsafe {
-                std::arch::asm!(
-                    rseq_enter!(),
-                    "mov {t}, qword ptr [{p} + {off_len}]",
-                    "cmp {t}, qword ptr [{p} + {off_limit}]",
-                    "jae 25f",
-                    "mov {s}, qword ptr [{p} + {off_slots}]",
-                    "mov qword ptr [{s} + {t} * 8], {pfn}",
-                    "add {t}, 1",
-                    "mov qword ptr [{p} + {off_len}], {t}",
-                    rseq_leave!(),
-                    area = in(reg) area,
-                    ncpu = in(reg) t.nr_cpus,
-                    nz = in(reg) t.nr_zones,
-                    zone = in(reg) zone,
-                    base = in(reg) t.base,
+                rseq_section!(
+                    t,
+                    zone,
+                    [
+                        "mov {t}, qword ptr [{p} + {off_len}]",
+                        "cmp {t}, qword ptr [{p} + {off_limit}]",
+                        "jae 25f",
+                        "mov {nz}, qword ptr [{p} + {off_slots}]",
+                        "mov qword ptr [{nz} + {t} * 8], {pfn}",
+                        "add {t}, 1",
+                        "mov qword ptr [{p} + {off_len}], {t}",
+                    ],
                     pfn = in(reg) pfn,
-                    size = const std::mem::size_of::<PerCpuPages>(),
-                    off_lock = const std::mem::offset_of!(PerCpuPages, lock),
-                    off_len = const std::mem::offset_of!(PerCpuPages, cache_len),
                     off_limit = const std::mem::offset_of!(PerCpuPages, cache_limit),
-                    off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
-                    p = out(reg) _,
-                    t = out(reg) _,
-                    s = out(reg) _,
                     ok = out(reg) ok,
-                    options(nostack),
                 );
             }
             ok != 0
@@ -695,8 +700,8 @@ pub mod rseq {
     }
 
     /// Pops up to `out.len()` order-0 blocks from the cache of the current CPU's lists for
-    /// `zone` in one critical section into `out[0..]`; returns how many (0
-    /// when the cache is empty, the lists are locked, or the section was interrupted).
+    /// `zone` in one critical section into `out[0..]`; returns how many (0 when the cache is
+    /// empty, the lists are locked, or the section was interrupted).
     #[inline]
     pub fn pop_many(t: &Table, zone: usize, out: &mut [usize]) -> usize {
         #[cfg(all(target_arch = "x86_64", not(loom)))]
@@ -709,46 +714,36 @@ pub mod rseq {
             // SAFETY: as in `pop`. The section copies `n <= len` slots below the cache's
             // length into `out` (at most `out.len()` of them) and commits the shorter length
             // with one store; an interrupted section commits nothing, and the caller ignores
-            // what it wrote into `out`. After `{p}` is found, the registers that held the
-            // table (`ncpu`, `nz`, `zone`, `base`) are reused as scratch (declared clobbered).
+            // what it wrote into `out`.
             unsafe {
-                std::arch::asm!(
-                    rseq_enter!(),
-                    "mov {t}, qword ptr [{p} + {off_len}]",
-                    // n = min(len, max)
-                    "mov {ncpu}, {max}",
-                    "cmp {t}, {ncpu}",
-                    "cmovb {ncpu}, {t}",
-                    "test {ncpu}, {ncpu}",
-                    "jz 25f",
-                    "sub {t}, {ncpu}",
-                    // nz = &slots[new len]; copy slots[new len + i] to out[i].
-                    "mov {nz}, qword ptr [{p} + {off_slots}]",
-                    "lea {nz}, [{nz} + {t} * 8]",
-                    "xor {zone:e}, {zone:e}",
-                    "27:",
-                    "mov {base}, qword ptr [{nz} + {zone} * 8]",
-                    "mov qword ptr [{out} + {zone} * 8], {base}",
-                    "add {zone}, 1",
-                    "cmp {zone}, {ncpu}",
-                    "jb 27b",
-                    "mov qword ptr [{p} + {off_len}], {t}",
-                    rseq_leave!(),
-                    area = in(reg) t.area,
-                    ncpu = inout(reg) t.nr_cpus => n,
-                    nz = inout(reg) t.nr_zones => _,
-                    zone = inout(reg) zone => _,
-                    base = inout(reg) t.base => _,
+                rseq_section!(
+                    t,
+                    zone,
+                    [
+                        "mov {t}, qword ptr [{p} + {off_len}]",
+                        // n = min(len, max)
+                        "mov {n}, {max}",
+                        "cmp {t}, {n}",
+                        "cmovb {n}, {t}",
+                        "test {n}, {n}",
+                        "jz 25f",
+                        "sub {t}, {n}",
+                        // nz = &slots[new len]; copy slots[new len + i] to out[i], i in zone.
+                        "mov {nz}, qword ptr [{p} + {off_slots}]",
+                        "lea {nz}, [{nz} + {t} * 8]",
+                        "xor {zone:e}, {zone:e}",
+                        "27:",
+                        "mov {base}, qword ptr [{nz} + {zone} * 8]",
+                        "mov qword ptr [{out} + {zone} * 8], {base}",
+                        "add {zone}, 1",
+                        "cmp {zone}, {n}",
+                        "jb 27b",
+                        "mov qword ptr [{p} + {off_len}], {t}",
+                    ],
                     out = in(reg) out.as_mut_ptr(),
                     max = in(reg) out.len(),
-                    size = const std::mem::size_of::<PerCpuPages>(),
-                    off_lock = const std::mem::offset_of!(PerCpuPages, lock),
-                    off_len = const std::mem::offset_of!(PerCpuPages, cache_len),
-                    off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
-                    p = out(reg) _,
-                    t = out(reg) _,
+                    n = out(reg) n,
                     ok = out(reg) ok,
-                    options(nostack),
                 );
             }
             if ok != 0 {
@@ -778,46 +773,37 @@ pub mod rseq {
             let n: usize;
             // SAFETY: as in `push`: the section writes `n <= limit - len` slots at and above
             // the cache's length, inside the cache (`limit <= CACHE_CAP`) and dead until the
-            // commit, then commits the new length with one store. Table registers are reused
-            // as scratch once `{p}` is found, as in `pop_many`.
+            // commit, then commits the new length with one store.
             unsafe {
-                std::arch::asm!(
-                    rseq_enter!(),
-                    "mov {t}, qword ptr [{p} + {off_len}]",
-                    // n = min(limit - len, count)
-                    "mov {ncpu}, qword ptr [{p} + {off_limit}]",
-                    "sub {ncpu}, {t}",
-                    "jbe 25f",
-                    "cmp {ncpu}, {count}",
-                    "cmova {ncpu}, {count}",
-                    "mov {nz}, qword ptr [{p} + {off_slots}]",
-                    "lea {nz}, [{nz} + {t} * 8]",
-                    "xor {zone:e}, {zone:e}",
-                    "27:",
-                    "mov {base}, qword ptr [{src} + {zone} * 8]",
-                    "mov qword ptr [{nz} + {zone} * 8], {base}",
-                    "add {zone}, 1",
-                    "cmp {zone}, {ncpu}",
-                    "jb 27b",
-                    "add {t}, {ncpu}",
-                    "mov qword ptr [{p} + {off_len}], {t}",
-                    rseq_leave!(),
-                    area = in(reg) t.area,
-                    ncpu = inout(reg) t.nr_cpus => n,
-                    nz = inout(reg) t.nr_zones => _,
-                    zone = inout(reg) zone => _,
-                    base = inout(reg) t.base => _,
+                rseq_section!(
+                    t,
+                    zone,
+                    [
+                        "mov {t}, qword ptr [{p} + {off_len}]",
+                        // n = min(limit - len, count)
+                        "mov {n}, qword ptr [{p} + {off_limit}]",
+                        "sub {n}, {t}",
+                        "jbe 25f",
+                        "cmp {n}, {count}",
+                        "cmova {n}, {count}",
+                        // nz = &slots[len]; copy src[i] to it, i in zone.
+                        "mov {nz}, qword ptr [{p} + {off_slots}]",
+                        "lea {nz}, [{nz} + {t} * 8]",
+                        "xor {zone:e}, {zone:e}",
+                        "27:",
+                        "mov {base}, qword ptr [{src} + {zone} * 8]",
+                        "mov qword ptr [{nz} + {zone} * 8], {base}",
+                        "add {zone}, 1",
+                        "cmp {zone}, {n}",
+                        "jb 27b",
+                        "add {t}, {n}",
+                        "mov qword ptr [{p} + {off_len}], {t}",
+                    ],
                     src = in(reg) pfns.as_ptr(),
                     count = in(reg) pfns.len(),
-                    size = const std::mem::size_of::<PerCpuPages>(),
-                    off_lock = const std::mem::offset_of!(PerCpuPages, lock),
-                    off_len = const std::mem::offset_of!(PerCpuPages, cache_len),
                     off_limit = const std::mem::offset_of!(PerCpuPages, cache_limit),
-                    off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
-                    p = out(reg) _,
-                    t = out(reg) _,
+                    n = out(reg) n,
                     ok = out(reg) ok,
-                    options(nostack),
                 );
             }
             if ok != 0 {
