@@ -81,6 +81,26 @@ fn gfp_arg(gfp: u32) -> Result<Gfp, c_int> {
     Gfp::from_bits(gfp).ok_or_else(|| invalid(&format!("unknown gfp bits {gfp:#x}")))
 }
 
+/// A C node id: a negative one is out of range like any other invalid node.
+fn nid_arg(nid: c_int) -> NodeId {
+    NodeId(u16::try_from(nid).unwrap_or(u16::MAX))
+}
+
+/// Hands a result to C: the value into `*out` and 0, or the negated errno.
+///
+/// # Safety
+/// `out` is non-null and valid for a write.
+unsafe fn put<T>(out: *mut T, r: crate::error::Result<T>) -> c_int {
+    match r {
+        Ok(v) => {
+            // SAFETY: per this function's contract.
+            unsafe { *out = v };
+            0
+        }
+        Err(e) => fail(&e),
+    }
+}
+
 /// Copies `text` into `buf` like `snprintf`; returns the full length.
 ///
 /// # Safety
@@ -149,14 +169,8 @@ pub unsafe extern "C" fn zonal_alloc_pages(z: *const Zonal, gfp: u32, order: u32
         if out.is_null() {
             return invalid("null out pointer");
         }
-        match z.alloc_pages(gfp, order) {
-            Ok(p) => {
-                // SAFETY: `out` is non-null and valid for a write (contract).
-                unsafe { *out = p.as_ptr().cast() };
-                0
-            }
-            Err(e) => fail(&e),
-        }
+        // SAFETY: `out` is non-null and valid for a write (contract).
+        unsafe { put(out, z.alloc_pages(gfp, order).map(|p| p.as_ptr().cast())) }
     })
 }
 
@@ -179,17 +193,8 @@ pub unsafe extern "C" fn zonal_alloc_pages_node(
         if out.is_null() {
             return invalid("null out pointer");
         }
-        let Ok(nid) = u16::try_from(nid) else {
-            return fail(&Error::InvalidNode { node: NodeId(u16::MAX), nr_nodes: z.topology().nr_nodes() });
-        };
-        match z.alloc_pages_node(NodeId(nid), gfp, order) {
-            Ok(p) => {
-                // SAFETY: `out` is non-null and valid for a write (contract).
-                unsafe { *out = p.as_ptr().cast() };
-                0
-            }
-            Err(e) => fail(&e),
-        }
+        // SAFETY: `out` is non-null and valid for a write (contract).
+        unsafe { put(out, z.alloc_pages_node(nid_arg(nid), gfp, order).map(|p| p.as_ptr().cast())) }
     })
 }
 
@@ -257,15 +262,8 @@ pub unsafe extern "C" fn zonal_nr_free_pages(z: *const Zonal, nid: c_int, out: *
         if out.is_null() {
             return invalid("null out pointer");
         }
-        let nid = NodeId(u16::try_from(nid).unwrap_or(u16::MAX));
-        match z.nr_free_pages(nid) {
-            Ok(n) => {
-                // SAFETY: `out` is non-null and valid for a write (contract).
-                unsafe { *out = n as u64 };
-                0
-            }
-            Err(e) => fail(&e),
-        }
+        // SAFETY: `out` is non-null and valid for a write (contract).
+        unsafe { put(out, z.nr_free_pages(nid_arg(nid)).map(|n| n as u64)) }
     })
 }
 
@@ -281,15 +279,8 @@ pub unsafe extern "C" fn zonal_nr_free_blocks(z: *const Zonal, nid: c_int, order
         if out.is_null() {
             return invalid("null out pointer");
         }
-        let nid = NodeId(u16::try_from(nid).unwrap_or(u16::MAX));
-        match z.nr_free_blocks(nid, order) {
-            Ok(n) => {
-                // SAFETY: `out` is non-null and valid for a write (contract).
-                unsafe { *out = n as u64 };
-                0
-            }
-            Err(e) => fail(&e),
-        }
+        // SAFETY: `out` is non-null and valid for a write (contract).
+        unsafe { put(out, z.nr_free_blocks(nid_arg(nid), order).map(|n| n as u64)) }
     })
 }
 

@@ -624,6 +624,11 @@ impl Zonal {
     /// A reader of the NUMA counters: in `auto` mode the first read turns counting on for good
     /// (seed 001).
     fn numa_read_hook(&self) {
+        // Already counting: nothing to turn on (reports read every counter of every zone,
+        // so this runs often; the mode lock is for the one read that flips the key).
+        if self.numa_key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+            return;
+        }
         let mode = self.numa_mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if *mode == NumaStatsMode::Auto && self.numa_key.load(std::sync::atomic::Ordering::Relaxed) == 0 {
             self.numa_key.store(self.numa_on(), std::sync::atomic::Ordering::Relaxed);
@@ -736,6 +741,9 @@ impl Zonal {
         match new {
             NumaStatsMode::Strict => self.numa_key.store(self.numa_on(), std::sync::atomic::Ordering::Relaxed),
             NumaStatsMode::Coarse => {
+                // The zeroing is plain stores from this CPU: an update already past the key
+                // on another CPU can write its old value back, so a counter may read a few
+                // events above zero after the switch. Nothing is counted after that.
                 self.numa_key.store(0, std::sync::atomic::Ordering::Relaxed);
                 for s in self.zone_stats.iter() {
                     s.zero();
