@@ -121,9 +121,10 @@ enum Command {
     /// Run benchmark experiments (all of them when none is named) and print each as a table
     /// of ns per operation (median, min – max over repetitions) and ratios to the reference
     /// peer measured in the same repetitions. Experiments: single (one thread, order-0
-    /// alloc + free pairs, page_bench01, beside glibc, mimalloc, jemalloc, the kernel and an
-    /// ideal per-thread stack), parallel (T threads, page_bench03), bulk (N pages per call,
-    /// page_bench04_bulk), cross (allocated on one CPU, freed on another).
+    /// alloc + free pairs, page_bench01, beside snmalloc, tcmalloc, mimalloc, jemalloc, glibc,
+    /// the kernel and an ideal per-thread stack), parallel (T threads, page_bench03), bulk
+    /// (N pages per call, page_bench04_bulk), cross (allocated on one CPU, freed on another),
+    /// threshold (seed 000's NUMA counter threshold), modes (seed 001's numa_stats_mode).
     Bench {
         /// Experiments to run (default: all).
         #[arg(value_name = "EXPERIMENT")]
@@ -245,22 +246,21 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Command::Topology { json } => {
             let t = z.topology();
+            // Each node's zonelist as the nodes of its zones, in fallback order.
+            let lists = (0..t.nr_nodes())
+                .map(|n| {
+                    let zl = z.zonelists(zonal::NodeId(n as u16)).map_err(|e| e.to_string())?;
+                    Ok(zl.fallback.iter().map(|zid| z.zones()[zid.0 as usize].node.0).collect::<Vec<u16>>())
+                })
+                .collect::<Result<Vec<_>, String>>()?;
             if *json {
-                let lists: Vec<Vec<u16>> = (0..t.nr_nodes())
-                    .map(|n| {
-                        let zl = z.zonelists(zonal::NodeId(n as u16)).expect("node exists");
-                        zl.fallback.iter().map(|zid| z.zones()[zid.0 as usize].node.0).collect()
-                    })
-                    .collect();
                 let v = serde_json::json!({ "topology": t, "spec": t.to_spec(), "zonelists": lists });
                 println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
             } else {
                 print!("{}", t.describe());
                 println!("zonelists (nodes in fallback order):");
-                for n in 0..t.nr_nodes() {
-                    let zl = z.zonelists(zonal::NodeId(n as u16)).map_err(|e| e.to_string())?;
-                    let order: Vec<String> =
-                        zl.fallback.iter().map(|zid| z.zones()[zid.0 as usize].node.0.to_string()).collect();
+                for (n, order) in lists.iter().enumerate() {
+                    let order: Vec<String> = order.iter().map(u16::to_string).collect();
                     println!("node {n}: {}", order.join(" "));
                 }
                 println!("spec: {}", t.to_spec());
@@ -277,7 +277,16 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Numastat { node, workload, json } => {
             with_workload(&z, workload.as_deref())?;
             match (node, json) {
-                (Some(n), _) => print!("{}", z.numastat_node(zonal::NodeId(*n)).map_err(|e| e.to_string())?),
+                (Some(n), false) => print!("{}", z.numastat_node(zonal::NodeId(*n)).map_err(|e| e.to_string())?),
+                (Some(n), true) => {
+                    let v = z.node_numa_stats(zonal::NodeId(*n)).map_err(|e| e.to_string())?;
+                    let obj: serde_json::Map<String, serde_json::Value> = zonal::vmstat::NumaStat::ALL
+                        .iter()
+                        .zip(v)
+                        .map(|(s, x)| (s.numastat_name().to_string(), x.into()))
+                        .collect();
+                    println!("{}", serde_json::to_string_pretty(&obj).map_err(|e| e.to_string())?);
+                }
                 (None, true) => println!("{}", z.numastat_json()),
                 (None, false) => print!("{}", z.numastat()),
             }
@@ -297,7 +306,8 @@ fn run(cli: Cli) -> Result<(), String> {
             } else {
                 for e in experiments {
                     if !known.contains(&e.as_str()) {
-                        return Err(format!("unknown experiment `{e}`; experiments: {}", known.join(", ")));
+                        let list: Vec<String> = bench::EXPERIMENTS.iter().map(|(n, d)| format!("{n} ({d})")).collect();
+                        return Err(format!("unknown experiment `{e}`; experiments: {}", list.join("; ")));
                     }
                 }
                 experiments.iter().map(String::as_str).collect()

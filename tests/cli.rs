@@ -217,4 +217,13 @@ fn numastat_counts_a_workload_in_strict_mode_and_not_before_a_read_in_auto() {
     assert!(stdout(&o).starts_with("numa_hit 0\nnuma_miss 0\n"), "{}", stdout(&o));
     let o = zonal(&["numastat", "--node", "5"]);
     assert!(!o.status.success());
+    // One node as JSON: the nodeN/numastat names, counted like the table.
+    let mut one = vec!["--set", "numa_stats_mode=strict"];
+    one.extend(args);
+    one.extend(["--node", "1", "--json"]);
+    let o = zonal(&one);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["interleave_hit"], 50, "{v}");
+    assert_eq!(v.as_object().unwrap().len(), 6);
 }
