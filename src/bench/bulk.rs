@@ -45,26 +45,17 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     let k = subjects.len();
     let pages_per_cell = |s: usize| {
         let ns = subjects[s].0 .1(16, 1000);
-        ((opts.cell_time.as_nanos() as f64 / ns.max(0.1)) as u64).max(256)
+        super::per_cell(opts, ns, 256, u64::MAX)
     };
     let budget: Vec<u64> = (0..k).map(pages_per_cell).collect();
     let mut times = vec![vec![Vec::new(); k]; SIZES.len()];
-    for rep in 0..opts.reps {
-        if opts.progress {
-            eprint!("\r  bulk: repetition {}/{}   ", rep + 1, opts.reps);
-        }
+    super::rotate(opts, "bulk", k, |s| {
         for (ni, &n) in SIZES.iter().enumerate() {
-            for i in 0..k {
-                let s = (i + rep) % k;
-                // Fewer rounds per size so every cell takes about a third of the cell time.
-                let rounds = (budget[s] / 3 / n as u64).max(16);
-                times[ni][s].push(subjects[s].0 .1(n, rounds));
-            }
+            // Fewer rounds per size so every cell takes about a third of the cell time.
+            let rounds = (budget[s] / 3 / n as u64).max(16);
+            times[ni][s].push(subjects[s].0 .1(n, rounds));
         }
-    }
-    if opts.progress {
-        eprint!("\r{:40}\r", "");
-    }
+    });
     println!(
         "bulk: N order-0 pages allocated in one call then freed (page_bench04_bulk), ns per page \
          (× best peer of the row); {} repetitions",

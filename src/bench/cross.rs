@@ -65,24 +65,11 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
         return Ok(Vec::new());
     }
     let k = subjects.len();
-    let counts: Vec<u64> = subjects
-        .iter()
-        .map(|((_, f), _)| ((opts.cell_time.as_nanos() as f64 / f(20_000).max(0.1)) as u64).clamp(10_000, 1 << 26))
-        .collect();
+    let counts: Vec<u64> =
+        subjects.iter().map(|((_, f), _)| super::per_cell(opts, f(20_000), 10_000, 1 << 26)).collect();
     let mut times = vec![Vec::new(); k];
-    for rep in 0..opts.reps {
-        if opts.progress {
-            eprint!("\r  cross: repetition {}/{}   ", rep + 1, opts.reps);
-        }
-        for i in 0..k {
-            let s = (i + rep) % k;
-            times[s].push(subjects[s].0 .1(counts[s]));
-        }
-    }
+    super::rotate(opts, "cross", k, |s| times[s].push(subjects[s].0 .1(counts[s])));
     let _ = zonal::sys::allow_all_cpus();
-    if opts.progress {
-        eprint!("\r{:40}\r", "");
-    }
     println!("cross: one thread allocates (cpu 0), another frees (cpu 1), ns per page; {} repetitions", opts.reps);
     let best = best_peer(&times, |s| subjects[s].1);
     let mimalloc = super::index_of(subjects.iter().map(|((n, _), _)| n), "mimalloc").unwrap_or(best);

@@ -197,22 +197,34 @@ pub fn calibrate(s: &mut dyn Subject, target: Duration) -> u64 {
 /// per subject per repetition (`out[subject][rep]`).
 pub fn measure(subjects: &mut [Box<dyn Subject + '_>], opts: &BenchOpts, label: &str) -> Vec<Vec<f64>> {
     let counts: Vec<u64> = subjects.iter_mut().map(|s| calibrate(s.as_mut(), opts.cell_time)).collect();
-    let k = subjects.len();
-    let mut out = vec![Vec::with_capacity(opts.reps); k];
+    let mut out = vec![Vec::with_capacity(opts.reps); subjects.len()];
+    rotate(opts, label, subjects.len(), |s| {
+        let t = subjects[s].run(counts[s]);
+        out[s].push(t.as_nanos() as f64 / counts[s] as f64);
+    });
+    out
+}
+
+/// Runs `cell(subject)` for every subject in every repetition, starting each repetition one
+/// subject later so that no subject always runs first (or right after the same one), with
+/// progress on stderr.
+pub fn rotate(opts: &BenchOpts, label: &str, k: usize, mut cell: impl FnMut(usize)) {
     for rep in 0..opts.reps {
         if opts.progress {
             eprint!("\r  {label}: repetition {}/{}   ", rep + 1, opts.reps);
         }
         for i in 0..k {
-            let s = (i + rep) % k;
-            let t = subjects[s].run(counts[s]);
-            out[s].push(t.as_nanos() as f64 / counts[s] as f64);
+            cell((i + rep) % k);
         }
     }
     if opts.progress {
         eprint!("\r{:width$}\r", "", width = label.len() + 32);
     }
-    out
+}
+
+/// How many operations fill one cell, given a trial's ns per operation, within `lo..=hi`.
+pub fn per_cell(opts: &BenchOpts, ns: f64, lo: u64, hi: u64) -> u64 {
+    ((opts.cell_time.as_nanos() as f64 / ns.max(0.1)) as u64).clamp(lo, hi)
 }
 
 /// The subject with the lowest median among those `is_peer` accepts (`times[subject][rep]`).

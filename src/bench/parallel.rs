@@ -66,29 +66,20 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
         .iter()
         .map(|(_, f, _)| {
             let (ns, _) = f(1, 20_000);
-            ((opts.cell_time.as_nanos() as f64 / ns.max(0.1)) as u64).clamp(1000, 1 << 28)
+            super::per_cell(opts, ns, 1000, 1 << 28)
         })
         .collect();
     let k = subjects.len();
     // times[t][subject][rep], rates likewise.
     let mut times = vec![vec![Vec::new(); k]; ts.len()];
     let mut rates = vec![vec![Vec::new(); k]; ts.len()];
-    for rep in 0..opts.reps {
-        if opts.progress {
-            eprint!("\r  parallel: repetition {}/{}   ", rep + 1, opts.reps);
-        }
+    super::rotate(opts, "parallel", k, |s| {
         for (ti, &t) in ts.iter().enumerate() {
-            for i in 0..k {
-                let s = (i + rep) % k;
-                let (ns, rate) = subjects[s].1(t, counts[s]);
-                times[ti][s].push(ns);
-                rates[ti][s].push(rate);
-            }
+            let (ns, rate) = subjects[s].1(t, counts[s]);
+            times[ti][s].push(ns);
+            rates[ti][s].push(rate);
         }
-    }
-    if opts.progress {
-        eprint!("\r{:40}\r", "");
-    }
+    });
     println!(
         "parallel: T threads each doing order-0 alloc + free pairs (page_bench03); {} repetitions; \
          ns per pair per thread (× best peer of the row), total Mpairs/s",

@@ -37,7 +37,7 @@ fn one_zone(z: &Zonal, opts: &BenchOpts) -> Result<Zonal, String> {
 
 fn pairs_per_cell(a: &ZonalPages<'_>, opts: &BenchOpts) -> u64 {
     let (ns, _) = cell(a, 1, 20_000);
-    ((opts.cell_time.as_nanos() as f64 / ns.max(0.1)) as u64).clamp(1000, 1 << 26)
+    super::per_cell(opts, ns, 1000, 1 << 26)
 }
 
 /// Runs `configs` (label, setter) at each thread count, rotating per repetition; returns
@@ -47,21 +47,12 @@ fn sweep(z: &Zonal, opts: &BenchOpts, label: &str, configs: &[Setting<'_>], ts: 
     let n = pairs_per_cell(&a, opts);
     let k = configs.len();
     let mut times = vec![vec![Vec::new(); ts.len()]; k];
-    for rep in 0..opts.reps {
-        if opts.progress {
-            eprint!("\r  {label}: repetition {}/{}   ", rep + 1, opts.reps);
+    super::rotate(opts, label, k, |c| {
+        (configs[c].1)(z);
+        for (ti, &t) in ts.iter().enumerate() {
+            times[c][ti].push(cell(&a, t, n).0);
         }
-        for i in 0..k {
-            let c = (i + rep) % k;
-            (configs[c].1)(z);
-            for (ti, &t) in ts.iter().enumerate() {
-                times[c][ti].push(cell(&a, t, n).0);
-            }
-        }
-    }
-    if opts.progress {
-        eprint!("\r{:40}\r", "");
-    }
+    });
     times
 }
 
