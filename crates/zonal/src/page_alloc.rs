@@ -29,6 +29,8 @@ use crate::vmstat::{
 };
 use crate::zone::{self, Watermark, Zone};
 use crate::zonelist::{self, Zonelists};
+use arrayvec::ArrayVec;
+use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::{Arc, Condvar};
 use std::time::Duration;
@@ -113,7 +115,10 @@ fn check_min_free_kbytes(kb: u64, lowmem_pages: usize) -> Result<u64> {
 
 /// Frames a bulk free gathers per zone before freeing them under one lock: the cache's size,
 /// so one critical section can take a whole run.
-const FREE_RUN: usize = pcp::CACHE_CAP;
+const FREE_RUN: usize = 64;
+
+/// Blocks the bulk allocator moves out of the rseq cache per critical section.
+const BULK_CHUNK: usize = 64;
 
 /// No zone in this block (a gap between nodes).
 const NO_ZONE: u16 = u16::MAX;
@@ -871,7 +876,7 @@ impl Zonal {
     #[inline(always)]
     fn free_order0_fast(&self, area: *mut u8, addr: usize) -> Result<()> {
         let (zone, pfn) = self.addr_to_zone(addr, Order(0))?;
-        self.claim_order0(zone, pfn, buddy::state(buddy::PCP, Order(0)))?;
+        claim_order0(zone, pfn, buddy::state(buddy::PCP, Order(0)), self.free_check_atomic())?;
         let cpu = self.rseq_cpu(area);
         if !pcp::rseq::push(&self.rseq_table(area), zone.id.0 as usize, pfn.0) {
             // Back to "claimed" for the locked path: the buddy must not find a stale
@@ -1039,13 +1044,22 @@ impl Zonal {
     fn alloc_bulk_cached(&self, nr: usize, put: &mut impl FnMut(NonNull<u8>)) -> usize {
         let Some(area) = self.rseq_area() else { return 0 };
         let Some((cpu, z)) = self.local_fast_zone(area, nr) else { return 0 };
-        let mut buf = [0usize; pcp::CACHE_CAP];
-        let want = nr.min(buf.len());
-        let k = pcp::rseq::pop_many(&self.rseq_table(area), z.id.0 as usize, &mut buf[..want]);
+        let table = self.rseq_table(area);
+        let mut buf = [const { MaybeUninit::uninit() }; BULK_CHUNK];
         let mut n = 0;
-        for pfn in buf[..k].iter().map(|&p| Pfn(p)).filter(|&pfn| take_cached(z, pfn)) {
-            put(self.pfn_to_ptr(pfn));
-            n += 1;
+        let mut left = nr;
+        while left > 0 {
+            let want = left.min(BULK_CHUNK);
+            let popped = pcp::rseq::pop_many(&table, z.id.0 as usize, &mut buf[..want]);
+            let k = popped.len();
+            for pfn in popped.iter().map(|&p| Pfn(p)).filter(|&pfn| take_cached(z, pfn)) {
+                put(self.pfn_to_ptr(pfn));
+                n += 1;
+            }
+            left -= k;
+            if k < want {
+                break;
+            }
         }
         if n > 0 {
             self.account_local_alloc(cpu, z, n as u64);
@@ -1054,40 +1068,57 @@ impl Zonal {
     }
 
     /// Frees many order-0 frames; each is checked as by [`Zonal::free_pages`]. Every valid
-    /// frame is freed, under one pcp lock per zone run, and the accounting is done once. On
-    /// error the others are still freed and the first bad entry is reported with its index.
+    /// frame is freed, under one pcp lock (or one critical section) per zone run, and the
+    /// accounting is done once. On error the others are still freed and the first bad entry
+    /// is reported with its index.
     pub fn free_pages_bulk(&self, pages: &[*mut u8]) -> std::result::Result<usize, (usize, Error)> {
+        if let [p] = pages {
+            // One frame: the single-page path is the shorter one.
+            return self.free_pages(*p, 0).map(|_| 1).map_err(|e| (0, e));
+        }
         let cpu = self.current_cpu();
+        let area = self.rseq_area();
+        // Frames bound for the rseq cache are claimed straight to its tag.
+        let to = if area.is_some() { buddy::state(buddy::PCP, Order(0)) } else { buddy::NONE };
+        let atomic = self.free_check_atomic();
         let mut first_err = None;
         let mut freed = 0usize;
-        // Runs of frames of one zone, freed under one pcp lock each.
-        let mut run = [Pfn(0); FREE_RUN];
-        let mut len = 0;
-        let mut run_zone: Option<&Zone> = None;
-        for (i, &p) in pages.iter().enumerate() {
-            let checked = self
-                .addr_to_zone(p as usize, Order(0))
-                .and_then(|(z, pfn)| self.claim_order0(z, pfn, buddy::NONE).map(|_| (z, pfn)));
-            let (z, pfn) = match checked {
+        // Runs of frames of one zone, freed together.
+        let mut run = ArrayVec::<usize, FREE_RUN>::new();
+        let mut i = 0;
+        while i < pages.len() {
+            // A run starts at a frame checked in full.
+            let addr = pages[i] as usize;
+            i += 1;
+            let checked = self.addr_to_zone(addr, Order(0));
+            let (z, pfn) = match checked.and_then(|(z, pfn)| claim_order0(z, pfn, to, atomic).map(|_| (z, pfn))) {
                 Ok(v) => v,
                 Err(e) => {
-                    first_err.get_or_insert((i, e));
+                    first_err.get_or_insert((i - 1, e));
                     continue;
                 }
             };
-            freed += 1;
-            if let Some(rz) = run_zone {
-                if len == run.len() || rz.id != z.id {
-                    self.free_run(cpu, rz, &run[..len]);
-                    len = 0;
+            run.push(pfn.0);
+            // The frames after it that lie in the same zone need only its range check. Any
+            // other entry ends the run and starts the next step (a failed claim changed
+            // nothing, so checking it again there is harmless).
+            let base = self.arena.pfn_to_addr(z.start_pfn);
+            let bytes = z.spanned << PAGE_SHIFT;
+            while let Some(&p) = pages.get(i).filter(|_| !run.is_full()) {
+                let off = (p as usize).wrapping_sub(base);
+                if off >= bytes || off % PAGE_SIZE != 0 {
+                    break;
                 }
+                let pfn = Pfn(z.start_pfn.0 + (off >> PAGE_SHIFT));
+                if claim_order0(z, pfn, to, atomic).is_err() {
+                    break;
+                }
+                run.push(pfn.0);
+                i += 1;
             }
-            run_zone = Some(z);
-            run[len] = pfn;
-            len += 1;
-        }
-        if let Some(rz) = run_zone {
-            self.free_run(cpu, rz, &run[..len]);
+            freed += run.len();
+            self.free_run(cpu, area, z, &run);
+            run.clear();
         }
         self.count_event(cpu, VmEvent::Pgfree, freed as u64);
         match first_err {
@@ -1096,53 +1127,20 @@ impl Zonal {
         }
     }
 
-    /// Claims an order-0 frame for a free as `free_check` says, leaving its head state `to`
-    /// (`NONE` for the locked paths, `PCP` for a push onto the cache). `atomic`: one CAS, so
-    /// of two racing frees exactly one wins. `sequential`: a load and a store, so a free that
-    /// happens after another free of this frame sees its tag and fails, while two frees racing
-    /// on different CPUs (a data race in the caller) may both pass; the pops and drains drop
-    /// the second copy (see [`take_cached`] and `pcp::free_pcppages_bulk`).
-    #[inline(always)]
-    fn claim_order0(&self, z: &Zone, pfn: Pfn, to: u8) -> Result<()> {
-        let live = buddy::state(ALLOCATED, Order(0));
-        let state = z.state(pfn);
-        // Acquire: pairs with the Release of the allocation that handed the frame out.
-        let seen = if self.free_check_atomic.load(std::sync::atomic::Ordering::Relaxed) {
-            match state.compare_exchange(live, to, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => return Ok(()),
-                Err(s) => s,
-            }
-        } else {
-            let s = state.load(Ordering::Acquire);
-            if s == live {
-                state.store(to, Ordering::Relaxed);
-                return Ok(());
-            }
-            s
-        };
-        Err(classify_bad_free(z, pfn, Order(0), seen))
-    }
-
-    /// Frees claimed order-0 frames of one zone: onto this CPU's lists under one lock (one
-    /// flush and refill of the cache), or to the buddy when the lists are off or busy.
-    fn free_run(&self, cpu: usize, z: &Zone, mut pfns: &[Pfn]) {
-        if let Some(area) = self.rseq_area() {
-            // As much as the cache takes, in one critical section.
-            let mut raw = [0usize; FREE_RUN];
-            for (r, &pfn) in raw.iter_mut().zip(pfns) {
-                z.state(pfn).store(buddy::state(buddy::PCP, Order(0)), Ordering::Relaxed);
-                *r = pfn.0;
-            }
-            let k = pcp::rseq::push_many(&self.rseq_table(area), z.id.0 as usize, &raw[..pfns.len()]);
-            pfns = &pfns[k..];
+    /// Frees claimed order-0 frames of one zone: as many as fit onto this CPU's rseq cache in
+    /// one critical section (with `area`, they were claimed to the cache's tag), the rest
+    /// onto the lists under one lock, or to the buddy when the lists are off or busy.
+    fn free_run(&self, cpu: usize, area: Option<*mut u8>, z: &Zone, pfns: &[usize]) {
+        let k = area.map_or(0, |area| pcp::rseq::push_many(&self.rseq_table(area), z.id.0 as usize, pfns));
+        if k == pfns.len() {
+            return;
+        }
+        let rest: ArrayVec<Pfn, FREE_RUN> = pfns[k..].iter().map(|&p| Pfn(p)).collect();
+        if area.is_some() {
             // Back to "claimed" for the locked path, as in free_order0_fast.
-            for &pfn in pfns {
-                z.state(pfn).store(buddy::NONE, Ordering::Relaxed);
-            }
+            rest.iter().for_each(|&pfn| z.state(pfn).store(buddy::NONE, Ordering::Relaxed));
         }
-        if !pfns.is_empty() {
-            self.free_claimed(cpu, z, pfns, Order(0));
-        }
+        self.free_claimed(cpu, z, &rest, Order(0));
     }
 
     /// Returns one CPU's lists, for every zone, to the buddy lists (`drain_local_pages` of that
@@ -1360,6 +1358,33 @@ fn claim(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
         Ok(_) => Ok(()),
         Err(s) => Err(classify_bad_free(zone, pfn, order, s)),
     }
+}
+
+/// Claims an order-0 frame for a free as `free_check` says, leaving its head state `to`
+/// (`NONE` for the locked paths, `PCP` for a push onto the cache). `atomic`: one CAS, so
+/// of two racing frees exactly one wins. `sequential`: a load and a store, so a free that
+/// happens after another free of this frame sees its tag and fails, while two frees racing
+/// on different CPUs (a data race in the caller) may both pass; the pops and drains drop
+/// the second copy (see [`take_cached`] and `pcp::free_pcppages_bulk`).
+#[inline(always)]
+fn claim_order0(z: &Zone, pfn: Pfn, to: u8, atomic: bool) -> Result<()> {
+    let live = buddy::state(ALLOCATED, Order(0));
+    let state = z.state(pfn);
+    // Acquire: pairs with the Release of the allocation that handed the frame out.
+    let seen = if atomic {
+        match state.compare_exchange(live, to, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => return Ok(()),
+            Err(s) => s,
+        }
+    } else {
+        let s = state.load(Ordering::Acquire);
+        if s == live {
+            state.store(to, Ordering::Relaxed);
+            return Ok(());
+        }
+        s
+    };
+    Err(classify_bad_free(z, pfn, Order(0), seen))
 }
 
 /// Tags a frame just popped from a per-CPU cache allocated. `false` for a frame whose tag

@@ -93,8 +93,13 @@ impl PcpInner {
     }
 }
 
-/// Blocks the rseq front cache of one pcp holds at most.
-pub const CACHE_CAP: usize = 64;
+/// Blocks the rseq front cache of one pcp holds at most: room for a bulk call of 128 frames
+/// and its free, in one critical section per 64.
+pub const CACHE_CAP: usize = 256;
+
+/// Blocks a lock holder moves from the order-0 list into the cache on unlock. Small, because
+/// every locked operation first flushes the cache: the frees fill it the rest of the way.
+const CACHE_FILL: usize = 32;
 
 /// One CPU's lists for one zone. Aligned to 128 bytes (two cache lines, the unit of the
 /// adjacent-line prefetcher) so that no two CPUs' lists share a line, and so that per-CPU
@@ -257,7 +262,7 @@ impl PerCpuPages {
         self.cache_len.store(0, Ordering::Relaxed);
     }
 
-    /// Moves up to half the cache's room of order-0 blocks from the list into the cache and
+    /// Moves up to `CACHE_FILL` order-0 blocks from the list into the cache and
     /// sets the bound that keeps `count + cache <= high + batch` (lock held). Without rseq
     /// the cache stays empty.
     #[inline]
@@ -266,7 +271,7 @@ impl PerCpuPages {
             return;
         }
         let budget = (inner.high + inner.batch).min(inner.count + CACHE_CAP);
-        let take = (CACHE_CAP / 2).min(inner.lists[0].len());
+        let take = CACHE_FILL.min(inner.lists[0].len());
         let start = inner.lists[0].len() - take;
         for (slot, pfn) in self.cache.iter().zip(inner.lists[0].drain(start..)) {
             slot.store(pfn, Ordering::Relaxed);
@@ -506,6 +511,7 @@ pub fn blocks(pcp: &PcpInner) -> impl Iterator<Item = (Pfn, Order)> + '_ {
 /// unavailable (e.g. `GLIBC_TUNABLES=glibc.pthread.rseq=0`), `enabled()` is false.
 pub mod rseq {
     use super::PerCpuPages;
+    use std::mem::MaybeUninit;
 
     /// Whether the critical sections can run in this process.
     #[inline]
@@ -700,14 +706,16 @@ pub mod rseq {
     }
 
     /// Pops up to `out.len()` order-0 blocks from the cache of the current CPU's lists for
-    /// `zone` in one critical section into `out[0..]`; returns how many (0 when the cache is
-    /// empty, the lists are locked, or the section was interrupted).
+    /// `zone` in one critical section into the front of `out`, and returns them (none when
+    /// the cache is empty, the lists are locked, or the section was interrupted). `out` needs
+    /// no initialising: the bulk allocator calls this per chunk, and zeroing a buffer first
+    /// would cost as much as the pops.
     #[inline]
-    pub fn pop_many(t: &Table, zone: usize, out: &mut [usize]) -> usize {
+    pub fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUninit<usize>]) -> &'a [usize] {
         #[cfg(all(target_arch = "x86_64", not(loom)))]
         {
             if out.is_empty() {
-                return 0;
+                return &[];
             }
             let ok: usize;
             let n: usize;
@@ -746,16 +754,15 @@ pub mod rseq {
                     ok = out(reg) ok,
                 );
             }
-            if ok != 0 {
-                n
-            } else {
-                0
-            }
+            let n = if ok != 0 { n } else { 0 };
+            // SAFETY: a committed section wrote `out[0..n]` (`n <= out.len()`) before its
+            // commit; an interrupted one counts as 0.
+            unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<usize>(), n) }
         }
         #[cfg(not(all(target_arch = "x86_64", not(loom))))]
         {
             let _ = (t, zone, out);
-            0
+            &[]
         }
     }
 
