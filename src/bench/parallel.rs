@@ -113,11 +113,11 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     print_table(&h, &rows);
     // The target: per-thread rate at T = nproc against T = 1, for zonal pcp.
     if let Some(zi) = super::index_of(subjects.iter().map(|(n, _, _)| n), "zonal pcp") {
-        let scale = Summary::of(&times[0][zi]).median / Summary::of(&times[nproc - 1][zi]).median;
+        let scale = paired_ratio(&times[0][zi], &times[nproc - 1][zi]);
         print!("zonal pcp per-thread rate at T = {nproc} is {:.0}% of T = 1", scale * 100.0);
         // What the machine allows: the ideal stack shares nothing between threads.
         if let Some(ii) = super::index_of(subjects.iter().map(|(n, _, _)| n), "ideal per-thread stack") {
-            let ideal = Summary::of(&times[0][ii]).median / Summary::of(&times[nproc - 1][ii]).median;
+            let ideal = paired_ratio(&times[0][ii], &times[nproc - 1][ii]);
             print!(" (the ideal per-thread stack, which shares nothing: {:.0}%)", ideal * 100.0);
         }
         println!();
