@@ -60,6 +60,11 @@ struct Link {
 pub struct FreeArea {
     head: [u32; MAX_ORDER_LIMIT as usize + 1],
     nr_free: [usize; MAX_ORDER_LIMIT as usize + 1],
+    /// Changes to `nr_free` per order not yet accounted to the zone counters (the zone lock's
+    /// holder accounts them when it unlocks).
+    change: [i32; MAX_ORDER_LIMIT as usize + 1],
+    /// Whether any `change` is non-zero.
+    changed: bool,
     links: Box<[Link]>,
 }
 
@@ -69,6 +74,8 @@ impl FreeArea {
         FreeArea {
             head: [NIL; MAX_ORDER_LIMIT as usize + 1],
             nr_free: [0; MAX_ORDER_LIMIT as usize + 1],
+            change: [0; MAX_ORDER_LIMIT as usize + 1],
+            changed: false,
             links: vec![Link { prev: NIL, next: NIL }; span].into_boxed_slice(),
         }
     }
@@ -95,6 +102,8 @@ impl FreeArea {
         }
         self.head[o] = idx;
         self.nr_free[o] += 1;
+        self.change[o] += 1;
+        self.changed = true;
     }
 
     /// Unlinks the block at `idx` from `free_area[order]`.
@@ -111,6 +120,21 @@ impl FreeArea {
             self.links[next as usize].prev = prev;
         }
         self.nr_free[o] -= 1;
+        self.change[o] -= 1;
+        self.changed = true;
+    }
+
+    /// Whether the lists changed since the changes were last taken.
+    #[inline]
+    pub(crate) fn changed(&self) -> bool {
+        self.changed
+    }
+
+    /// The changes in free blocks per order since they were last taken, and clears them.
+    #[inline]
+    pub(crate) fn take_changes(&mut self) -> [i32; MAX_ORDER_LIMIT as usize + 1] {
+        self.changed = false;
+        std::mem::take(&mut self.change)
     }
 
     /// The first block on `free_area[order]`, if any.

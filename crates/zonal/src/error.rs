@@ -1,7 +1,7 @@
 //! Typed errors. Every failure of the public API is one of these; none leaves the allocator
 //! changed (a rejected free frees nothing, a failed allocation takes nothing).
 
-use crate::types::{NodeId, Order, Pfn};
+use crate::types::{NodeId, Order, Pfn, ZoneId};
 use std::fmt;
 
 /// What went wrong, with enough detail to say where. (Fields are named for what they hold.)
@@ -12,6 +12,8 @@ pub enum Error {
     OutOfMemory { order: Order },
     /// A node id that the topology does not have, or a node without memory where one is needed.
     InvalidNode { node: NodeId, nr_nodes: usize },
+    /// A zone id that the allocator does not have.
+    InvalidZone { zone: ZoneId, nr_zones: usize },
     /// An order above the configured maximum.
     InvalidOrder { order: u32, max_order: Order },
     /// The address lies outside every arena this allocator owns.
@@ -35,7 +37,7 @@ impl Error {
     pub fn errno(&self) -> i32 {
         match self {
             Error::OutOfMemory { .. } => libc::ENOMEM,
-            Error::InvalidNode { .. } => libc::ENODEV,
+            Error::InvalidNode { .. } | Error::InvalidZone { .. } => libc::ENODEV,
             Error::InvalidOrder { .. } => libc::EDOM,
             Error::NotOwned { .. } => libc::EFAULT,
             Error::Misaligned { .. } => libc::EINVAL,
@@ -56,6 +58,9 @@ impl fmt::Display for Error {
             }
             Error::InvalidNode { node, nr_nodes } => {
                 write!(f, "invalid node {}: the topology has nodes 0..{}", node.0, nr_nodes)
+            }
+            Error::InvalidZone { zone, nr_zones } => {
+                write!(f, "invalid zone {}: the allocator has zones 0..{}", zone.0, nr_zones)
             }
             Error::InvalidOrder { order, max_order } => {
                 write!(f, "invalid order {order}: the maximum is {}", max_order.0)

@@ -46,3 +46,4 @@ pub use mempolicy::{MemPolicy, NodeMask};
 pub use page_alloc::{PcpInfo, Zonal};
 pub use topology::Topology;
 pub use types::{CpuId, NodeId, Order, Pfn, ZoneId, PAGE_SIZE};
+pub use vmstat::{NumaStat, VmEvent, ZoneStatItem};

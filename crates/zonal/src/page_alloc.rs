@@ -25,7 +25,8 @@ use crate::sys;
 use crate::topology::Topology;
 use crate::types::{CpuId, NodeId, Order, Pfn, ZoneId, PAGE_SHIFT, PAGE_SIZE};
 use crate::vmstat::{
-    self, NumaStat, NumaStatsMode, NumaStrategy, PerCpuEvents, PerCpuZoneStat, VmEvent, ZoneNumaShared,
+    self, NumaStat, NumaStatsMode, NumaStrategy, PerCpuEvents, PerCpuZoneStat, VmEvent, ZoneCounters, ZoneNumaShared,
+    ZoneStatItem,
 };
 use crate::zone::{self, Watermark, Zone};
 use crate::zonelist::{self, Zonelists};
@@ -51,6 +52,8 @@ pub struct Zonal {
     pcps: Arc<[PerCpuPages]>,
     /// Per-CPU event counters, `[cpu]`, apart from the lists (seed 002).
     events: Box<[PerCpuEvents]>,
+    /// The zone counters of every zone folded together (`vm_zone_stat`).
+    vm_zone_stat: Arc<ZoneCounters>,
     nr_cpus: usize,
     pcp_enabled: bool,
     /// glibc's `__rseq_offset` when the order-0 restartable sequences run (lists on, rseq
@@ -142,9 +145,20 @@ impl Zonal {
         let mut zones = Vec::new();
         let mut node_zones = Vec::new();
         let mut block_zone = vec![NO_ZONE; arena.span_pages() >> max_order.0];
+        let nr_cpus = topo.nr_cpus();
+        let vm_zone_stat: Arc<ZoneCounters> = Arc::default();
         for (nid, mem) in arena.nodes().iter().enumerate() {
             let id = ZoneId(zones.len() as u16);
-            let z = Zone::new(id, NodeId(nid as u16), mem.start_pfn, mem.nr_pages, max_order);
+            let node = NodeId(nid as u16);
+            let z = Zone::with_counters(
+                id,
+                node,
+                mem.start_pfn,
+                mem.nr_pages,
+                max_order,
+                nr_cpus,
+                Arc::clone(&vm_zone_stat),
+            );
             let first = mem.start_pfn.0 >> max_order.0;
             let last = (mem.start_pfn.0 + mem.nr_pages - 1) >> max_order.0;
             block_zone[first..=last].fill(id.0);
@@ -157,7 +171,6 @@ impl Zonal {
             Some(kb) => check_min_free_kbytes(kb, lowmem_pages)?,
             None => zone::default_min_free_kbytes(lowmem_pages),
         };
-        let nr_cpus = topo.nr_cpus();
         let zones: Arc<[Zone]> = zones.into();
         for z in zones.iter() {
             z.setup_watermarks(min_free, lowmem_pages, config.watermark_scale_factor);
@@ -206,6 +219,7 @@ impl Zonal {
             zones,
             pcps,
             events: (0..nr_cpus).map(|_| PerCpuEvents::default()).collect(),
+            vm_zone_stat,
             nr_cpus,
             pcp_enabled: config.pcp,
             rseq_off,
@@ -268,7 +282,7 @@ impl Zonal {
         for (i, p) in self.pcps.iter().enumerate() {
             let z = &self.zones[i % self.zones.len()];
             let (batch, high_min, high_max) = pcp_sizes(&self.topo, z, fraction);
-            p.lock().with(|inner| pcp::set_high_and_batch(z, inner, batch, high_min, high_max));
+            p.lock(z).with(|inner| pcp::set_high_and_batch(z, inner, batch, high_min, high_max));
         }
     }
 
@@ -779,6 +793,11 @@ impl Zonal {
     #[cold]
     #[inline(never)]
     fn alloc_pages_slowpath(&self, ctx: &AllocContext<'_>, order: Order) -> Result<Pfn> {
+        // Where Linux wakes kswapd, which tightens the thresholds of the node's zones so the
+        // drift cannot hide the way down to `min`; the worker loosens them again above `high`.
+        for id in ctx.zonelist {
+            self.zones[id.0 as usize].set_pressure(true);
+        }
         if let Some(p) = self.get_page_from_freelist(ctx, order, Watermark::Min) {
             return Ok(p);
         }
@@ -832,7 +851,7 @@ impl Zonal {
             }
         }
         let pfn = if order.0 <= PCP_MAX_ORDER && self.pcp_enabled {
-            match self.pcp(cpu, z.id).try_lock() {
+            match self.pcp(cpu, z.id).try_lock(z) {
                 Some(mut g) => {
                     let refills = g.with(|p| {
                         let before = p.list_len(order);
@@ -919,7 +938,7 @@ impl Zonal {
     #[inline]
     fn free_claimed(&self, cpu: usize, zone: &Zone, pfns: &[Pfn], order: Order) {
         if order.0 <= PCP_MAX_ORDER && self.pcp_enabled {
-            if let Some(mut g) = self.pcp(cpu, zone.id).try_lock() {
+            if let Some(mut g) = self.pcp(cpu, zone.id).try_lock(zone) {
                 let drained: usize = g.with(|p| pfns.iter().map(|&pfn| pcp::free_to_pcp(zone, p, pfn, order)).sum());
                 drop(g);
                 if drained > 0 {
@@ -1000,7 +1019,7 @@ impl Zonal {
                         || z.watermark_ok_fast(Order(0), z.watermark(Watermark::Low).saturating_add(nr), ctx.high))
             });
             let zone = zone.filter(|z| z.node == preferred)?;
-            let mut g = self.pcp(cpu, zone.id).try_lock()?;
+            let mut g = self.pcp(cpu, zone.id).try_lock(zone)?;
             let mut n = 0;
             let mut refills = 0;
             g.with(|p| {
@@ -1153,7 +1172,7 @@ impl Zonal {
         for z in self.zones.iter() {
             let pcp = self.pcp(cpu, z.id);
             if !pcp.looks_empty() {
-                n += pcp.lock().with(|p| pcp::drain(z, p));
+                n += pcp.lock(z).with(|p| pcp::drain(z, p));
             }
         }
         if n > 0 {
@@ -1179,7 +1198,7 @@ impl Zonal {
         if cpu >= self.nr_cpus || zone.0 as usize >= self.zones.len() {
             return None;
         }
-        Some(self.pcp(cpu, zone).lock().with(|p| PcpInfo {
+        Some(self.pcp(cpu, zone).lock(&self.zones[zone.0 as usize]).with(|p| PcpInfo {
             count: p.count,
             high: p.high,
             batch: p.batch,
@@ -1227,7 +1246,69 @@ impl Zonal {
     /// Free frames of a node in its buddy lists (`NR_FREE_PAGES`: frames on per-CPU lists are
     /// not counted, as in Linux; [`Zonal::nr_pcp_pages`] counts those).
     pub fn nr_free_pages(&self, nid: NodeId) -> Result<usize> {
-        Ok(self.node_zones(nid)?.iter().map(|z| self.zones[z.0 as usize].nr_free()).sum())
+        Ok(self
+            .node_zones(nid)?
+            .iter()
+            .map(|z| self.zones[z.0 as usize].page_state_snapshot(ZoneStatItem::NrFreePages))
+            .sum())
+    }
+
+    /// A zone counter as folded (`zone_page_state`): what the fast paths read, behind the
+    /// truth by at most `nr_cpus * stat_threshold` (and, for the pages on per-CPU lists, the
+    /// caches' churn since their last lock).
+    pub fn zone_page_state(&self, zone: ZoneId, item: ZoneStatItem) -> Result<usize> {
+        Ok(self.zone(zone)?.page_state(item))
+    }
+
+    /// A zone counter with every CPU's unfolded part added (`zone_page_state_snapshot`):
+    /// exact once allocation stops.
+    pub fn zone_page_state_snapshot(&self, zone: ZoneId, item: ZoneStatItem) -> Result<usize> {
+        let z = self.zone(zone)?;
+        let v = z.page_state_snapshot(item);
+        if item != ZoneStatItem::NrPcpPages {
+            return Ok(v);
+        }
+        let churn: isize = (0..self.nr_cpus).map(|c| self.pcp(c, zone).unsettled()).sum();
+        Ok((v as isize + churn).max(0) as usize)
+    }
+
+    /// Frames handed out from a zone (`managed - free - on per-CPU lists`, from snapshots).
+    pub fn zone_allocated_pages(&self, zone: ZoneId) -> Result<usize> {
+        let free = self.zone_page_state_snapshot(zone, ZoneStatItem::NrFreePages)?;
+        let pcp = self.zone_page_state_snapshot(zone, ZoneStatItem::NrPcpPages)?;
+        Ok(self.zone(zone)?.managed.saturating_sub(free + pcp))
+    }
+
+    /// A zone counter over every zone as folded (`global_zone_page_state`).
+    pub fn global_page_state(&self, item: ZoneStatItem) -> usize {
+        self.vm_zone_stat.get(item)
+    }
+
+    /// A zone counter over every zone, exact once allocation stops.
+    pub fn global_page_state_snapshot(&self, item: ZoneStatItem) -> usize {
+        self.zones.iter().map(|z| self.zone_page_state_snapshot(z.id, item).unwrap_or(0)).sum()
+    }
+
+    /// `vm.stat_refresh`: folds every CPU's zone-counter diffs now (the worker does it every
+    /// `stat_interval`), so the folded counters equal the snapshots once allocation stops.
+    pub fn refresh_vm_stats(&self) {
+        fold_all(&self.zones, &self.pcps);
+    }
+
+    /// `stat_threshold` of a zone as CPU `cpu` applies it (`vm stats threshold`), and whether
+    /// it is the pressure threshold.
+    pub fn zone_stat_threshold(&self, zone: ZoneId, cpu: usize) -> Result<(usize, bool)> {
+        let z = self.zone(zone)?;
+        Ok((z.stat_threshold(cpu), z.under_pressure()))
+    }
+
+    /// `percpu_drift_mark` of a zone (0: the drift never decides a watermark check).
+    pub fn zone_percpu_drift_mark(&self, zone: ZoneId) -> Result<usize> {
+        Ok(self.zone(zone)?.percpu_drift_mark())
+    }
+
+    fn zone(&self, zone: ZoneId) -> Result<&Zone> {
+        self.zones.get(zone.0 as usize).ok_or(Error::InvalidZone { zone, nr_zones: self.zones.len() })
     }
 
     /// Frames on every CPU's lists for a node's zones.
@@ -1235,7 +1316,7 @@ impl Zonal {
         let zones = self.node_zones(nid)?;
         Ok((0..self.nr_cpus)
             .flat_map(|c| zones.iter().map(move |z| (c, *z)))
-            .map(|(c, z)| self.pcp(c, z).lock().with(|p| p.count))
+            .map(|(c, z)| self.pcp(c, z).lock(&self.zones[z.0 as usize]).with(|p| p.count))
             .sum())
     }
 
@@ -1254,7 +1335,11 @@ impl Zonal {
         for z in self.zones.iter() {
             let mut on_pcp = 0;
             for c in 0..self.nr_cpus {
-                on_pcp += self.pcp(c, z.id).lock().with(|p| pcp::check(z, p))?;
+                on_pcp += self.pcp(c, z.id).lock(z).with(|p| pcp::check(z, p))?;
+            }
+            let counted = self.zone_page_state_snapshot(z.id, ZoneStatItem::NrPcpPages).unwrap_or(usize::MAX);
+            if counted != on_pcp {
+                return Err(format!("zone {}: nr_zone_pcp_pages {counted} but the lists hold {on_pcp}", z.id.0));
             }
             allocated += z.check_invariants(on_pcp)?;
         }
@@ -1293,11 +1378,31 @@ fn pcp_sizes(topo: &Topology, z: &Zone, fraction: u32) -> (usize, usize, usize) 
 }
 
 fn decay_all(zones: &[Zone], pcps: &[PerCpuPages]) -> usize {
-    pcps.iter().enumerate().map(|(i, p)| p.lock().with(|inner| pcp::decay_high(&zones[i % zones.len()], inner))).sum()
+    pcps.iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let z = &zones[i % zones.len()];
+            p.lock(z).with(|inner| pcp::decay_high(z, inner))
+        })
+        .sum()
 }
 
-/// The background worker (`vmstat_update`'s pcp part): decays idle pcps' `high` every
-/// interval. Stopped and joined when the handle drops.
+/// `refresh_cpu_vm_stats` for every CPU, and `vm.stat_refresh`: folds every zone-counter diff
+/// into the zone and global counters, each under the lock that guards it, and sets each
+/// zone's threshold by its state: the pressure threshold while the zone's free frames are
+/// below `high` (where kswapd would be awake), the normal one above.
+fn fold_all(zones: &[Zone], pcps: &[PerCpuPages]) {
+    for z in zones {
+        z.lock().fold_diffs();
+        z.set_pressure(z.page_state_snapshot(ZoneStatItem::NrFreePages) < z.watermark(Watermark::High));
+    }
+    for (i, p) in pcps.iter().enumerate() {
+        p.lock(&zones[i % zones.len()]).fold_diff();
+    }
+}
+
+/// The background worker (`vmstat_update`): every interval, decays idle pcps' `high` and
+/// folds the zone counters. Stopped and joined when the handle drops.
 struct Worker {
     stop: Arc<(std::sync::Mutex<bool>, Condvar)>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -1319,6 +1424,7 @@ impl Worker {
                     stopped = g;
                     if !*stopped && timeout.timed_out() {
                         decay_all(&zones, &pcps);
+                        fold_all(&zones, &pcps);
                     }
                 }
             })
@@ -1406,7 +1512,6 @@ fn take_cached(z: &Zone, pfn: Pfn) -> bool {
 fn rmqueue_buddy(z: &Zone, order: Order) -> Option<Pfn> {
     let mut l = z.lock();
     let pfn = l.buddy().rmqueue_smallest(order)?;
-    l.sub_free(order.pages());
     Some(pfn)
 }
 
@@ -1415,7 +1520,6 @@ fn rmqueue_buddy(z: &Zone, order: Order) -> Option<Pfn> {
 fn free_one_page(z: &Zone, pfn: Pfn, order: Order) {
     let mut l = z.lock();
     l.buddy().free_one(pfn, order);
-    l.add_free(order.pages());
 }
 
 /// Says why a free of `order` at `pfn` was refused, given the head's state `s`. Reads other

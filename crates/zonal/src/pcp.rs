@@ -25,6 +25,7 @@
 use crate::buddy::{self, PCP};
 use crate::sync::{spin_wait, AtomicBool, AtomicUsize, LockedCell, Ordering};
 use crate::types::{Order, Pfn, PAGE_SIZE};
+use crate::vmstat::ZoneStatItem;
 use crate::zone::{Watermark, Zone};
 
 /// Highest order kept on pcp lists (`PAGE_ALLOC_COSTLY_ORDER`).
@@ -83,6 +84,8 @@ pub struct PcpInner {
     pub free_count: usize,
     /// Least `count` seen since the last decay (`count_min`).
     pub count_min: usize,
+    /// Frames (lists and cache) as last accounted to the zone's `nr_zone_pcp_pages`.
+    reported: usize,
     lists: [Vec<usize>; NR_PCP_LISTS],
 }
 
@@ -124,6 +127,9 @@ pub struct PerCpuPages {
     cache: Box<[AtomicUsize]>,
     /// `count` as of the last unlock, readable without the lock (drains skip empty lists).
     count_hint: AtomicUsize,
+    /// `cache_len` as of the last unlock: what the zone counters know of the cache. A
+    /// snapshot adds the churn since (`cache_len - cache_settled`).
+    cache_settled: AtomicUsize,
     inner: LockedCell<PcpInner>,
 }
 
@@ -150,6 +156,7 @@ impl PerCpuPages {
             cache_slots: cache.as_ptr(),
             cache,
             count_hint: AtomicUsize::new(0),
+            cache_settled: AtomicUsize::new(0),
             inner: LockedCell::new(PcpInner {
                 count: 0,
                 high: high_min,
@@ -160,17 +167,19 @@ impl PerCpuPages {
                 alloc_factor: 0,
                 free_count: 0,
                 count_min: 0,
+                reported: 0,
                 lists: std::array::from_fn(|o| Vec::with_capacity(cap(o))),
             }),
         }
     }
 
-    /// `pcp_spin_trylock`: the lists if no one holds them.
+    /// `pcp_spin_trylock`: the lists if no one holds them. `zone` is the zone these lists
+    /// belong to, whose counters the guard keeps up to date.
     #[inline]
-    pub fn try_lock(&self) -> Option<PcpGuard<'_>> {
+    pub fn try_lock<'a>(&'a self, zone: &'a Zone) -> Option<PcpGuard<'a>> {
         if self.lock.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
             self.fence_remote();
-            Some(PcpGuard { pcp: self })
+            Some(PcpGuard { pcp: self, zone })
         } else {
             None
         }
@@ -178,13 +187,24 @@ impl PerCpuPages {
 
     /// Takes the lock, waiting (yielding) while another thread holds it: for drains and
     /// reports, never for the allocation paths.
-    pub fn lock(&self) -> PcpGuard<'_> {
+    pub fn lock<'a>(&'a self, zone: &'a Zone) -> PcpGuard<'a> {
         loop {
-            if let Some(g) = self.try_lock() {
+            if let Some(g) = self.try_lock(zone) {
                 return g;
             }
             spin_wait();
         }
+    }
+
+    /// Frames in the cache that the zone counters do not know of yet (negative: frames
+    /// that left it): the lock-free churn since the last unlock.
+    pub fn unsettled(&self) -> isize {
+        self.cache_len.load(Ordering::Relaxed) as isize - self.cache_settled.load(Ordering::Relaxed) as isize
+    }
+
+    /// The CPU these lists belong to.
+    pub fn cpu(&self) -> usize {
+        self.cpu as usize
     }
 
     /// After taking the lock: if this thread is not on the lists' CPU, a critical section may
@@ -218,14 +238,17 @@ impl PerCpuPages {
 /// Proof that a `PerCpuPages` lock is held; unlocks on drop.
 pub struct PcpGuard<'a> {
     pcp: &'a PerCpuPages,
+    zone: &'a Zone,
 }
 
 impl PcpGuard<'_> {
     /// Runs `f` on the protected fields, with the rseq cache flushed into the lists first and
-    /// refilled after, so `f` sees every block the pcp holds.
+    /// refilled after, so `f` sees every block the pcp holds; then accounts the frames the
+    /// lists gained or lost (`f`'s and the cache's since the last lock) to the zone's
+    /// `nr_zone_pcp_pages`, through this CPU's diff.
     #[inline]
     pub fn with<R>(&mut self, f: impl FnOnce(&mut PcpInner) -> R) -> R {
-        let pcp = self.pcp;
+        let (pcp, zone) = (self.pcp, self.zone);
         // SAFETY: this guard exists only while its creator holds `pcp.lock` (try_lock/lock),
         // and `&mut self` keeps this the only access through it.
         unsafe {
@@ -234,9 +257,23 @@ impl PcpGuard<'_> {
                 let r = f(inner);
                 pcp.fill_cache(inner);
                 pcp.count_hint.store(inner.count, Ordering::Relaxed);
+                let cache = pcp.cache_len.load(Ordering::Relaxed);
+                let now = inner.count + cache;
+                if now != inner.reported {
+                    zone.mod_page_state(pcp.cpu(), ZoneStatItem::NrPcpPages, now as isize - inner.reported as isize);
+                    inner.reported = now;
+                }
+                pcp.cache_settled.store(cache, Ordering::Relaxed);
                 r
             })
         }
+    }
+
+    /// Folds this CPU's `nr_zone_pcp_pages` diff into the zone's counters (the periodic fold),
+    /// after accounting the cache's churn.
+    pub fn fold_diff(&mut self) {
+        self.with(|_| ());
+        self.zone.fold_diff(self.pcp.cpu(), ZoneStatItem::NrPcpPages);
     }
 }
 
@@ -340,7 +377,6 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
         list.push(pfn.0);
         n += 1;
     }
-    l.sub_free(n << order.0);
     drop(l);
     pcp.count += n << order.0;
     n
@@ -400,7 +436,7 @@ fn nr_pcp_free(pcp: &mut PcpInner) -> usize {
 /// one acquisition of the zone lock, oldest blocks first, lowest order first
 /// (`free_pcppages_bulk`). Returns the frames freed.
 pub fn free_pcppages_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
-    let (mut freed, mut stale) = (0, 0);
+    let mut freed = 0;
     let mut l = zone.lock();
     let mut b = l.buddy();
     for o in 0..NR_PCP_LISTS {
@@ -415,7 +451,6 @@ pub fn free_pcppages_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
             // The second copy of a frame that two racing frees put on the lists (see
             // `free_check`): the first copy already left with the tag.
             if state.load(Ordering::Relaxed) != buddy::state(PCP, Order(o as u8)) {
-                stale += pages;
                 continue;
             }
             state.store(buddy::NONE, Ordering::Relaxed);
@@ -423,7 +458,6 @@ pub fn free_pcppages_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
         }
         freed += take * pages;
     }
-    l.add_free(freed - stale);
     drop(l);
     pcp.count -= freed;
     pcp.count_min = pcp.count_min.min(pcp.count);
@@ -857,12 +891,12 @@ mod tests {
     fn refill_alloc_free_drain() {
         let z = zone();
         let pcp = PerCpuPages::new(0, 2, 8, 8);
-        let mut g = pcp.try_lock().unwrap();
-        assert!(pcp.try_lock().is_none(), "the lock excludes a second taker");
+        let mut g = pcp.try_lock(&z).unwrap();
+        assert!(pcp.try_lock(&z).is_none(), "the lock excludes a second taker");
         let p = g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap();
         // Refilled max(batch, 2) = 2 blocks, took one.
         g.with(|i| assert_eq!((i.count, i.list_len(Order(0))), (1, 1)));
-        assert_eq!(z.nr_free(), 254);
+        assert_eq!(z.page_state_snapshot(ZoneStatItem::NrFreePages), 254);
         g.with(|i| check(&z, i)).unwrap();
         let mut blocks = vec![p];
         for _ in 0..10 {
@@ -878,10 +912,10 @@ mod tests {
         let drained = g.with(|i| drain(&z, i));
         assert!(drained > 0);
         g.with(|i| assert_eq!(i.count, 0));
-        assert_eq!(z.nr_free(), 256);
+        assert_eq!(z.page_state_snapshot(ZoneStatItem::NrFreePages), 256);
         drop(g);
         assert_eq!(z.check_invariants(0), Ok(0));
-        assert!(pcp.try_lock().is_some(), "dropping the guard unlocks");
+        assert!(pcp.try_lock(&z).is_some(), "dropping the guard unlocks");
     }
 
     #[test]
@@ -889,7 +923,7 @@ mod tests {
         let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 4096, Order(3));
         z.setup_watermarks(128, 4096, 10);
         let pcp = PerCpuPages::new(0, 4, 16, 256);
-        let mut g = pcp.lock();
+        let mut g = pcp.lock(&z);
         let blocks: Vec<Pfn> = (0..200).map(|_| g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap()).collect();
         let grown_by_refills = g.with(|i| i.high);
         assert!(grown_by_refills > 16, "refills from a zone above high grow high");
@@ -914,7 +948,7 @@ mod tests {
         let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 4096, Order(3));
         z.setup_watermarks(128, 4096, 10);
         let pcp = PerCpuPages::new(0, 4, 512, 512);
-        let mut g = pcp.lock();
+        let mut g = pcp.lock(&z);
         let mut sizes = Vec::new();
         let mut taken = Vec::new();
         for _ in 0..4 {
@@ -922,9 +956,9 @@ mod tests {
             while g.with(|i| i.list_len(Order(0))) > 0 {
                 taken.push(g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap());
             }
-            let before = z.nr_free();
+            let before = z.page_state_snapshot(ZoneStatItem::NrFreePages);
             taken.push(g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap());
-            sizes.push(before - z.nr_free());
+            sizes.push(before - z.page_state_snapshot(ZoneStatItem::NrFreePages));
         }
         assert_eq!(sizes, vec![4, 8, 16, 32], "batch << alloc_factor, doubling");
         g.with(|i| free_to_pcp(&z, i, taken.pop().unwrap(), Order(0)));
@@ -941,7 +975,7 @@ mod tests {
     fn fixed_high_does_not_tune() {
         let z = zone();
         let pcp = PerCpuPages::new(0, 2, 8, 8);
-        let mut g = pcp.lock();
+        let mut g = pcp.lock(&z);
         let b: Vec<Pfn> = (0..30).map(|_| g.with(|i| rmqueue_pcplist(&z, i, Order(1))).unwrap()).collect();
         for p in b {
             g.with(|i| free_to_pcp(&z, i, p, Order(1)));
@@ -968,12 +1002,11 @@ mod loom_tests {
 
     /// The allocation path: pcp if the try-lock succeeds, else the buddy lists.
     fn alloc(z: &Zone, pcp: &PerCpuPages) -> Option<Pfn> {
-        let pfn = match pcp.try_lock() {
+        let pfn = match pcp.try_lock(&z) {
             Some(mut g) => g.with(|p| rmqueue_pcplist(z, p, Order(0)))?,
             None => {
                 let mut l = z.lock();
                 let p = l.buddy().rmqueue_smallest(Order(0))?;
-                l.sub_free(1);
                 p
             }
         };
@@ -990,21 +1023,20 @@ mod loom_tests {
         if !claimed {
             return false;
         }
-        match pcp.try_lock() {
+        match pcp.try_lock(&z) {
             Some(mut g) => {
                 g.with(|p| free_to_pcp(z, p, pfn, Order(0)));
             }
             None => {
                 let mut l = z.lock();
                 l.buddy().free_one(pfn, Order(0));
-                l.add_free(1);
             }
         }
         true
     }
 
     fn check_all(z: &Zone, pcp: &PerCpuPages, live: usize) {
-        let on_pcp = pcp.lock().with(|p| check(z, p)).unwrap();
+        let on_pcp = pcp.lock(&z).with(|p| check(z, p)).unwrap();
         assert_eq!(z.check_invariants(on_pcp), Ok(live));
     }
 
@@ -1021,7 +1053,7 @@ mod loom_tests {
                 let (z, pcp) = (z.clone(), pcp.clone());
                 loom::thread::spawn(move || assert!(free(&z, &pcp, first)))
             };
-            pcp.lock().with(|p| drain(&z, p));
+            pcp.lock(&z).with(|p| drain(&z, p));
             let second = t1.join().unwrap().expect("8 frames: the allocation cannot fail");
             t2.join().unwrap();
             assert_ne!(second, Pfn(usize::MAX));

@@ -7,7 +7,7 @@
 //! the kernel's are: each is exact at the moment it is read.
 
 use crate::page_alloc::Zonal;
-use crate::vmstat::NumaStat;
+use crate::vmstat::{NumaStat, ZoneStatItem};
 use crate::zone::{Watermark, Zone};
 use crate::NodeId;
 use serde::Serialize;
@@ -50,7 +50,7 @@ impl ZoneStat {
         ZoneStat {
             node: z.node.0,
             zone: z.kind.name(),
-            pages_free: z.nr_free(),
+            pages_free: z.page_state_snapshot(ZoneStatItem::NrFreePages),
             min: z.watermark(Watermark::Min),
             low: z.watermark(Watermark::Low),
             high: z.watermark(Watermark::High),

@@ -2,12 +2,16 @@
 //! the protocols built on them (sharded-slab's `sync.rs` does the same).
 
 #[cfg(loom)]
-pub use loom::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+pub use loom::sync::atomic::{
+    AtomicBool, AtomicI64, AtomicI8, AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 #[cfg(loom)]
 pub use loom::sync::{Mutex, MutexGuard};
 
 #[cfg(not(loom))]
-pub use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+pub use std::sync::atomic::{
+    AtomicBool, AtomicI64, AtomicI8, AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 #[cfg(not(loom))]
 pub use std::sync::{Mutex, MutexGuard};
 

@@ -1,17 +1,212 @@
-//! Event counters (`vm_event_item`): per CPU, each CPU's on its own cache lines apart from the
-//! per-CPU page lists, summed on read.
+//! The counters: zone counters (`zone_stat_item`) kept as per-CPU diffs folded past a
+//! threshold, event counters (`vm_event_item`) and NUMA counters (`numa_stat_item`), each
+//! CPU's on cache lines of its own, apart from the per-CPU page lists.
 //!
-//! Kernel counterpart: `count_vm_events`, `all_vm_events` (mm/vmstat.c) and, for the layout,
-//! seed 002's split of `per_cpu_pages` from `per_cpu_zonestat`.
+//! Kernel counterpart: mm/vmstat.c (`__mod_zone_page_state`, `calculate_normal_threshold`,
+//! `calculate_pressure_threshold`, `refresh_zone_stat_thresholds`, `zone_page_state_snapshot`,
+//! `count_vm_events`, `all_vm_events`) and, for the layout, seed 002's split of
+//! `per_cpu_pages` from `per_cpu_zonestat`.
 //!
-//! Accuracy: an update is a relaxed load and store on the CPU's own line, like the kernel's
-//! `raw_cpu_add`, without a locked instruction. Two threads that run on the same CPU at once
-//! (one preempted mid-update) can lose one of their updates; a single thread, or threads on
-//! different CPUs, lose nothing. Readers sum every CPU's slots, so a read is exact once
-//! updates stop, up to those rare lost updates.
+//! Zone counters: each change goes to the changing CPU's `s8` diff for the zone; once the
+//! diff passes the zone's `stat_threshold` it is added to the zone's and the global atomic
+//! counters and restarts (with Linux's overstep for single steps). Every diff of an item is
+//! written under one lock (the zone lock for the free counts, the lists' lock for the pages
+//! on per-CPU lists), so diffs need no atomic read-modify-write and the periodic fold can take
+//! them under that lock. A folded counter is behind the truth by at most
+//! `nr_cpus * stat_threshold`; a snapshot adds every diff and is exact once changes stop.
+//!
+//! Event counters: an update is a relaxed load and store on the CPU's own line, like the
+//! kernel's `raw_cpu_add`, without a locked instruction. Two threads that run on the same CPU
+//! at once (one preempted mid-update) can lose one of their updates; a single thread, or
+//! threads on different CPUs, lose nothing. Readers sum every CPU's slots, so a read is exact
+//! once updates stop, up to those rare lost updates.
 
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicI8, AtomicIsize, AtomicU64, AtomicU8, Ordering};
+use crate::types::{Order, MAX_ORDER_LIMIT};
 use std::sync::atomic::AtomicU16;
+
+/// The zone counters (`enum zone_stat_item`) that mean something in zonal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ZoneStatItem {
+    /// Frames in the buddy lists (`NR_FREE_PAGES`). Changed under the zone lock.
+    NrFreePages,
+    /// Frames on per-CPU lists, their rseq caches included. Changed under each list's lock
+    /// (the caches' lock-free churn is settled at the next lock of their lists).
+    NrPcpPages,
+    /// Free blocks of one order in the buddy lists (`free_area[order].nr_free`, what
+    /// `/proc/buddyinfo` prints). Changed under the zone lock.
+    NrFreeOrder(Order),
+}
+
+/// Number of zone counters: the two page counts and one per order up to the largest
+/// `max_order` zonal accepts.
+pub const NR_ZONE_STAT_ITEMS: usize = 2 + MAX_ORDER_LIMIT as usize + 1;
+
+impl ZoneStatItem {
+    /// Index in the counter arrays.
+    #[inline]
+    pub const fn index(self) -> usize {
+        match self {
+            ZoneStatItem::NrFreePages => 0,
+            ZoneStatItem::NrPcpPages => 1,
+            ZoneStatItem::NrFreeOrder(o) => 2 + o.0 as usize,
+        }
+    }
+
+    /// The item at an index (the inverse of [`ZoneStatItem::index`]).
+    pub fn from_index(i: usize) -> Option<ZoneStatItem> {
+        match i {
+            0 => Some(ZoneStatItem::NrFreePages),
+            1 => Some(ZoneStatItem::NrPcpPages),
+            i if i < NR_ZONE_STAT_ITEMS => Some(ZoneStatItem::NrFreeOrder(Order((i - 2) as u8))),
+            _ => None,
+        }
+    }
+
+    /// Every item of a zone with blocks up to `max_order`, in report order.
+    pub fn all(max_order: Order) -> impl Iterator<Item = ZoneStatItem> {
+        (0..2 + max_order.0 as usize + 1).filter_map(ZoneStatItem::from_index)
+    }
+
+    /// The name in `/proc/zoneinfo` and `/proc/vmstat` style.
+    pub fn name(self) -> String {
+        match self {
+            ZoneStatItem::NrFreePages => "nr_free_pages".into(),
+            ZoneStatItem::NrPcpPages => "nr_zone_pcp_pages".into(),
+            ZoneStatItem::NrFreeOrder(o) => format!("nr_free_order_{}", o.0),
+        }
+    }
+}
+
+/// The name of the derived item `managed - free - pcp`: frames handed out.
+pub const NR_ALLOCATED_NAME: &str = "nr_zone_allocated";
+
+/// Linux's largest `stat_threshold`: a diff is an `s8`, and after an update its size is at
+/// most the threshold.
+pub const MAX_STAT_THRESHOLD: usize = 125;
+
+/// `fls`: the 1-based index of the highest set bit, 0 for 0.
+fn fls(x: usize) -> usize {
+    (usize::BITS - x.leading_zeros()) as usize
+}
+
+/// `calculate_normal_threshold`: `2 * fls(cpus) * (1 + fls(managed in 128 MiB units))`,
+/// at most 125. More CPUs and more memory tolerate more drift.
+pub fn normal_threshold(nr_cpus: usize, managed_pages: usize) -> usize {
+    let mem = managed_pages >> (27 - crate::types::PAGE_SHIFT);
+    (2 * fls(nr_cpus) * (1 + fls(mem))).min(MAX_STAT_THRESHOLD)
+}
+
+/// `calculate_pressure_threshold`: the gap between the low and min watermarks shared out
+/// among the CPUs, at least 1, at most 125, so that the drift cannot take the zone from
+/// above `low` to below `min` unseen.
+pub fn pressure_threshold(nr_cpus: usize, low: usize, min: usize) -> usize {
+    (low.saturating_sub(min) / nr_cpus.max(1)).clamp(1, MAX_STAT_THRESHOLD)
+}
+
+/// `percpu_drift_mark`: when `nr_cpus * threshold` could exceed the gap between `low` and
+/// `min`, free counts below `high + nr_cpus * threshold` are read as snapshots by the
+/// watermark checks; 0 when the drift is always tolerable.
+pub fn percpu_drift_mark(nr_cpus: usize, threshold: usize, min: usize, low: usize, high: usize) -> usize {
+    let max_drift = nr_cpus * threshold;
+    if max_drift > low.saturating_sub(min) {
+        high + max_drift
+    } else {
+        0
+    }
+}
+
+/// Zone counters folded from the per-CPU diffs: one zone's (`zone->vm_stat`) or the whole
+/// allocator's (`vm_zone_stat`). Written only by folds; may dip below zero while other
+/// CPUs' diffs hold the difference (readers clamp at 0, as Linux's do).
+#[repr(align(128))]
+#[derive(Debug, Default)]
+pub struct ZoneCounters {
+    v: [AtomicIsize; NR_ZONE_STAT_ITEMS],
+}
+
+impl ZoneCounters {
+    /// The folded value, clamped at 0 (`zone_page_state`, `global_zone_page_state`).
+    #[inline]
+    pub fn get(&self, item: ZoneStatItem) -> usize {
+        self.raw(item).max(0) as usize
+    }
+
+    /// The folded value as kept.
+    #[inline]
+    pub fn raw(&self, item: ZoneStatItem) -> isize {
+        self.v[item.index()].load(Ordering::Relaxed)
+    }
+
+    /// Adds a folded diff.
+    #[inline]
+    pub fn add(&self, item: ZoneStatItem, v: isize) {
+        self.v[item.index()].fetch_add(v, Ordering::Relaxed);
+    }
+}
+
+/// One CPU's zone-counter diffs for one zone and the zone's threshold as this CPU applies
+/// it (`struct per_cpu_zonestat`'s `vm_stat_diff` and `stat_threshold`), on lines of its own.
+#[repr(align(128))]
+#[derive(Debug, Default)]
+pub struct PerCpuZoneDiffs {
+    diff: [AtomicI8; NR_ZONE_STAT_ITEMS],
+    stat_threshold: AtomicU8,
+}
+
+const _: () = assert!(std::mem::size_of::<PerCpuZoneDiffs>() % 128 == 0);
+
+impl PerCpuZoneDiffs {
+    /// The threshold this CPU folds at.
+    #[inline]
+    pub fn threshold(&self) -> usize {
+        self.stat_threshold.load(Ordering::Relaxed) as usize
+    }
+
+    /// Sets the threshold (at most 125).
+    pub fn set_threshold(&self, t: usize) {
+        self.stat_threshold.store(t.min(MAX_STAT_THRESHOLD) as u8, Ordering::Relaxed);
+    }
+
+    /// The unfolded part of an item.
+    #[inline]
+    pub fn diff(&self, item: ZoneStatItem) -> isize {
+        self.diff[item.index()].load(Ordering::Relaxed) as isize
+    }
+
+    /// `__mod_zone_page_state`: adds `delta` to the diff; past the threshold the diff (with
+    /// Linux's overstep of half the threshold for single steps, so a counter moving one way
+    /// folds half as often) goes to `fold` and the diff restarts. The caller holds the lock
+    /// that guards this item's diffs.
+    #[inline]
+    pub fn add(&self, item: ZoneStatItem, delta: isize, fold: impl FnOnce(isize)) {
+        let d = &self.diff[item.index()];
+        let t = self.threshold() as isize;
+        let mut x = d.load(Ordering::Relaxed) as isize + delta;
+        if x.abs() > t {
+            let overstep = match delta {
+                1 => t / 2,
+                -1 => -(t / 2),
+                _ => 0,
+            };
+            fold(x + overstep);
+            x = -overstep;
+        }
+        d.store(x as i8, Ordering::Relaxed);
+    }
+
+    /// Takes the diff of an item, leaving 0 (the periodic fold; the caller holds the lock
+    /// that guards this item's diffs).
+    #[inline]
+    pub fn take(&self, item: ZoneStatItem) -> isize {
+        let d = &self.diff[item.index()];
+        let x = d.load(Ordering::Relaxed) as isize;
+        if x != 0 {
+            d.store(0, Ordering::Relaxed);
+        }
+        x
+    }
+}
 
 /// The event counters, in report order, with their stable names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -4,17 +4,21 @@
 //! `calculate_min_free_kbytes`, `__zone_watermark_ok`.
 //!
 //! Locking: `lock` (the zone lock) protects the free lists; [`ZoneLocked`] is the proof that
-//! it is held. `nr_free` is written only under the lock and read without it (watermark checks
-//! read a value that may be a moment old, as Linux's `zone_page_state` does). The frame state
+//! it is held. The free counts are zone counters ([`crate::vmstat`]): the changes a lock
+//! holder makes are added to its CPU's diffs when it unlocks, and folded into the zone's
+//! counters past `stat_threshold`. Watermark checks read the folded count, or a snapshot when
+//! it lies below `percpu_drift_mark` and the drift could decide the answer. The frame state
 //! bytes (`mem_map`) are atomics; see [`crate::buddy`] for their protocol.
 //!
 //! Invariant (quiescent): `nr_free + pcp + allocated == managed`, where `allocated` sums the
 //! blocks whose head is `ALLOCATED`; see [`Zone::check_invariants`].
 
 use crate::buddy::{self, Buddy, FreeArea};
-use crate::sync::{self, AtomicU8, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{self, AtomicBool, AtomicU8, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::types::{NodeId, Order, Pfn, ZoneId, PAGE_SHIFT};
+use crate::vmstat::{self, PerCpuZoneDiffs, ZoneCounters, ZoneStatItem};
 use std::fmt;
+use std::sync::Arc;
 
 /// Zone types. zonal gives every node one `Normal` zone; the type exists so reports carry
 /// the kernel's names and so more zone types can be added without changing the layout.
@@ -92,8 +96,19 @@ pub struct Zone {
     pub max_order: Order,
     /// Watermarks in frames: min, low, high, promo (`_watermark[]`).
     watermark: [AtomicUsize; 4],
-    /// Free frames in the buddy lists (`NR_FREE_PAGES`); written under the lock.
-    nr_free: AtomicUsize,
+    /// The zone counters as folded (`vm_stat`).
+    vm_stat: ZoneCounters,
+    /// The whole allocator's folded counters, which every zone's folds also feed.
+    global: Arc<ZoneCounters>,
+    /// Per CPU: the diffs not yet folded and the threshold (`per_cpu_zonestats`).
+    pcpu: Box<[PerCpuZoneDiffs]>,
+    /// Linux's `percpu_drift_mark`: `high + max_drift` when the drift could hide the way from
+    /// `low` to `min`, else 0. zonal's checks go further (see [`Zone::watermark_ok_fast`]).
+    percpu_drift_mark: AtomicUsize,
+    /// How far the folded free count can be from the truth: `nr_cpus * stat_threshold`.
+    max_drift: AtomicUsize,
+    /// Whether the pressure threshold is in force (free frames fell below `low`).
+    pressure: AtomicBool,
     lock: Mutex<FreeArea>,
     states: Box<[AtomicU8]>,
 }
@@ -105,14 +120,28 @@ impl fmt::Debug for Zone {
             .field("node", &self.node)
             .field("start_pfn", &self.start_pfn)
             .field("managed", &self.managed)
-            .field("nr_free", &self.nr_free())
+            .field("nr_free", &self.page_state_snapshot(ZoneStatItem::NrFreePages))
             .finish()
     }
 }
 
 impl Zone {
-    /// A zone of `pages` frames from `start`, all free.
+    /// A zone of `pages` frames from `start`, all free, with counters for one CPU of its own.
     pub fn new(id: ZoneId, node: NodeId, start: Pfn, pages: usize, max_order: Order) -> Zone {
+        Zone::with_counters(id, node, start, pages, max_order, 1, Arc::default())
+    }
+
+    /// A zone of `pages` frames from `start`, all free, with per-CPU diffs for `nr_cpus` CPUs
+    /// folding into `global` as well as into its own counters.
+    pub fn with_counters(
+        id: ZoneId,
+        node: NodeId,
+        start: Pfn,
+        pages: usize,
+        max_order: Order,
+        nr_cpus: usize,
+        global: Arc<ZoneCounters>,
+    ) -> Zone {
         let z = Zone {
             id,
             node,
@@ -123,15 +152,17 @@ impl Zone {
             managed: pages,
             max_order,
             watermark: [AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)],
-            nr_free: AtomicUsize::new(0),
+            vm_stat: ZoneCounters::default(),
+            global,
+            pcpu: (0..nr_cpus.max(1)).map(|_| PerCpuZoneDiffs::default()).collect(),
+            percpu_drift_mark: AtomicUsize::new(0),
+            max_drift: AtomicUsize::new(0),
+            pressure: AtomicBool::new(false),
             lock: Mutex::new(FreeArea::new(pages)),
             states: (0..pages).map(|_| AtomicU8::new(buddy::NONE)).collect(),
         };
-        {
-            let mut locked = z.lock();
-            locked.buddy().free_range(start, pages);
-            locked.add_free(pages);
-        }
+        z.refresh_stat_thresholds();
+        z.lock().buddy().free_range(start, pages);
         z
     }
 
@@ -153,10 +184,103 @@ impl Zone {
         &self.states[pfn.0 - self.start_pfn.0]
     }
 
-    /// Free frames in the buddy lists.
+    /// Free frames in the buddy lists as folded (`zone_page_state(NR_FREE_PAGES)`): behind
+    /// the truth by at most `nr_cpus * stat_threshold`.
     #[inline]
     pub fn nr_free(&self) -> usize {
-        self.nr_free.load(Ordering::Relaxed)
+        self.vm_stat.get(ZoneStatItem::NrFreePages)
+    }
+
+    /// A zone counter as folded (`zone_page_state`).
+    #[inline]
+    pub fn page_state(&self, item: ZoneStatItem) -> usize {
+        self.vm_stat.get(item)
+    }
+
+    /// A zone counter with every CPU's unfolded diff added (`zone_page_state_snapshot`):
+    /// exact once changes stop.
+    pub fn page_state_snapshot(&self, item: ZoneStatItem) -> usize {
+        self.pcpu.iter().map(|d| d.diff(item)).sum::<isize>().saturating_add(self.vm_stat.raw(item)).max(0) as usize
+    }
+
+    /// Adds `delta` to an item through CPU `cpu`'s diff (`__mod_zone_page_state`). The
+    /// caller holds the lock that guards the item: the zone lock for the free counts, the
+    /// lists' lock of CPU `cpu` for [`ZoneStatItem::NrPcpPages`].
+    #[inline]
+    pub fn mod_page_state(&self, cpu: usize, item: ZoneStatItem, delta: isize) {
+        self.pcpu[cpu % self.pcpu.len()].add(item, delta, |v| self.fold_in(item, v));
+    }
+
+    fn fold_in(&self, item: ZoneStatItem, v: isize) {
+        self.vm_stat.add(item, v);
+        self.global.add(item, v);
+    }
+
+    /// Folds CPU `cpu`'s diff of an item into the counters (the periodic fold). The caller
+    /// holds the lock that guards the item, as for [`Zone::mod_page_state`].
+    pub fn fold_diff(&self, cpu: usize, item: ZoneStatItem) {
+        let v = self.pcpu[cpu % self.pcpu.len()].take(item);
+        if v != 0 {
+            self.fold_in(item, v);
+        }
+    }
+
+    /// The threshold CPU `cpu` folds this zone's diffs at (`vm stats threshold`).
+    pub fn stat_threshold(&self, cpu: usize) -> usize {
+        self.pcpu[cpu % self.pcpu.len()].threshold()
+    }
+
+    /// `percpu_drift_mark` (0: the drift never matters).
+    pub fn percpu_drift_mark(&self) -> usize {
+        self.percpu_drift_mark.load(Ordering::Relaxed)
+    }
+
+    /// Whether the pressure threshold is in force.
+    pub fn under_pressure(&self) -> bool {
+        self.pressure.load(Ordering::Relaxed)
+    }
+
+    /// `refresh_zone_stat_thresholds` for this zone: the normal threshold for every CPU and
+    /// the drift mark from it. Call after the watermarks change.
+    pub fn refresh_stat_thresholds(&self) {
+        let cpus = self.pcpu.len();
+        let t = vmstat::normal_threshold(cpus, self.managed);
+        self.set_threshold(t);
+        let (min, low, high) =
+            (self.watermark(Watermark::Min), self.watermark(Watermark::Low), self.watermark(Watermark::High));
+        self.percpu_drift_mark.store(vmstat::percpu_drift_mark(cpus, t, min, low, high), Ordering::Relaxed);
+        self.pressure.store(false, Ordering::Relaxed);
+    }
+
+    /// Switches between the pressure threshold (`set_pgdat_percpu_threshold` with
+    /// `calculate_pressure_threshold`, as when kswapd wakes) and the normal one. Returns
+    /// whether anything changed.
+    pub fn set_pressure(&self, on: bool) -> bool {
+        // A load first: the slow path calls this on every zone it walks.
+        if self.pressure.load(Ordering::Relaxed) == on || self.pressure.swap(on, Ordering::Relaxed) == on {
+            return false;
+        }
+        let cpus = self.pcpu.len();
+        self.set_threshold(if on {
+            vmstat::pressure_threshold(cpus, self.watermark(Watermark::Low), self.watermark(Watermark::Min))
+        } else {
+            vmstat::normal_threshold(cpus, self.managed)
+        });
+        true
+    }
+
+    /// Sets every CPU's threshold under the zone lock, with the free-count diffs folded
+    /// first: no diff is then larger than the new threshold allows, so `max_drift` is true
+    /// from the moment it is stored. (The pages-on-lists diffs keep their old size until
+    /// their next update; nothing decides on them.)
+    fn set_threshold(&self, t: usize) {
+        let mut l = self.lock();
+        l.fold_diffs();
+        for d in self.pcpu.iter() {
+            d.set_threshold(t);
+        }
+        self.max_drift.store(self.pcpu.len() * t.min(vmstat::MAX_STAT_THRESHOLD), Ordering::Relaxed);
+        drop(l);
     }
 
     /// A watermark in frames.
@@ -177,6 +301,7 @@ impl Zone {
         self.watermark[Watermark::Low as usize].store(min + tmp, Ordering::Relaxed);
         self.watermark[Watermark::High as usize].store(min + 2 * tmp, Ordering::Relaxed);
         self.watermark[Watermark::Promo as usize].store(min + 3 * tmp, Ordering::Relaxed);
+        self.refresh_stat_thresholds();
     }
 
     /// `__zone_watermark_ok`: may an allocation of `order` take frames, leaving the zone above
@@ -193,11 +318,21 @@ impl Zone {
     /// of `order` leaves more than `mark` (halved with `high`) free frames. The allocation path
     /// uses this and lets `rmqueue` find out whether a block of the order exists, under the one
     /// lock acquisition it needs anyway.
+    ///
+    /// It reads the folded free count, and a snapshot when the folded count lies within the
+    /// largest drift of the answer's edge, where the drift could decide it. Linux takes the
+    /// snapshot only below `percpu_drift_mark` (`zone_watermark_ok_safe`); zonal takes it at
+    /// every mark, so a check is as exact as the snapshot.
     #[inline]
     pub fn watermark_ok_fast(&self, order: Order, mark: usize, high: bool) -> bool {
-        let free = self.nr_free() as isize - (order.pages() as isize - 1);
-        let min = if high { mark - mark / 2 } else { mark } as isize;
-        free > min
+        let min = if high { mark - mark / 2 } else { mark };
+        // free - (pages - 1) > min
+        let edge = min + order.pages() - 1;
+        let mut free = self.nr_free();
+        if free <= edge + self.max_drift.load(Ordering::Relaxed) {
+            free = self.page_state_snapshot(ZoneStatItem::NrFreePages);
+        }
+        free > edge
     }
 
     /// Free blocks per order, `0..=max_order` (what `/proc/buddyinfo` prints).
@@ -245,8 +380,16 @@ impl Zone {
                 ));
             }
         }
-        if free != self.nr_free() {
-            return Err(format!("zone {}: nr_free {} but the lists hold {free}", self.id.0, self.nr_free()));
+        let counted = self.page_state_snapshot(ZoneStatItem::NrFreePages);
+        if free != counted {
+            return Err(format!("zone {}: nr_free_pages {counted} but the lists hold {free}", self.id.0));
+        }
+        for o in 0..=self.max_order.0 {
+            let (n, counted) =
+                (l.area.nr_free(Order(o)), self.page_state_snapshot(ZoneStatItem::NrFreeOrder(Order(o))));
+            if n != counted {
+                return Err(format!("zone {}: nr_free_order_{o} {counted} but free_area[{o}] holds {n}", self.id.0));
+            }
         }
         let mut allocated = 0;
         let mut pcp = 0;
@@ -280,10 +423,18 @@ impl Zone {
     }
 }
 
-/// Proof that a zone's lock is held (the kernel's "caller must hold zone->lock").
+/// Proof that a zone's lock is held (the kernel's "caller must hold zone->lock"). On drop it
+/// accounts the changes made to the free lists, then unlocks.
 pub struct ZoneLocked<'a> {
     zone: &'a Zone,
     area: MutexGuard<'a, FreeArea>,
+}
+
+impl Drop for ZoneLocked<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.account();
+    }
 }
 
 impl ZoneLocked<'_> {
@@ -298,18 +449,33 @@ impl ZoneLocked<'_> {
         }
     }
 
-    /// Adjusts `nr_free` (only under the lock, hence a plain load and store).
-    #[inline]
-    pub fn add_free(&mut self, delta: usize) {
-        let z = &self.zone.nr_free;
-        z.store(z.load(Ordering::Relaxed) + delta, Ordering::Relaxed);
+    /// Folds every CPU's diffs of the items the zone lock guards (the periodic fold and
+    /// `vm.stat_refresh`).
+    pub fn fold_diffs(&mut self) {
+        self.account();
+        for cpu in 0..self.zone.pcpu.len() {
+            self.zone.fold_diff(cpu, ZoneStatItem::NrFreePages);
+            for o in 0..=self.zone.max_order.0 {
+                self.zone.fold_diff(cpu, ZoneStatItem::NrFreeOrder(Order(o)));
+            }
+        }
     }
 
-    /// Lowers `nr_free`.
+    /// Adds the changes made to the free lists under this lock to this CPU's diffs.
     #[inline]
-    pub fn sub_free(&mut self, delta: usize) {
-        let z = &self.zone.nr_free;
-        z.store(z.load(Ordering::Relaxed) - delta, Ordering::Relaxed);
+    fn account(&mut self) {
+        if !self.area.changed() {
+            return;
+        }
+        let cpu = crate::sys::current_cpu() as usize;
+        let mut pages = 0isize;
+        for (o, &d) in self.area.take_changes().iter().enumerate().filter(|(_, &d)| d != 0) {
+            self.zone.mod_page_state(cpu, ZoneStatItem::NrFreeOrder(Order(o as u8)), d as isize);
+            pages += (d as isize) << o;
+        }
+        if pages != 0 {
+            self.zone.mod_page_state(cpu, ZoneStatItem::NrFreePages, pages);
+        }
     }
 
     /// Free blocks of an order.

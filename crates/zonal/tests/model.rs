@@ -273,7 +273,7 @@ fn canonical(z: &Zone, free: &[bool]) -> Vec<usize> {
 fn above(z: &Zone, order: u8, mark: Watermark, high: bool) -> bool {
     let m = z.watermark(mark);
     let m = if high { m - m / 2 } else { m };
-    z.nr_free() as isize - ((1isize << order) - 1) > m as isize
+    z.page_state_snapshot(zonal::vmstat::ZoneStatItem::NrFreePages) as isize - ((1isize << order) - 1) > m as isize
 }
 
 fn has_block(z: &Zone, order: u8) -> bool {
@@ -571,7 +571,9 @@ impl Harness {
     /// allocation under the thread policy after another, until the first failure. Order 0
     /// needs only the free counts, which the prediction updates as it goes.
     fn predict_bulk(&mut self, n: usize, gfp: Gfp) -> Vec<u16> {
-        let mut free: Vec<usize> = (0..self.nodes()).map(|n| self.zone(n).nr_free()).collect();
+        let mut free: Vec<usize> = (0..self.nodes())
+            .map(|n| self.zone(n).page_state_snapshot(zonal::vmstat::ZoneStatItem::NrFreePages))
+            .collect();
         let high = gfp.contains(Gfp::HIGH);
         let mut out = Vec::new();
         for _ in 0..n {
