@@ -62,10 +62,18 @@ pub struct Zonal {
     /// The first zone of each CPU's node's zonelist, `[cpu]`: where an allocation under the
     /// local policy looks first, and what the order-0 fast path takes from.
     local_zone: Box<[u16]>,
-    /// For each CPU, the index in `zone_stats` where an allocation from `local_zone[cpu]`
-    /// counts as a hit and local, or `u32::MAX` when that zone is not on the CPU's node
-    /// (a memoryless node).
-    local_hit_stat: Box<[u32]>,
+    /// For each CPU, whether an allocation from `local_zone[cpu]` is a NUMA hit and local
+    /// (that zone is on the CPU's node; not so for a CPU of a memoryless node), so that the
+    /// fast paths' per-CPU count of them is their `numa_hit` and `numa_local`.
+    local_is_hit: Box<[bool]>,
+    /// Per CPU, `local_first` when the per-CPU strategy last began counting (`[cpu]`), and
+    /// what it counted before it last stopped: the NUMA hits and locals of the fast paths are
+    /// `frozen + (local_first - base)` while it counts, `frozen` while not. Written under the
+    /// mode lock.
+    numa_fast_base: Box<[AtomicU64]>,
+    numa_fast_frozen: Box<[AtomicU64]>,
+    /// `bulk_accounting`: `true` accounts a bulk call page by page (the seeds' "before").
+    bulk_per_page: std::sync::atomic::AtomicBool,
     /// `free_check`: whether an order-0 free on the rseq path claims its frame with a CAS
     /// (`true`) or a load and a store (`false`, the default).
     free_check_atomic: std::sync::atomic::AtomicBool,
@@ -75,9 +83,8 @@ pub struct Zonal {
     zone_stats: Box<[PerCpuZoneStat]>,
     /// Per-zone shared NUMA counters that seed 000's per-CPU diffs fold into.
     numa_shared: Box<[ZoneNumaShared]>,
-    /// `true`: count NUMA events as seed 000 does (diffs and a threshold); `false`: per-CPU
-    /// event counters (seed 002).
-    numa_by_threshold: std::sync::atomic::AtomicBool,
+    /// The counting strategy: the index of a [`NumaStrategy`] in `NumaStrategy::ALL`.
+    numa_strategy: std::sync::atomic::AtomicU8,
     /// `numa_stat_threshold`.
     numa_threshold: std::sync::atomic::AtomicU16,
     /// The user-space static key of `numa_stats_mode`: whether allocations count NUMA events.
@@ -105,6 +112,8 @@ pub struct Zonal {
 const NUMA_ON_PERCPU: u8 = 1;
 /// `numa_key` when counting with seed 000's diffs and threshold.
 const NUMA_ON_THRESHOLD: u8 = 2;
+/// `numa_key` when counting with atomic adds on shared counters.
+const NUMA_ON_SHARED: u8 = 3;
 
 /// `min_free_kbytes` within the table's bounds and no more than the memory there is.
 fn check_min_free_kbytes(kb: u64, lowmem_pages: usize) -> Result<u64> {
@@ -197,17 +206,10 @@ impl Zonal {
             })
             .collect::<Box<[u16]>>();
         let nz = zones.len();
-        let local_hit_stat = local_zone
+        let local_is_hit = local_zone
             .iter()
             .enumerate()
-            .map(|(c, &z)| {
-                let on_node = node_zones[topo.cpu_to_node(CpuId(c as u32)).0 as usize].iter().any(|id| id.0 == z);
-                if on_node {
-                    (c * nz + z as usize) as u32
-                } else {
-                    u32::MAX
-                }
-            })
+            .map(|(c, &z)| node_zones[topo.cpu_to_node(CpuId(c as u32)).0 as usize].iter().any(|id| id.0 == z))
             .collect();
         let nr_zone_stats = nr_cpus * zones.len();
         let stat_interval_ms =
@@ -224,13 +226,16 @@ impl Zonal {
             pcp_enabled: config.pcp,
             rseq_off,
             local_zone,
-            local_hit_stat,
+            local_is_hit,
+            numa_fast_base: (0..nr_cpus).map(|_| AtomicU64::new(0)).collect(),
+            numa_fast_frozen: (0..nr_cpus).map(|_| AtomicU64::new(0)).collect(),
+            bulk_per_page: std::sync::atomic::AtomicBool::new(false),
             free_check_atomic: std::sync::atomic::AtomicBool::new(false),
             percpu_pagelist_high_fraction: AtomicU32::new(fraction),
             worker: Some(worker),
             zone_stats: (0..nr_zone_stats).map(|_| PerCpuZoneStat::default()).collect(),
             numa_shared: (0..nz).map(|_| ZoneNumaShared::default()).collect(),
-            numa_by_threshold: std::sync::atomic::AtomicBool::new(false),
+            numa_strategy: std::sync::atomic::AtomicU8::new(0),
             numa_threshold: std::sync::atomic::AtomicU16::new(vmstat::NUMA_STATS_THRESHOLD),
             numa_key: std::sync::atomic::AtomicU8::new(0),
             numa_mode: std::sync::Mutex::new(NumaStatsMode::Auto),
@@ -470,14 +475,21 @@ impl Zonal {
         z.watermark_ok_fast(Order(0), z.watermark(Watermark::Low).saturating_add(extra), false).then_some((cpu, z))
     }
 
-    /// Accounts `n` frames the fast paths took from `local_fast_zone`: the event, and, when
-    /// counting, the NUMA charge (that zone is the preferred one, so a hit).
+    /// Accounts `n` frames the fast paths took from `local_fast_zone` (the preferred zone,
+    /// so a hit, and local when on the CPU's node). One per-CPU count serves as the
+    /// `pgalloc_normal` event and, under the per-CPU strategy, as the NUMA hit and local: with
+    /// that strategy, counting costs the fast path nothing but the key's load and branch.
     #[inline(always)]
     fn account_local_alloc(&self, cpu: usize, z: &Zone, n: u64) {
-        self.count_event(cpu, VmEvent::PgallocNormal, n);
+        let is_hit = self.local_is_hit[cpu];
+        if is_hit {
+            self.events[cpu].add_local_first(n);
+        } else {
+            self.count_event(cpu, VmEvent::PgallocNormal, n);
+        }
         let key = self.numa_key.load(std::sync::atomic::Ordering::Relaxed);
-        if key != 0 {
-            self.numa_charge_first_zone(cpu, z, key, n);
+        if key > NUMA_ON_PERCPU || (key == NUMA_ON_PERCPU && !is_hit) {
+            self.numa_charge(cpu, z, z, n, None);
         }
     }
 
@@ -602,29 +614,19 @@ impl Zonal {
         self.numa_charge(cpu, z, preferred, nr, interleave);
     }
 
-    /// Charges `n` frames from the local node's first zone, which is then the preferred zone
-    /// too: a hit, and local unless the CPU's node has no memory. The common case is one
-    /// update of one per-CPU counter (seed 002's event counters).
-    #[inline(always)]
-    fn numa_charge_first_zone(&self, cpu: usize, z: &Zone, key: u8, n: u64) {
-        match self.local_hit_stat.get(cpu).and_then(|&i| self.zone_stats.get(i as usize)) {
-            Some(stat) if key == NUMA_ON_PERCPU => stat.add_hit_local(n),
-            _ => self.numa_charge(cpu, z, z, n, None),
-        }
-    }
-
     /// Charges `nr` frames allocated from `z` for an allocation that preferred `preferred`.
     #[inline(never)]
     fn numa_charge(&self, cpu: usize, z: &Zone, preferred: &Zone, nr: u64, interleave: Option<NodeId>) {
         let nz = self.zones.len();
-        let by_threshold = self.numa_by_threshold.load(std::sync::atomic::Ordering::Relaxed);
+        let strategy = self.numa_strategy();
         let threshold = self.numa_threshold.load(std::sync::atomic::Ordering::Relaxed);
         let count = |zone: &Zone, s: NumaStat, n: u64| {
             let pcpu = &self.zone_stats[cpu * nz + zone.id.0 as usize];
-            if by_threshold {
-                pcpu.add_diff(s, n, threshold, &self.numa_shared[zone.id.0 as usize]);
-            } else {
-                pcpu.add(s, n);
+            let shared = &self.numa_shared[zone.id.0 as usize];
+            match strategy {
+                NumaStrategy::PerCpu => pcpu.add(s, n),
+                NumaStrategy::Threshold => pcpu.add_diff(s, n, threshold, shared),
+                NumaStrategy::Shared => shared.add(s, n),
             }
         };
         if z.node == preferred.node {
@@ -650,7 +652,7 @@ impl Zonal {
         }
         let mode = self.numa_mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if *mode == NumaStatsMode::Auto && self.numa_key.load(std::sync::atomic::Ordering::Relaxed) == 0 {
-            self.numa_key.store(self.numa_on(), std::sync::atomic::Ordering::Relaxed);
+            self.set_numa_key(&mode, self.numa_on());
             self.log_line("numa stats: counters read in auto mode, updates enabled".into());
         }
     }
@@ -670,27 +672,68 @@ impl Zonal {
         self.numa_read_hook();
         let nz = self.zones.len();
         let shared = self.numa_shared.get(zone.0 as usize).map_or(0, |sh| sh.get(s));
-        (0..self.nr_cpus).map(|c| self.zone_stats[c * nz + zone.0 as usize].get(s)).fold(shared, u64::wrapping_add)
+        let counted =
+            (0..self.nr_cpus).map(|c| self.zone_stats[c * nz + zone.0 as usize].get(s)).fold(shared, u64::wrapping_add);
+        if !matches!(s, NumaStat::NumaHit | NumaStat::NumaLocal) {
+            return counted;
+        }
+        // The fast paths' local hits, counted as `pgalloc` on the CPUs whose local zone this is.
+        let fast_on = self.numa_key.load(std::sync::atomic::Ordering::Relaxed) == NUMA_ON_PERCPU;
+        (0..self.nr_cpus)
+            .filter(|&c| self.local_is_hit[c] && self.local_zone[c] == zone.0)
+            .map(|c| {
+                let frozen = self.numa_fast_frozen[c].load(std::sync::atomic::Ordering::Relaxed);
+                if fast_on {
+                    let since = self.events[c]
+                        .local_first()
+                        .wrapping_sub(self.numa_fast_base[c].load(std::sync::atomic::Ordering::Relaxed));
+                    frozen.wrapping_add(since)
+                } else {
+                    frozen
+                }
+            })
+            .fold(counted, u64::wrapping_add)
+    }
+
+    /// Turns counting on or off or changes how it counts (`static_branch_enable/disable`),
+    /// with the mode lock held. The per-CPU strategy's fast-path hits are counts of
+    /// `local_first` since the strategy began counting: start a new base when it begins,
+    /// and keep what it counted when it stops.
+    fn set_numa_key(&self, _mode: &std::sync::MutexGuard<'_, NumaStatsMode>, key: u8) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let old = self.numa_key.load(Relaxed);
+        if old == key {
+            return;
+        }
+        for c in 0..self.nr_cpus {
+            let now = self.events[c].local_first();
+            if old == NUMA_ON_PERCPU {
+                let since = now.wrapping_sub(self.numa_fast_base[c].load(Relaxed));
+                self.numa_fast_frozen[c].fetch_add(since, Relaxed);
+            }
+            if key == NUMA_ON_PERCPU {
+                self.numa_fast_base[c].store(now, Relaxed);
+            }
+        }
+        self.numa_key.store(key, Relaxed);
     }
 
     /// How NUMA events are counted now.
+    #[inline]
     pub fn numa_strategy(&self) -> NumaStrategy {
-        if self.numa_by_threshold.load(std::sync::atomic::Ordering::Relaxed) {
-            NumaStrategy::Threshold
-        } else {
-            NumaStrategy::PerCpu
-        }
+        let i = self.numa_strategy.load(std::sync::atomic::Ordering::Relaxed) as usize;
+        NumaStrategy::ALL[i.min(NumaStrategy::ALL.len() - 1)]
     }
 
     /// Switches how NUMA events are counted; counts so far stay (readers add both forms).
     pub fn set_numa_strategy(&self, s: NumaStrategy) {
         let mode = self.numa_mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let threshold = s == NumaStrategy::Threshold;
-        if self.numa_by_threshold.swap(threshold, std::sync::atomic::Ordering::Relaxed) == threshold {
+        let i = NumaStrategy::ALL.iter().position(|&x| x == s).unwrap_or(0) as u8;
+        if self.numa_strategy.swap(i, std::sync::atomic::Ordering::Relaxed) == i {
             return;
         }
         if self.numa_key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
-            self.numa_key.store(self.numa_on(), std::sync::atomic::Ordering::Relaxed);
+            self.set_numa_key(&mode, self.numa_on());
         }
         drop(mode);
         self.log_line(format!("numa stats counted by {}", s.name()));
@@ -735,10 +778,10 @@ impl Zonal {
 
     /// The value of `numa_key` that turns counting on with the current strategy.
     fn numa_on(&self) -> u8 {
-        if self.numa_by_threshold.load(std::sync::atomic::Ordering::Relaxed) {
-            NUMA_ON_THRESHOLD
-        } else {
-            NUMA_ON_PERCPU
+        match self.numa_strategy() {
+            NumaStrategy::PerCpu => NUMA_ON_PERCPU,
+            NumaStrategy::Threshold => NUMA_ON_THRESHOLD,
+            NumaStrategy::Shared => NUMA_ON_SHARED,
         }
     }
 
@@ -758,14 +801,17 @@ impl Zonal {
             return Ok(());
         }
         match new {
-            NumaStatsMode::Strict => self.numa_key.store(self.numa_on(), std::sync::atomic::Ordering::Relaxed),
+            NumaStatsMode::Strict => self.set_numa_key(&mode, self.numa_on()),
             NumaStatsMode::Coarse => {
                 // The zeroing is plain stores from this CPU: an update already past the key
                 // on another CPU can write its old value back, so a counter may read a few
                 // events above zero after the switch. Nothing is counted after that.
-                self.numa_key.store(0, std::sync::atomic::Ordering::Relaxed);
+                self.set_numa_key(&mode, 0);
                 for s in self.zone_stats.iter() {
                     s.zero();
+                }
+                for f in self.numa_fast_frozen.iter() {
+                    f.store(0, std::sync::atomic::Ordering::Relaxed);
                 }
                 for s in self.numa_shared.iter() {
                     s.zero();
@@ -1037,13 +1083,17 @@ impl Zonal {
             if refills > 0 {
                 self.count_event(cpu, VmEvent::PcpRefill, refills);
             }
-            self.count_event(cpu, VmEvent::PgallocNormal, n as u64);
-            if n > 0 && self.numa_key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
-                let target = match r {
-                    Resolved::Interleave(node) => Some(node),
-                    _ => None,
-                };
-                self.zone_statistics(cpu, &ctx, zone, n as u64, target);
+            let target = match r {
+                Resolved::Interleave(node) => Some(node),
+                _ => None,
+            };
+            // Once with the batch count (seed 002), or page by page as before it.
+            let (calls, each) = if self.bulk_accounting_per_page() { (n, 1) } else { (1, n as u64) };
+            for _ in 0..calls.min(n) {
+                self.count_event(cpu, VmEvent::PgallocNormal, each);
+                if self.numa_key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+                    self.zone_statistics(cpu, &ctx, zone, each, target);
+                }
             }
             (n > 0).then_some(n)
         });
@@ -1081,9 +1131,26 @@ impl Zonal {
             }
         }
         if n > 0 {
-            self.account_local_alloc(cpu, z, n as u64);
+            if self.bulk_accounting_per_page() {
+                (0..n).for_each(|_| self.account_local_alloc(cpu, z, 1));
+            } else {
+                self.account_local_alloc(cpu, z, n as u64);
+            }
         }
         n
+    }
+
+    /// `bulk_accounting`: whether bulk calls account page by page (`true`) or once per call
+    /// with the batch count (`false`, the default; seed 002).
+    pub fn bulk_accounting_per_page(&self) -> bool {
+        self.bulk_per_page.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets `bulk_accounting` (see [`crate::sysctl::TUNABLES`]).
+    pub fn set_bulk_accounting_per_page(&self, per_page: bool) {
+        if self.bulk_per_page.swap(per_page, std::sync::atomic::Ordering::Relaxed) != per_page {
+            self.log_line(format!("bulk_accounting: {}", if per_page { "per_page" } else { "batch" }));
+        }
     }
 
     /// Frees many order-0 frames; each is checked as by [`Zonal::free_pages`]. Every valid

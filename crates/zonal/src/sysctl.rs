@@ -47,14 +47,16 @@ pub const TUNABLES: &[Tunable] = &[
     Tunable {
         name: "numa_stat_strategy",
         default: "percpu",
-        bounds: Bounds::Choice(&["percpu", "threshold"]),
+        bounds: Bounds::Choice(&["percpu", "threshold", "shared"]),
         unit: "strategy",
         doc: "percpu (seed 002): per-CPU event counters never written by another CPU, summed on \
-              read; threshold (seed 000): per-CPU u16 diffs folded into shared per-zone counters \
-              past numa_stat_threshold, which every allocating CPU then writes. Reads add the \
-              unfolded diffs, so both are exact once allocation stops (up to a rare lost update \
-              between two threads preempting each other on one CPU); the shared counters alone \
-              lag by up to nr_cpus * numa_stat_threshold per counter",
+              read (the fast path's local hits cost nothing: they are its pgalloc count); \
+              threshold (seed 000): per-CPU u16 diffs folded into shared per-zone counters past \
+              numa_stat_threshold, which every allocating CPU then writes; shared: an atomic add \
+              on the zone's shared counter per event, exact at every instant. Reads add the \
+              unfolded parts, so all are exact once allocation stops (percpu and threshold up \
+              to a rare lost update between two threads preempting each other on one CPU); \
+              threshold's shared counters alone lag by up to nr_cpus * numa_stat_threshold",
     },
     Tunable {
         name: "numa_stat_threshold",
@@ -98,11 +100,21 @@ pub const TUNABLES: &[Tunable] = &[
               The locked paths always use the CAS",
     },
     Tunable {
+        name: "bulk_accounting",
+        default: "batch",
+        bounds: Bounds::Choice(&["batch", "per_page"]),
+        unit: "mode",
+        doc: "how bulk calls update the event and NUMA counters: batch (seed 002): once per call \
+              with the batch count; per_page: once per page, as before seed 002 (for the stats \
+              experiment)",
+    },
+    Tunable {
         name: "stat_interval",
         default: "1000",
         bounds: Bounds::Range(1, 3_600_000),
         unit: "ms",
-        doc: "how often the background worker decays idle per-CPU lists",
+        doc: "how often the background worker folds the zone counters' per-CPU diffs, sets each \
+              zone's normal or pressure stat_threshold, and decays idle per-CPU lists",
     },
 ];
 
@@ -173,6 +185,7 @@ impl Zonal {
             "percpu_pagelist_high_fraction" => self.percpu_pagelist_high_fraction().to_string(),
             "stat_interval" => self.stat_interval().as_millis().to_string(),
             "free_check" => if self.free_check_atomic() { "atomic" } else { "sequential" }.to_string(),
+            "bulk_accounting" => if self.bulk_accounting_per_page() { "per_page" } else { "batch" }.to_string(),
             _ => unreachable!("every table entry is handled"),
         })
     }
@@ -188,15 +201,15 @@ impl Zonal {
         match t.name {
             // Word tunables: `n` is the index of the word in the table's list.
             "numa_stat_strategy" => {
-                self.set_numa_strategy(if n == 0 {
-                    crate::vmstat::NumaStrategy::PerCpu
-                } else {
-                    crate::vmstat::NumaStrategy::Threshold
-                });
+                self.set_numa_strategy(crate::vmstat::NumaStrategy::ALL[n as usize]);
                 Ok(())
             }
             "free_check" => {
                 self.set_free_check_atomic(n == 1);
+                Ok(())
+            }
+            "bulk_accounting" => {
+                self.set_bulk_accounting_per_page(n == 1);
                 Ok(())
             }
             "min_free_kbytes" => self.set_min_free_kbytes(n),
@@ -274,7 +287,8 @@ mod tests {
             ("min_free_kbytes", "-5", "not a number"),
             ("numa_stats_mode", "lazy", "valid: auto, strict, coarse"),
             ("numa_stats_mode", "", "valid: auto, strict, coarse"),
-            ("numa_stat_strategy", "both", "valid: percpu, threshold"),
+            ("numa_stat_strategy", "both", "valid: percpu, threshold, shared"),
+            ("bulk_accounting", "each", "valid: batch, per_page"),
             ("free_check", "cas", "valid: sequential, atomic"),
             ("numa_stat_threshold", "0", "valid: 1..=65533"),
             ("numa_stat_threshold", "65534", "out of range"),

@@ -262,6 +262,9 @@ impl VmEvent {
 #[derive(Debug, Default)]
 pub struct PerCpuEvents {
     events: [AtomicU64; NR_VM_EVENTS],
+    /// Frames the order-0 fast paths took from this CPU's local zone: part of
+    /// `pgalloc_normal`, and the NUMA hits and locals of those allocations.
+    local_first: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<PerCpuEvents>() % 128 == 0);
@@ -277,7 +280,24 @@ impl PerCpuEvents {
     /// This CPU's count of an event.
     #[inline]
     pub fn get(&self, ev: VmEvent) -> u64 {
-        self.events[ev as usize].load(Ordering::Relaxed)
+        let v = self.events[ev as usize].load(Ordering::Relaxed);
+        match ev {
+            VmEvent::PgallocNormal => v.wrapping_add(self.local_first()),
+            _ => v,
+        }
+    }
+
+    /// Adds `n` frames taken by the fast paths from this CPU's local zone.
+    #[inline]
+    pub fn add_local_first(&self, n: u64) {
+        let c = &self.local_first;
+        c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+    }
+
+    /// Frames taken by the fast paths from this CPU's local zone so far.
+    #[inline]
+    pub fn local_first(&self) -> u64 {
+        self.local_first.load(Ordering::Relaxed)
     }
 }
 
@@ -372,9 +392,6 @@ pub struct PerCpuZoneStat {
     /// Seed 000's way: per-CPU u16 diffs folded into the zone's shared counters past
     /// `numa_stat_threshold` (`vm_numa_stat_diff`).
     diff: [AtomicU16; NR_NUMA_STATS],
-    /// Allocations that were both a hit and local, the common case, counted with one
-    /// update instead of two; reads add it to `numa_hit` and `numa_local`.
-    hit_local: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<PerCpuZoneStat>() % 128 == 0);
@@ -390,21 +407,7 @@ impl PerCpuZoneStat {
     /// This CPU's count: its event counter plus its unfolded diff.
     #[inline]
     pub fn get(&self, s: NumaStat) -> u64 {
-        let both = match s {
-            NumaStat::NumaHit | NumaStat::NumaLocal => self.hit_local.load(Ordering::Relaxed),
-            _ => 0,
-        };
-        self.numa[s as usize]
-            .load(Ordering::Relaxed)
-            .wrapping_add(self.diff[s as usize].load(Ordering::Relaxed) as u64)
-            .wrapping_add(both)
-    }
-
-    /// Adds `n` allocations that were a hit and local: `numa_hit` and `numa_local` both.
-    #[inline]
-    pub fn add_hit_local(&self, n: u64) {
-        let c = &self.hit_local;
-        c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+        self.numa[s as usize].load(Ordering::Relaxed).wrapping_add(self.diff[s as usize].load(Ordering::Relaxed) as u64)
     }
 
     /// Adds `n` to this CPU's diff; past `threshold` the diff goes to `shared` and restarts
@@ -414,7 +417,7 @@ impl PerCpuZoneStat {
         let d = &self.diff[s as usize];
         let v = d.load(Ordering::Relaxed) as u64 + n;
         if v > threshold as u64 {
-            shared.counters[s as usize].fetch_add(v, Ordering::Relaxed);
+            shared.add(s, v);
             d.store(0, Ordering::Relaxed);
         } else {
             d.store(v as u16, Ordering::Relaxed);
@@ -429,7 +432,6 @@ impl PerCpuZoneStat {
         for d in &self.diff {
             d.store(0, Ordering::Relaxed);
         }
-        self.hit_local.store(0, Ordering::Relaxed);
     }
 }
 
@@ -442,6 +444,12 @@ pub struct ZoneNumaShared {
 }
 
 impl ZoneNumaShared {
+    /// Adds `n` events (the `shared` strategy, and seed 000's folds).
+    #[inline]
+    pub fn add(&self, s: NumaStat, n: u64) {
+        self.counters[s as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
     /// The folded count.
     pub fn get(&self, s: NumaStat) -> u64 {
         self.counters[s as usize].load(Ordering::Relaxed)
@@ -459,21 +467,30 @@ impl ZoneNumaShared {
 /// the diff is a u16 and must hold `threshold + 1`).
 pub const NUMA_STATS_THRESHOLD: u16 = u16::MAX - 2;
 
-/// How NUMA events are counted (both kept so the seeds' experiments can be rerun).
+/// How NUMA events are counted (all kept so the seeds' experiments can be rerun).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NumaStrategy {
-    /// Seed 002: per-CPU event counters never written by another CPU, summed on read.
+    /// Seed 002: per-CPU event counters never written by another CPU, summed on read. An
+    /// allocation on the order-0 fast path (always a local hit) costs nothing more: its one
+    /// per-CPU `pgalloc` count is its `numa_hit` and `numa_local`.
     PerCpu,
     /// Seed 000: per-CPU u16 diffs folded into shared per-zone counters past a threshold.
     Threshold,
+    /// Before seed 000: every event an atomic add on the zone's shared counter, exact at
+    /// every instant and written by every allocating CPU.
+    Shared,
 }
 
 impl NumaStrategy {
+    /// Every strategy, in the sysctl table's order.
+    pub const ALL: [NumaStrategy; 3] = [NumaStrategy::PerCpu, NumaStrategy::Threshold, NumaStrategy::Shared];
+
     /// The strategy's name in the sysctl table.
     pub fn name(self) -> &'static str {
         match self {
             NumaStrategy::PerCpu => "percpu",
             NumaStrategy::Threshold => "threshold",
+            NumaStrategy::Shared => "shared",
         }
     }
 }

@@ -218,3 +218,67 @@ fn seed_000_threshold_strategy_counts_exactly_and_switches_both_ways() {
     assert!(z.sysctl_set("numa_stat_threshold", "65534").is_err());
     assert_eq!(z.numa_stat_threshold(), 4);
 }
+
+/// With the per-CPU lists on, order-0 allocations take the fast path, whose local hits the
+/// per-CPU strategy counts as its `pgalloc` count. Every strategy, and every switch between
+/// them and between modes, must still count each allocation once.
+#[test]
+fn fast_path_counts_once_in_every_strategy_and_across_switches() {
+    let m = Machine { nr_cpus: 2, mem_total: 1 << 30 };
+    let z = Zonal::new(Config::new(Topology::parse_for("nodes=2,size=8M,cpus=0:1", m).unwrap())).unwrap();
+    let alloc = |n: usize| {
+        on_cpu(0, || {
+            for _ in 0..n {
+                let p = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+                z.free_pages(p.as_ptr(), 0).unwrap();
+            }
+        })
+    };
+    // auto: nothing counted before the first read.
+    alloc(5);
+    assert_eq!(stat(&z, 0, NumaHit), 0);
+    let mut want = 0;
+    for (strategy, n) in [("percpu", 7), ("shared", 11), ("threshold", 13), ("percpu", 17), ("shared", 3)] {
+        z.sysctl_set("numa_stat_strategy", strategy).unwrap();
+        alloc(n);
+        want += n as u64;
+        assert_eq!(stat(&z, 0, NumaHit), want, "after {strategy}");
+        assert_eq!(stat(&z, 0, NumaLocal), want, "after {strategy}");
+        assert_eq!(stat(&z, 0, NumaMiss) + stat(&z, 0, NumaOther) + stat(&z, 1, NumaHit), 0);
+    }
+    // Every allocation is a pgalloc event, counted or not.
+    assert_eq!(z.event(zonal::VmEvent::PgallocNormal), want + 5);
+    z.sysctl_set("numa_stat_strategy", "percpu").unwrap();
+    z.set_numa_stats_mode("coarse").unwrap();
+    alloc(4);
+    assert_eq!(stat(&z, 0, NumaHit) + stat(&z, 0, NumaLocal), 0, "coarse zeroes and stops");
+    z.set_numa_stats_mode("strict").unwrap();
+    alloc(6);
+    assert_eq!((stat(&z, 0, NumaHit), stat(&z, 0, NumaLocal)), (6, 6), "strict counts from zero");
+}
+
+/// `bulk_accounting=per_page` (the seeds' "before") counts what `batch` counts.
+#[test]
+fn per_page_bulk_accounting_counts_what_batched_does() {
+    let m = Machine { nr_cpus: 2, mem_total: 1 << 30 };
+    let mut seen = Vec::new();
+    for mode in ["batch", "per_page"] {
+        for strategy in ["percpu", "threshold", "shared"] {
+            let z = Zonal::new(Config::new(Topology::parse_for("nodes=2,size=8M,cpus=0:1", m).unwrap())).unwrap();
+            z.set_numa_stats_mode("strict").unwrap();
+            z.sysctl_set("bulk_accounting", mode).unwrap();
+            z.sysctl_set("numa_stat_strategy", strategy).unwrap();
+            on_cpu(0, || {
+                // Past the rseq cache too: 300 frames take the locked lists as well.
+                let mut list = Vec::new();
+                assert_eq!(z.alloc_pages_bulk_list(Gfp::KERNEL, 300, &mut list), 300);
+                let ptrs: Vec<*mut u8> = list.iter().map(|p| p.as_ptr()).collect();
+                z.free_pages_bulk(&ptrs).unwrap();
+            });
+            let counts: Vec<u64> = NumaStat::ALL.iter().map(|&s| stat(&z, 0, s)).collect();
+            assert_eq!(counts[0], 300, "{mode} {strategy}: {counts:?}");
+            seen.push((counts, z.event(zonal::VmEvent::PgallocNormal), z.event(zonal::VmEvent::Pgfree)));
+        }
+    }
+    assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
+}
