@@ -49,6 +49,21 @@
 #define ZONAL_REPORT_NUMASTAT 3
 
 /*
+ [`zonal_report`]: `/proc/vmstat` layout.
+ */
+#define ZONAL_REPORT_VMSTAT 4
+
+/*
+ [`zonal_report`]: the vmstat counters as a JSON object.
+ */
+#define ZONAL_REPORT_VMSTAT_JSON 5
+
+/*
+ [`zonal_report`]: every counter in the Prometheus text exposition format.
+ */
+#define ZONAL_REPORT_PROMETHEUS 6
+
+/*
  A page allocator over its own memory. `Send + Sync`: share it by reference or `Arc`.
 
  Blocks it hands out stay valid until they are freed or the handle is dropped (dropping
@@ -145,6 +160,24 @@ int zonal_nr_free_pages(const struct zonal_t *z, int nid, uint64_t *out);
  `z` is a live handle; `out` is valid for a write.
  */
 int zonal_nr_free_blocks(const struct zonal_t *z, int nid, uint32_t order, uint64_t *out);
+
+/*
+ The `/proc/vmstat` counter `name` (`nr_free_pages`, `numa_hit`, `pgfree`, ...) into
+ `*out`; `-EINVAL` for an unknown name. Reading a NUMA counter turns counting on in `auto`
+ mode, as any read does.
+
+ # Safety
+ `z` is a live handle; `name` is a NUL-terminated string; `out` is valid for a write.
+ */
+int zonal_vmstat(const struct zonal_t *z, const char *name, uint64_t *out);
+
+/*
+ `vm.stat_refresh`: folds every CPU's zone-counter diffs now. Returns 0.
+
+ # Safety
+ `z` is a live handle.
+ */
+int zonal_refresh_vm_stats(const struct zonal_t *z);
 
 /*
  Writes a report into `buf` (`len` bytes) like `snprintf`: returns the full length, which

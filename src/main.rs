@@ -62,7 +62,8 @@ enum Command {
         json: bool,
     },
     /// Print every zone in the layout of Linux's /proc/zoneinfo (pages free, watermarks
-    /// min/low/high, spanned/present/managed, then the NUMA counters). In the default
+    /// min/low/high, spanned/present/managed, the zone counters, then the NUMA counters, then
+    /// each CPU's pageset: count, high, batch and vm stats threshold). In the default
     /// numa_stats_mode `auto` the NUMA counters start counting at their first read, so a
     /// `--workload` run before the first report leaves them at zero (seed 001); add
     /// `--set numa_stats_mode=strict` to count it.
@@ -91,6 +92,24 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+    },
+    /// Print every counter in the layout of Linux's /proc/vmstat (the zone counters summed
+    /// over zones, the NUMA counters, the events), as JSON, or as Prometheus text exposition
+    /// with the zone figures too (`zonal_vmstat_*`, `zonal_zoneinfo_*{node,zone}`, named as
+    /// node_exporter's vmstat and zoneinfo collectors name theirs). In the default
+    /// numa_stats_mode `auto` the NUMA counters start counting at their first read, so a
+    /// `--workload` run before it leaves them at zero (seed 001); add
+    /// `--set numa_stats_mode=strict` to count it.
+    Vmstat {
+        /// Run a synthetic workload first: allocs=N,orders=A-B,policy=P,free=PCT,seed=S.
+        #[arg(long, value_name = "SPEC")]
+        workload: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long, conflicts_with = "prometheus")]
+        json: bool,
+        /// Print the Prometheus text exposition of every counter and zone figure.
+        #[arg(long)]
+        prometheus: bool,
     },
     /// Print free blocks per order per zone in the layout of Linux's /proc/buddyinfo.
     Buddyinfo {
@@ -289,6 +308,16 @@ fn run(cli: Cli) -> Result<(), String> {
                 }
                 (None, true) => println!("{}", z.numastat_json()),
                 (None, false) => print!("{}", z.numastat()),
+            }
+        }
+        Command::Vmstat { workload, json, prometheus } => {
+            with_workload(&z, workload.as_deref())?;
+            if *prometheus {
+                print!("{}", z.prometheus());
+            } else if *json {
+                println!("{}", z.vmstat_json());
+            } else {
+                print!("{}", z.vmstat());
             }
         }
         Command::Buddyinfo { workload, json } => {

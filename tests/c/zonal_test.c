@@ -152,6 +152,25 @@ int main(void) {
     CHECK(zonal_report(z, ZONAL_REPORT_NUMASTAT, table, sizeof table) > 0);
     CHECK(strstr(table, "node1") != NULL && strstr(table, "numa_hit") != NULL);
 
+    /* vmstat: by name, and the reports in the kernel's, JSON and Prometheus layouts. */
+    uint64_t hits = 0, pgfree = 0, free_now = 0;
+    CHECK(zonal_vmstat(z, "numa_hit", &hits) == 0 && hits >= 1);
+    CHECK(zonal_vmstat(z, "pgfree", &pgfree) == 0 && pgfree > 0);
+    CHECK(zonal_refresh_vm_stats(z) == 0);
+    CHECK(zonal_vmstat(z, "nr_free_pages", &free_now) == 0 && free_now > 0);
+    CHECK(zonal_vmstat(z, "nr_nothing", &free_now) == -EINVAL);
+    CHECK(zonal_last_error(msg, sizeof msg) > 0 && strstr(msg, "nr_free_pages") != NULL);
+    CHECK(zonal_vmstat(z, "pgfree", NULL) == -EINVAL);
+    static char report[1 << 16];
+    CHECK(zonal_report(z, ZONAL_REPORT_VMSTAT, report, sizeof report) > 0);
+    CHECK(strncmp(report, "nr_free_pages ", 14) == 0 && strstr(report, "\npgfree ") != NULL);
+    CHECK(zonal_report(z, ZONAL_REPORT_VMSTAT_JSON, report, sizeof report) > 0 && report[0] == '{');
+    CHECK(zonal_report(z, ZONAL_REPORT_PROMETHEUS, report, sizeof report) > 0);
+    CHECK(strstr(report, "# TYPE zonal_vmstat_pgfree untyped") != NULL);
+    CHECK(strstr(report, "zonal_zoneinfo_numa_hit_total{node=\"1\",zone=\"Normal\"}") != NULL);
+    CHECK(zonal_report(z, ZONAL_REPORT_ZONEINFO, report, sizeof report) > 0);
+    CHECK(strstr(report, "  pagesets\n    cpu: 0\n") != NULL && strstr(report, "vm stats threshold: ") != NULL);
+
     /* Everything back: the same free counts as at the start. */
     CHECK(zonal_drain_all_pages(z) >= 0);
     CHECK(free_pages(z, 0) == free0 && free_pages(z, 1) == free1);

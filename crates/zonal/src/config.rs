@@ -28,7 +28,8 @@ pub struct Config {
     pub pcp: bool,
     /// `percpu_pagelist_high_fraction`: 0 (default, `high` tunes itself) or at least 8.
     pub percpu_pagelist_high_fraction: u32,
-    /// How often the background worker decays idle pcps (`stat_interval`, default 1 s).
+    /// How often the background worker folds the zone counters and decays idle pcps
+    /// (`stat_interval`, default 1 s).
     pub stat_interval: std::time::Duration,
 }
 

@@ -284,6 +284,41 @@ pub unsafe extern "C" fn zonal_nr_free_blocks(z: *const Zonal, nid: c_int, order
     })
 }
 
+/// The `/proc/vmstat` counter `name` (`nr_free_pages`, `numa_hit`, `pgfree`, ...) into
+/// `*out`; `-EINVAL` for an unknown name. Reading a NUMA counter turns counting on in `auto`
+/// mode, as any read does.
+///
+/// # Safety
+/// `z` is a live handle; `name` is a NUL-terminated string; `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn zonal_vmstat(z: *const Zonal, name: *const c_char, out: *mut u64) -> c_int {
+    guard(|| {
+        // SAFETY: per this function's contract, `z` is a live handle.
+        let z = or_return!(unsafe { handle(z) });
+        // SAFETY: per this function's contract, `name` is a NUL-terminated string.
+        let name = or_return!(unsafe { str_arg(name) });
+        if out.is_null() {
+            return invalid("null out pointer");
+        }
+        // SAFETY: `out` is non-null and valid for a write (contract).
+        unsafe { put(out, z.vmstat_value(name)) }
+    })
+}
+
+/// `vm.stat_refresh`: folds every CPU's zone-counter diffs now. Returns 0.
+///
+/// # Safety
+/// `z` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn zonal_refresh_vm_stats(z: *const Zonal) -> c_int {
+    guard(|| {
+        // SAFETY: per this function's contract, `z` is a live handle.
+        let z = or_return!(unsafe { handle(z) });
+        z.refresh_vm_stats();
+        0
+    })
+}
+
 /// [`zonal_report`]: `/proc/zoneinfo` layout.
 pub const ZONAL_REPORT_ZONEINFO: c_int = 0;
 /// [`zonal_report`]: `/proc/buddyinfo` layout.
@@ -292,6 +327,12 @@ pub const ZONAL_REPORT_BUDDYINFO: c_int = 1;
 pub const ZONAL_REPORT_ZONES_JSON: c_int = 2;
 /// [`zonal_report`]: the NUMA counters per node, as the `numastat` command prints them.
 pub const ZONAL_REPORT_NUMASTAT: c_int = 3;
+/// [`zonal_report`]: `/proc/vmstat` layout.
+pub const ZONAL_REPORT_VMSTAT: c_int = 4;
+/// [`zonal_report`]: the vmstat counters as a JSON object.
+pub const ZONAL_REPORT_VMSTAT_JSON: c_int = 5;
+/// [`zonal_report`]: every counter in the Prometheus text exposition format.
+pub const ZONAL_REPORT_PROMETHEUS: c_int = 6;
 
 /// Writes a report into `buf` (`len` bytes) like `snprintf`: returns the full length, which
 /// may exceed `len - 1` (call again with a larger buffer), or a negated errno.
@@ -308,6 +349,9 @@ pub unsafe extern "C" fn zonal_report(z: *const Zonal, report: c_int, buf: *mut 
             ZONAL_REPORT_BUDDYINFO => z.buddyinfo(),
             ZONAL_REPORT_ZONES_JSON => z.zone_stats_json(),
             ZONAL_REPORT_NUMASTAT => z.numastat(),
+            ZONAL_REPORT_VMSTAT => z.vmstat(),
+            ZONAL_REPORT_VMSTAT_JSON => z.vmstat_json(),
+            ZONAL_REPORT_PROMETHEUS => z.prometheus(),
             _ => return invalid(&format!("unknown report {report}")),
         };
         // SAFETY: per this function's contract.

@@ -1,17 +1,36 @@
-//! Reports in the layouts of Linux's `/proc/zoneinfo` and `/proc/buddyinfo`, and the same
-//! figures as JSON.
+//! Reports in the layouts of Linux's `/proc/zoneinfo`, `/proc/vmstat`, `/proc/buddyinfo` and
+//! `nodeN/numastat`, the same figures as JSON, and the Prometheus text exposition.
 //!
-//! Kernel counterpart: `zoneinfo_show_print` and `frag_show_print` (mm/vmstat.c). The text
-//! keeps the kernel's field widths (`Node %d, zone %8s`, `%6lu` per order) so that parsers
-//! written for the kernel files read these. Values are read without stopping allocation, as
-//! the kernel's are: each is exact at the moment it is read.
+//! Kernel counterpart: `zoneinfo_show_print`, `vmstat_show`, `frag_show_print` (mm/vmstat.c),
+//! `node_read_numastat` (drivers/base/node.c). The text keeps the kernel's field widths
+//! (`Node %d, zone %8s`, `%-12s %lu` per item, `%6lu` per order) so that parsers written for
+//! the kernel files read these. Values are read without stopping allocation, as the kernel's
+//! are. Zone counters are printed as snapshots (every CPU's unfolded diff added, see
+//! [`crate::vmstat`]), so a report taken once allocation stops is exact; the kernel prints the
+//! folded value, which the JSON also carries (`items_folded`).
 
 use crate::page_alloc::Zonal;
-use crate::vmstat::{NumaStat, ZoneStatItem};
+use crate::vmstat::{NumaStat, VmEvent, ZoneStatItem, NR_ALLOCATED_NAME};
 use crate::zone::{Watermark, Zone};
 use crate::NodeId;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::fmt::Write;
+
+/// One CPU's lists for a zone, as zoneinfo's `pagesets` prints them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Pageset {
+    /// CPU.
+    pub cpu: usize,
+    /// Frames on the lists (the rseq cache included).
+    pub count: usize,
+    /// Drain threshold.
+    pub high: usize,
+    /// Refill and drain unit.
+    pub batch: usize,
+    /// `vm stats threshold`: the zone-counter diff this CPU folds at.
+    pub stat_threshold: usize,
+}
 
 /// The figures of one zone.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -40,17 +59,54 @@ pub struct ZoneStat {
     pub start_pfn: usize,
     /// Free blocks per order, `0..=max_order`.
     pub free_blocks: Vec<usize>,
+    /// The zone counters by name, as snapshots (`nr_free_pages`, `nr_zone_pcp_pages`,
+    /// `nr_zone_allocated`, `nr_free_order_<k>`), in report order.
+    pub items: Vec<(String, usize)>,
+    /// The zone counters as folded (what the fast paths read), in the same order.
+    pub items_folded: Vec<(String, usize)>,
+    /// Whether the pressure threshold is in force.
+    pub under_pressure: bool,
+    /// `percpu_drift_mark` (0: none).
+    pub percpu_drift_mark: usize,
+    /// Per CPU: the lists' count, high, batch, and the stat threshold.
+    pub pagesets: Vec<Pageset>,
     /// The NUMA counters by name, when the report reads them (zoneinfo, JSON).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub numa: Option<std::collections::BTreeMap<&'static str, u64>>,
+    pub numa: Option<BTreeMap<&'static str, u64>>,
 }
 
-impl ZoneStat {
-    fn of(z: &Zone) -> ZoneStat {
+impl Zonal {
+    fn zone_stat(&self, z: &Zone) -> ZoneStat {
+        let snap = |i| self.zone_page_state_snapshot(z.id, i).unwrap_or(0);
+        let folded = |i| z.page_state(i);
+        let mut items = Vec::new();
+        let mut items_folded = Vec::new();
+        for item in ZoneStatItem::all(z.max_order) {
+            items.push((item.name(), snap(item)));
+            items_folded.push((item.name(), folded(item)));
+            if item == ZoneStatItem::NrPcpPages {
+                // The derived item, after the two it derives from.
+                items.push((NR_ALLOCATED_NAME.into(), self.zone_allocated_pages(z.id).unwrap_or(0)));
+                let f = z.managed.saturating_sub(folded(ZoneStatItem::NrFreePages) + folded(ZoneStatItem::NrPcpPages));
+                items_folded.push((NR_ALLOCATED_NAME.into(), f));
+            }
+        }
+        let pagesets = (0..self.nr_cpus())
+            .filter_map(|cpu| {
+                let p = self.pcp_info(cpu, z.id)?;
+                Some(Pageset {
+                    cpu,
+                    count: p.count,
+                    high: p.high,
+                    batch: p.batch,
+                    stat_threshold: z.stat_threshold(cpu),
+                })
+            })
+            .collect();
         ZoneStat {
             node: z.node.0,
             zone: z.kind.name(),
-            pages_free: z.page_state_snapshot(ZoneStatItem::NrFreePages),
+            pages_free: snap(ZoneStatItem::NrFreePages),
             min: z.watermark(Watermark::Min),
             low: z.watermark(Watermark::Low),
             high: z.watermark(Watermark::High),
@@ -60,15 +116,18 @@ impl ZoneStat {
             managed: z.managed,
             start_pfn: z.start_pfn.0,
             free_blocks: z.free_blocks(),
+            items,
+            items_folded,
+            under_pressure: z.under_pressure(),
+            percpu_drift_mark: z.percpu_drift_mark(),
+            pagesets,
             numa: None,
         }
     }
-}
 
-impl Zonal {
     /// The figures of every zone.
     pub fn zone_stats(&self) -> Vec<ZoneStat> {
-        self.zones().iter().map(ZoneStat::of).collect()
+        self.zones().iter().map(|z| self.zone_stat(z)).collect()
     }
 
     /// The figures of every zone with their NUMA counters (a read of them: in `auto` mode it
@@ -81,7 +140,9 @@ impl Zonal {
         v
     }
 
-    /// `/proc/zoneinfo`, with the NUMA counters after the zone items as seed 000 prints them.
+    /// `/proc/zoneinfo` (Linux 6.x): per zone the header, free pages and watermarks, the
+    /// zone items, then the NUMA items after them as seed 000 prints them, then the pagesets
+    /// with each CPU's `vm stats threshold`.
     pub fn zoneinfo(&self) -> String {
         let mut s = String::new();
         for z in self.zone_stats_with_numa() {
@@ -93,12 +154,134 @@ impl Zonal {
                  \n        managed  {}\n        cma      0\n        protection: (0)",
                 z.pages_free, z.min, z.low, z.high, z.promo, z.spanned, z.present, z.managed
             );
-            let _ = write!(s, "\n      {:<12} {}", "nr_free_pages", z.pages_free);
+            for (name, v) in &z.items {
+                let _ = write!(s, "\n      {name:<12} {v}");
+            }
             for n in NumaStat::ALL {
                 let v = z.numa.as_ref().and_then(|m| m.get(n.name()).copied()).unwrap_or(0);
                 let _ = write!(s, "\n      {:<12} {}", n.name(), v);
             }
+            s.push_str("\n  pagesets");
+            for p in &z.pagesets {
+                let _ = write!(
+                    s,
+                    "\n    cpu: {}\n              count: {}\n              high:  {}\n              batch: {}\
+                     \n  vm stats threshold: {}",
+                    p.cpu, p.count, p.high, p.batch, p.stat_threshold
+                );
+            }
             let _ = write!(s, "\n  node_unreclaimable:  0\n  start_pfn:           {}\n", z.start_pfn);
+        }
+        s
+    }
+
+    /// Every counter of `/proc/vmstat`, in its order: the zone items summed over zones (as
+    /// snapshots), the NUMA items, then the events. A read of the NUMA counters.
+    pub fn vmstat_items(&self) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        for item in ZoneStatItem::all(self.max_order()) {
+            out.push((item.name(), self.global_page_state_snapshot(item) as u64));
+            if item == ZoneStatItem::NrPcpPages {
+                let allocated: usize = self.zones().iter().map(|z| self.zone_allocated_pages(z.id).unwrap_or(0)).sum();
+                out.push((NR_ALLOCATED_NAME.into(), allocated as u64));
+            }
+        }
+        for n in NumaStat::ALL {
+            let v = self.zones().iter().map(|z| self.numa_stat(z.id, n)).fold(0u64, u64::wrapping_add);
+            out.push((n.name().into(), v));
+        }
+        for e in VmEvent::ALL {
+            out.push((e.name().into(), self.event(e)));
+        }
+        out
+    }
+
+    /// One `/proc/vmstat` counter by name.
+    pub fn vmstat_value(&self, name: &str) -> crate::Result<u64> {
+        let items = self.vmstat_items();
+        items.iter().find(|(n, _)| n == name).map(|(_, v)| *v).ok_or_else(|| {
+            let names: Vec<&str> = items.iter().map(|(n, _)| n.as_str()).collect();
+            crate::Error::InvalidConfig(format!("unknown vmstat counter `{name}`; counters: {}", names.join(", ")))
+        })
+    }
+
+    /// `/proc/vmstat`: `name value` per line.
+    pub fn vmstat(&self) -> String {
+        self.vmstat_items().into_iter().map(|(n, v)| format!("{n} {v}\n")).collect()
+    }
+
+    /// The vmstat counters as a JSON object, in file order.
+    pub fn vmstat_json(&self) -> String {
+        let body: Vec<String> =
+            self.vmstat_items().into_iter().map(|(n, v)| format!("  {}: {v}", serde_json::Value::String(n))).collect();
+        format!("{{\n{}\n}}", body.join(",\n"))
+    }
+
+    /// Every counter in the Prometheus text exposition format, named as node_exporter's
+    /// vmstat and zoneinfo collectors name theirs, under the `zonal` namespace:
+    /// `zonal_vmstat_<name>` (untyped, as node_exporter's), and per zone
+    /// `zonal_zoneinfo_<field>{node, zone}` (`*_pages` gauges for the watermarks and sizes,
+    /// the zone items, `numa_*_total` counters) and per CPU and zone
+    /// `zonal_zoneinfo_pageset_{count,high,batch}` and `zonal_zoneinfo_stat_threshold`.
+    pub fn prometheus(&self) -> String {
+        let mut s = String::new();
+        for (n, v) in self.vmstat_items() {
+            let _ = write!(
+                s,
+                "# HELP zonal_vmstat_{n} /proc/vmstat information field {n}.\n# TYPE zonal_vmstat_{n} untyped\n\
+                 zonal_vmstat_{n} {v}\n"
+            );
+        }
+        let zones = self.zone_stats_with_numa();
+        let labels = |z: &ZoneStat| format!("node=\"{}\",zone=\"{}\"", z.node, z.zone);
+        let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>| {
+            let _ = write!(s, "# HELP zonal_zoneinfo_{name} {help}\n# TYPE zonal_zoneinfo_{name} {kind}\n");
+            for (l, v) in samples {
+                let _ = writeln!(s, "zonal_zoneinfo_{name}{{{l}}} {v}");
+            }
+        };
+        type Field = (&'static str, fn(&ZoneStat) -> usize);
+        let fields: [Field; 7] = [
+            ("min_pages", |z| z.min),
+            ("low_pages", |z| z.low),
+            ("high_pages", |z| z.high),
+            ("promo_pages", |z| z.promo),
+            ("spanned_pages", |z| z.spanned),
+            ("present_pages", |z| z.present),
+            ("managed_pages", |z| z.managed),
+        ];
+        for (name, get) in fields {
+            let help = format!("Zone information field {}.", name.trim_end_matches("_pages"));
+            family(name, "gauge", &help, zones.iter().map(|z| (labels(z), get(z) as u64)).collect());
+        }
+        let item_names: Vec<String> =
+            zones.first().map(|z| z.items.iter().map(|(n, _)| n.clone()).collect()).unwrap_or_default();
+        for (i, name) in item_names.iter().enumerate() {
+            let samples = zones.iter().filter_map(|z| Some((labels(z), z.items.get(i)?.1 as u64))).collect();
+            family(name, "gauge", &format!("Zone information field {name}."), samples);
+        }
+        for n in NumaStat::ALL {
+            let samples = zones
+                .iter()
+                .map(|z| (labels(z), z.numa.as_ref().and_then(|m| m.get(n.name()).copied()).unwrap_or(0)))
+                .collect();
+            family(&format!("{}_total", n.name()), "counter", &format!("Zone NUMA counter {}.", n.name()), samples);
+        }
+        type PerCpu = (&'static str, &'static str, fn(&Pageset) -> usize);
+        let per_cpu: [PerCpu; 4] = [
+            ("pageset_count", "Frames on the CPU's lists for the zone.", |p| p.count),
+            ("pageset_high", "The CPU's lists' high.", |p| p.high),
+            ("pageset_batch", "The CPU's lists' batch.", |p| p.batch),
+            ("stat_threshold", "The zone-counter diff the CPU folds at (vm stats threshold).", |p| p.stat_threshold),
+        ];
+        for (name, help, get) in per_cpu {
+            let samples = zones
+                .iter()
+                .flat_map(|z| {
+                    z.pagesets.iter().map(move |p| (format!("{},cpu=\"{}\"", labels(z), p.cpu), get(p) as u64))
+                })
+                .collect();
+            family(name, "gauge", help, samples);
         }
         s
     }
@@ -175,34 +358,112 @@ pub fn parse_buddyinfo(text: &str) -> Option<Vec<(u16, String, Vec<usize>)>> {
         .collect()
 }
 
-/// One zone of a parsed zoneinfo: node, zone name, `(field, value)` in file order.
-pub type ParsedZone = (u16, String, Vec<(String, u64)>);
+/// One zone of a parsed zoneinfo.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ParsedZone {
+    /// Node id.
+    pub node: u16,
+    /// Zone name.
+    pub zone: String,
+    /// `(field, value)` in file order, outside the pagesets (`pages free`, `min`,
+    /// `nr_free_pages`, `numa_hit`, `start_pfn`, ...).
+    pub fields: Vec<(String, u64)>,
+    /// The pagesets: `(cpu, count, high, batch, vm stats threshold)`.
+    pub pagesets: Vec<(u64, u64, u64, u64, u64)>,
+}
 
-/// Parses `/proc/zoneinfo` text into one map of `field -> value` per zone, keyed as the
-/// kernel file's readers key it (`pages free`, `min`, `nr_free_pages`, ...).
+impl ParsedZone {
+    /// A field's value.
+    pub fn get(&self, field: &str) -> Option<u64> {
+        self.fields.iter().find(|(f, _)| f == field).map(|(_, v)| *v)
+    }
+}
+
+/// Parses `/proc/zoneinfo` text, the way the kernel file's readers do: a zone starts at
+/// `Node N, zone NAME`; every other line is `name value` (or `name: value`); the lines
+/// between `pagesets` and `node_unreclaimable` belong to the pagesets.
 pub fn parse_zoneinfo(text: &str) -> Vec<ParsedZone> {
     let mut out: Vec<ParsedZone> = Vec::new();
+    let mut in_pagesets = false;
     for l in text.lines() {
         if let Some(rest) = l.strip_prefix("Node ") {
             if let Some((n, z)) = rest.split_once(", zone ") {
-                out.push((n.parse().unwrap_or(u16::MAX), z.trim().to_string(), Vec::new()));
+                out.push(ParsedZone {
+                    node: n.parse().unwrap_or(u16::MAX),
+                    zone: z.trim().to_string(),
+                    ..Default::default()
+                });
+                in_pagesets = false;
                 continue;
             }
         }
         let Some(cur) = out.last_mut() else { continue };
         let t = l.trim();
+        if t == "pagesets" {
+            in_pagesets = true;
+            continue;
+        }
         if t.starts_with("protection:") {
             continue;
         }
-        let t = t.trim_end_matches(':');
-        if let Some(pos) = t.rfind(|c: char| c.is_whitespace() || c == ':') {
-            let (k, v) = t.split_at(pos);
-            if let Ok(v) = v.trim_start_matches(':').trim().parse::<u64>() {
-                cur.2.push((k.trim().trim_end_matches(':').to_string(), v));
+        let Some((k, v)) = t.rsplit_once(|c: char| c.is_whitespace() || c == ':') else { continue };
+        let k = k.trim().trim_end_matches(':');
+        let Ok(v) = v.trim().parse::<u64>() else { continue };
+        if k == "node_unreclaimable" {
+            in_pagesets = false;
+        }
+        if !in_pagesets {
+            cur.fields.push((k.to_string(), v));
+            continue;
+        }
+        match k {
+            "cpu" => cur.pagesets.push((v, 0, 0, 0, 0)),
+            _ => {
+                let Some(p) = cur.pagesets.last_mut() else { continue };
+                match k {
+                    "count" => p.1 = v,
+                    "high" => p.2 = v,
+                    "batch" => p.3 = v,
+                    "vm stats threshold" => p.4 = v,
+                    _ => {}
+                }
             }
         }
     }
     out
+}
+
+/// Parses `/proc/vmstat` (or `nodeN/numastat`) text: `name value` per line.
+pub fn parse_name_values(text: &str) -> Option<Vec<(String, u64)>> {
+    text.lines()
+        .map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_string(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Parses Prometheus text exposition into `(metric name with labels, value)` samples,
+/// checking that every sample follows a `# TYPE` line of its family.
+pub fn parse_prometheus(text: &str) -> Option<Vec<(String, f64)>> {
+    let mut typed: Option<String> = None;
+    let mut out = Vec::new();
+    for l in text.lines() {
+        if let Some(rest) = l.strip_prefix("# TYPE ") {
+            typed = Some(rest.split_whitespace().next()?.to_string());
+            continue;
+        }
+        if l.starts_with('#') || l.is_empty() {
+            continue;
+        }
+        let (series, v) = l.rsplit_once(' ')?;
+        let name = series.split('{').next()?;
+        if typed.as_deref() != Some(name) {
+            return None;
+        }
+        out.push((series.to_string(), v.parse().ok()?));
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -237,7 +498,7 @@ mod tests {
         let _p = z.alloc_pages_node(NodeId(0), Gfp::THISNODE, 0).unwrap();
         let zones = parse_zoneinfo(&z.zoneinfo());
         assert_eq!(zones.len(), 2);
-        let get = |i: usize, k: &str| zones[i].2.iter().find(|(f, _)| f == k).map(|(_, v)| *v);
+        let get = |i: usize, k: &str| zones[i].get(k);
         assert_eq!(get(0, "pages free"), Some(2047));
         assert_eq!(get(0, "nr_free_pages"), Some(2047));
         assert_eq!(get(1, "managed"), Some(3072));

@@ -181,7 +181,7 @@ fn reports_parse_back() {
     let hit_at = first.find("numa_hit").unwrap();
     assert!(free_at < hit_at);
     let zones = zonal::report::parse_zoneinfo(&zi);
-    assert_eq!(zones[0].2.iter().find(|(k, _)| k == "numa_hit").map(|(_, v)| *v), Some(1));
+    assert_eq!(zones[0].get("numa_hit"), Some(1));
 }
 
 #[test]
