@@ -143,7 +143,9 @@ enum Command {
     /// alloc + free pairs, page_bench01, beside snmalloc, tcmalloc, mimalloc, jemalloc, glibc,
     /// the kernel and an ideal per-thread stack), parallel (T threads, page_bench03), bulk
     /// (N pages per call, page_bench04_bulk), cross (allocated on one CPU, freed on another),
-    /// threshold (seed 000's NUMA counter threshold), modes (seed 001's numa_stats_mode).
+    /// threshold (seed 000's NUMA counter threshold), modes (seed 001's numa_stats_mode),
+    /// stats (seed 002: shared against per-CPU NUMA counters, per-page against batched bulk
+    /// accounting).
     Bench {
         /// Experiments to run (default: all).
         #[arg(value_name = "EXPERIMENT")]
@@ -368,6 +370,7 @@ fn run(cli: Cli) -> Result<(), String> {
                     "cross" => bench::cross::run(&z, &opts)?,
                     "threshold" => bench::vmstat_exp::run_threshold(&z, &opts)?,
                     "modes" => bench::vmstat_exp::run_modes(&z, &opts)?,
+                    "stats" => bench::vmstat_exp::run_stats(&z, &opts)?,
                     _ => unreachable!("checked against EXPERIMENTS"),
                 });
             }

@@ -148,7 +148,7 @@ fn out_of_range_bench_options_are_refused_before_anything_runs() {
 fn help_explains_every_command() {
     let o = zonal(&["--help"]);
     let s = stdout(&o);
-    for c in ["topology", "zoneinfo", "buddyinfo", "bench", "--topology"] {
+    for c in ["topology", "zoneinfo", "vmstat", "numastat", "buddyinfo", "bench", "--topology"] {
         assert!(s.contains(c), "{c} missing from --help");
     }
 }
@@ -226,4 +226,44 @@ fn numastat_counts_a_workload_in_strict_mode_and_not_before_a_read_in_auto() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["interleave_hit"], 50, "{v}");
     assert_eq!(v.as_object().unwrap().len(), 6);
+}
+
+#[test]
+fn vmstat_text_json_and_prometheus_after_a_workload() {
+    let strict = ["--set", "numa_stats_mode=strict", "vmstat", "--workload", "allocs=500,orders=0-2,free=40"];
+    let o = zonal(&strict);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let items = zonal::report::parse_name_values(&stdout(&o)).expect("name value lines");
+    let get = |k: &str| items.iter().find(|(n, _)| n == k).map(|(_, v)| *v).unwrap();
+    assert_eq!(items[0].0, "nr_free_pages");
+    assert_eq!(get("numa_hit"), 500, "strict counts the workload");
+    // pgalloc counts pages, numa_hit allocations: orders 0-2 take 1 to 4 pages each.
+    assert!((500..=2000).contains(&get("pgalloc_normal")));
+    assert_eq!(get("nr_free_pages") + get("nr_zone_pcp_pages") + get("nr_zone_allocated"), 2 * 16384);
+    // auto: the workload runs before the first read, so the NUMA counters stay at zero.
+    let auto = zonal(&["vmstat", "--workload", "allocs=500"]);
+    let items = zonal::report::parse_name_values(&stdout(&auto)).unwrap();
+    assert_eq!(items.iter().find(|(n, _)| n == "numa_hit").map(|(_, v)| *v), Some(0));
+    let json = zonal(&["vmstat", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&json)).expect("JSON");
+    assert_eq!(v["nr_free_pages"], 2 * 16384);
+    let prom = zonal(&["vmstat", "--prometheus", "--workload", "allocs=10"]);
+    let samples = zonal::report::parse_prometheus(&stdout(&prom)).expect("exposition");
+    assert!(samples.iter().any(|(k, v)| k == "zonal_vmstat_pgalloc_normal" && *v == 10.0), "{samples:?}");
+    assert!(samples.iter().any(|(k, _)| k == "zonal_zoneinfo_stat_threshold{node=\"1\",zone=\"Normal\",cpu=\"0\"}"));
+    let both = zonal(&["vmstat", "--json", "--prometheus"]);
+    assert!(!both.status.success());
+}
+
+#[test]
+fn zoneinfo_shows_pagesets_and_thresholds() {
+    let o = zonal(&["zoneinfo"]);
+    let zones = zonal::report::parse_zoneinfo(&stdout(&o));
+    assert_eq!(zones.len(), 2);
+    for z in &zones {
+        assert!(!z.pagesets.is_empty());
+        // Two 64 MiB nodes: batch 3 and, on this machine's CPUs, 2 * fls(cpus) as the threshold.
+        assert!(z.pagesets.iter().all(|p| p.3 == 3 && p.4 >= 2), "{:?}", z.pagesets);
+        assert_eq!(z.get("nr_free_pages"), Some(16384));
+    }
 }

@@ -12,7 +12,7 @@ use zonal::Zonal;
 pub const SIZES: [usize; 9] = [1, 2, 3, 4, 8, 16, 32, 64, 128];
 
 /// `rounds` rounds of: allocate `n` pages in one call (or `n` calls), free them; ns per page.
-fn cell<A: PageAlloc>(a: &A, n: usize, rounds: u64) -> f64 {
+pub fn cell<A: PageAlloc>(a: &A, n: usize, rounds: u64) -> f64 {
     let mut v = Vec::with_capacity(n);
     let t = Instant::now();
     for _ in 0..rounds {

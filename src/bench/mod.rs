@@ -26,6 +26,10 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
     ("cross", "one thread allocates, another on the other CPU frees"),
     ("threshold", "seed 000: the NUMA counter threshold swept, all CPUs on one zone"),
     ("modes", "seed 001: numa_stats_mode strict, coarse, auto before and after a read"),
+    (
+        "stats",
+        "seed 002: accurate shared NUMA counters against per-CPU events, per-page against batched bulk accounting",
+    ),
 ];
 
 /// The experiments with tcmalloc among their peers.

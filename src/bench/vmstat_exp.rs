@@ -1,7 +1,9 @@
-//! The statistics experiments of seeds 000 and 001, each printed beside the seed's table:
-//! `threshold` (seed 000: the per-CPU NUMA diff threshold swept, all CPUs allocating from
-//! one zone so that every fold writes the same shared line) and `modes` (seed 001:
-//! numa_stats_mode strict, coarse, auto before and after the first read).
+//! The statistics experiments of seeds 000, 001 and 002, each printed beside the seed's
+//! figures: `threshold` (seed 000: the per-CPU NUMA diff threshold swept, all CPUs allocating
+//! from one zone so that every fold writes the same shared line), `modes` (seed 001:
+//! numa_stats_mode strict, coarse, auto before and after the first read) and `stats` (seed
+//! 002: accurate shared counters against per-CPU event counters, and per-page against
+//! batched accounting in bulk calls).
 
 use super::page_api::ZonalPages;
 use super::parallel::cell;
@@ -166,6 +168,106 @@ pub fn run_modes(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
         .collect();
     let h2 = format!("{nproc} threads");
     print_table(&["mode", "1 thread", &h2], &rows);
+    let strict = configs.iter().position(|(n, _)| n == "strict").expect("strict is a mode");
+    let over: Vec<String> = ts
+        .iter()
+        .enumerate()
+        .map(|(ti, t)| {
+            format!("{:+.1}% at {t} thread(s)", (paired_ratio(&times[strict][ti], &times[coarse][ti]) - 1.0) * 100.0)
+        })
+        .collect();
+    println!("strict over coarse: {} (target: at most +3%)", over.join(", "));
+    println!();
+    Ok(records)
+}
+
+/// `stats` (seed 002): what accurate counters cost against per-CPU event counters, on one
+/// zone that every CPU allocates from; and what accounting a bulk call page by page costs
+/// against once per call with the batch count.
+pub fn run_stats(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
+    let z = one_zone(z, opts)?;
+    let nproc = zonal::sys::nr_cpus_online();
+    let ts = [1, nproc];
+    let strategy = |name: &'static str| -> Setting<'static> {
+        let label = match name {
+            "shared" => "shared: an atomic add per event (accurate)",
+            "threshold" => "threshold 65533: per-CPU u16 diffs (seed 000)",
+            _ => "percpu: per-CPU event counters (seed 002)",
+        };
+        (
+            label.into(),
+            Box::new(move |z: &Zonal| {
+                z.sysctl_set("numa_stats_mode", "strict").expect("valid");
+                z.sysctl_set("numa_stat_strategy", name).expect("valid");
+                z.sysctl_set("numa_stat_threshold", "65533").expect("valid");
+            }),
+        )
+    };
+    let mut configs = vec![strategy("shared"), strategy("threshold"), strategy("percpu")];
+    configs
+        .push(("off (coarse)".into(), Box::new(|z: &Zonal| z.sysctl_set("numa_stats_mode", "coarse").expect("valid"))));
+    let times = sweep(&z, opts, "stats", &configs, &ts);
+    println!(
+        "stats (seed 002): NUMA counters, accurate and shared against per-CPU events, all CPUs on one zone; \
+         ns per pair per thread, change against percpu; {} repetitions",
+        opts.reps
+    );
+    let percpu = 2;
+    let (cells, mut records) = against_base(&times, percpu, &configs, &ts, ("stats", "numa_stat_strategy"), opts);
+    let rows: Vec<Vec<String>> = configs
+        .iter()
+        .zip(cells)
+        .map(|((name, _), cells)| std::iter::once(name.clone()).chain(cells).collect())
+        .collect();
+    let h2 = format!("{nproc} threads");
+    print_table(&["counting", "1 thread", &h2], &rows);
+    println!();
+
+    // Bulk: 128 frames per call, accounted once or page by page, with each strategy.
+    const N: usize = 128;
+    let array = ZonalPages { z: &z, label: "zonal bulk array", bulk: Some(super::page_api::BulkForm::Array) };
+    let rounds = {
+        let ns = super::bulk::cell(&array, N, 100);
+        (super::per_cell(opts, ns, 256, u64::MAX) / N as u64).max(16)
+    };
+    let cases: Vec<(&str, &str)> =
+        ["percpu", "threshold", "shared"].iter().flat_map(|s| [(*s, "batch"), (*s, "per_page")]).collect();
+    let mut bulk_times = vec![Vec::new(); cases.len()];
+    super::rotate(opts, "stats bulk", cases.len(), |c| {
+        let (strategy, accounting) = cases[c];
+        z.sysctl_set("numa_stats_mode", "strict").expect("valid");
+        z.sysctl_set("numa_stat_strategy", strategy).expect("valid");
+        z.sysctl_set("bulk_accounting", accounting).expect("valid");
+        bulk_times[c].push(super::bulk::cell(&array, N, rounds));
+    });
+    z.sysctl_set("bulk_accounting", "batch").expect("valid");
+    println!(
+        "stats (seed 002): bulk calls of {N} pages (array form, allocated then freed), accounted once per call \
+         or page by page; ns per page, change of per_page against batch; seed 002: batching cut the array \
+         form 11-12% (N = 2 .. 128); {} repetitions",
+        opts.reps
+    );
+    let mut rows = Vec::new();
+    for (c, &(strategy, accounting)) in cases.iter().enumerate() {
+        let batch = c - c % 2;
+        let s = Summary::of(&bulk_times[c]);
+        let ratio = paired_ratio(&bulk_times[c], &bulk_times[batch]);
+        rows.push(vec![
+            strategy.to_string(),
+            accounting.to_string(),
+            format!("{} ({:+.1}%)", fmt_ns(s.median), (ratio - 1.0) * 100.0),
+        ]);
+        records.push(Record {
+            experiment: "stats".into(),
+            subject: "zonal bulk array".into(),
+            params: json!({"batch": N, "numa_stat_strategy": strategy, "bulk_accounting": accounting}),
+            ns_per_op: s,
+            reference: format!("bulk_accounting batch, {strategy}"),
+            ratio_to_reference: ratio,
+            reps: opts.reps,
+        });
+    }
+    print_table(&["strategy", "bulk_accounting", "ns per page"], &rows);
     println!();
     Ok(records)
 }
