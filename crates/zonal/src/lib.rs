@@ -33,6 +33,7 @@ pub mod sysctl;
 pub mod topology;
 pub mod types;
 pub mod vmstat;
+pub mod zlc;
 pub mod zone;
 pub mod zonelist;
 

@@ -28,6 +28,7 @@ use crate::vmstat::{
     self, NumaStat, NumaStatsMode, NumaStrategy, PerCpuEvents, PerCpuZoneStat, VmEvent, ZoneCounters, ZoneNumaShared,
     ZoneStatItem,
 };
+use crate::zlc::{Demand, Level, ZonelistCache};
 use crate::zone::{self, Watermark, Zone};
 use crate::zonelist::{self, Zonelists};
 use arrayvec::ArrayVec;
@@ -99,6 +100,16 @@ pub struct Zonal {
     stat_interval_ms: Arc<std::sync::atomic::AtomicU64>,
     node_zones: Vec<Vec<ZoneId>>,
     zonelists: Vec<Zonelists>,
+    /// The zonelist cache of each node's fallback zonelist (seed 003), `[node]`.
+    zlcs: Box<[ZonelistCache]>,
+    /// `zonelist_cache`: whether walks use the caches.
+    zlc_on: std::sync::atomic::AtomicBool,
+    /// `zonelist_cache_interval_ms`: how long a zone stays marked full at most.
+    zlc_interval_ms: AtomicU64,
+    /// A clock for the caches that tests set and move by hand; unset, the caches read
+    /// milliseconds since `epoch`.
+    zlc_clock: std::sync::OnceLock<Arc<AtomicU64>>,
+    epoch: std::time::Instant,
     /// Zone of each largest-order block of the arena (`u16::MAX`: a gap).
     block_zone: Vec<u16>,
     max_order: Order,
@@ -139,6 +150,8 @@ const NO_ZONE: u16 = u16::MAX;
 struct AllocContext<'a> {
     cpu: usize,
     zonelist: &'a [ZoneId],
+    /// The zonelist's cache, for fallback zonelists of a machine with more than one node.
+    zlc: Option<&'a ZonelistCache>,
     nodemask: Option<&'a NodeMask>,
     high: bool,
     no_watermarks: bool,
@@ -175,6 +188,10 @@ impl Zonal {
             node_zones.push(vec![id]);
         }
         let zonelists = zonelist::build_zonelists(&topo, &node_zones);
+        let zlcs = zonelists
+            .iter()
+            .map(|l| ZonelistCache::new(l.fallback.iter().map(|z| zones[z.0 as usize].node.0)))
+            .collect();
         let lowmem_pages = zones.iter().map(|z| z.managed).sum();
         let min_free = match config.min_free_kbytes {
             Some(kb) => check_min_free_kbytes(kb, lowmem_pages)?,
@@ -245,6 +262,11 @@ impl Zonal {
             stat_interval_ms,
             node_zones,
             zonelists,
+            zlcs,
+            zlc_on: std::sync::atomic::AtomicBool::new(true),
+            zlc_interval_ms: AtomicU64::new(1000),
+            zlc_clock: std::sync::OnceLock::new(),
+            epoch: std::time::Instant::now(),
             block_zone,
             max_order,
             min_free_kbytes: AtomicU64::new(min_free),
@@ -563,9 +585,12 @@ impl Zonal {
             Resolved::Masked(n, m) => (n, Some(m)),
         };
         let lists = &self.zonelists[preferred.0 as usize];
+        let thisnode = gfp.contains(Gfp::THISNODE);
         let ctx = AllocContext {
             cpu,
-            zonelist: if gfp.contains(Gfp::THISNODE) { &lists.nofallback } else { &lists.fallback },
+            zonelist: if thisnode { &lists.nofallback } else { &lists.fallback },
+            // `zlc_setup` only with more than one node; no cache for the one-node list.
+            zlc: (!thisnode && self.zones.len() > 1).then(|| &self.zlcs[preferred.0 as usize]),
             nodemask,
             high: gfp.contains(Gfp::HIGH),
             no_watermarks: gfp.contains(Gfp::NO_WATERMARKS),
@@ -853,7 +878,7 @@ impl Zonal {
             }
         }
         if ctx.no_watermarks {
-            if let Some(p) = self.walk(ctx, order, |_| true) {
+            if let Some(p) = self.walk(ctx, order, Level::None) {
                 return Ok(p);
             }
         }
@@ -865,26 +890,112 @@ impl Zonal {
     /// (`get_page_from_freelist`).
     #[inline]
     fn get_page_from_freelist(&self, ctx: &AllocContext<'_>, order: Order, mark: Watermark) -> Option<Pfn> {
-        self.walk(ctx, order, |z| z.watermark_ok_fast(order, z.watermark(mark), ctx.high))
+        let level = match mark {
+            Watermark::Min => Level::Min,
+            Watermark::Low => Level::Low,
+            Watermark::High | Watermark::Promo => Level::High,
+        };
+        self.walk(ctx, order, level)
     }
 
+    /// Walks the zonelist for a zone that keeps above the `level` watermark with a block of
+    /// `order` taken, and takes it. With the zonelist cache on, the cache is set up after the
+    /// first zone failed (`did_zlc_setup`), zones it has full for this demand are skipped,
+    /// failing zones are marked, and if the walk found nothing while it skipped, it walks again
+    /// without skipping, so a stale cache never makes an allocation fail.
     #[inline]
-    fn walk(&self, ctx: &AllocContext<'_>, order: Order, ok: impl Fn(&Zone) -> bool) -> Option<Pfn> {
-        for &zid in ctx.zonelist {
-            let z = &self.zones[zid.0 as usize];
-            if let Some(mask) = ctx.nodemask {
-                if !mask.contains(z.node) {
+    fn walk(&self, ctx: &AllocContext<'_>, order: Order, level: Level) -> Option<Pfn> {
+        let demand = Demand { level, halved: ctx.high && level != Level::None, order };
+        let zlc = ctx.zlc.filter(|_| self.zlc_on.load(std::sync::atomic::Ordering::Relaxed));
+        let mut active = false;
+        let mut skipped = 0u64;
+        for pass in 0..2 {
+            for (i, &zid) in ctx.zonelist.iter().enumerate() {
+                if let (true, Some(c)) = (active && pass == 0, zlc) {
+                    if !c.worth_trying(i, demand) {
+                        skipped += 1;
+                        continue;
+                    }
+                }
+                let z = &self.zones[zid.0 as usize];
+                if ctx.nodemask.is_some_and(|m| !m.contains(z.node)) {
                     continue;
                 }
+                let fits = level == Level::None || z.watermark_ok_fast(order, z.watermark_of(level), ctx.high);
+                if fits {
+                    if let Some(p) = self.rmqueue(ctx.cpu, z, order) {
+                        if skipped > 0 {
+                            self.count_event(ctx.cpu, VmEvent::ZlcSkipped, skipped);
+                        }
+                        return Some(p);
+                    }
+                }
+                let Some(c) = zlc else { continue };
+                if !active {
+                    // `zlc_setup`, after the first zone failed.
+                    active = true;
+                    let interval = self.zlc_interval_ms.load(std::sync::atomic::Ordering::Relaxed);
+                    if c.setup(self.zlc_now_ms(), interval) {
+                        self.count_event(ctx.cpu, VmEvent::ZlcZaps, 1);
+                    }
+                }
+                // Full for this demand: by its count, or (it passed) for want of a block.
+                c.mark_full(i, demand, fits);
+                self.count_event(ctx.cpu, VmEvent::ZlcFullMarks, 1);
             }
-            if !ok(z) {
-                continue;
+            if skipped == 0 {
+                break;
             }
-            if let Some(p) = self.rmqueue(ctx.cpu, z, order) {
-                return Some(p);
-            }
+            self.count_event(ctx.cpu, VmEvent::ZlcSkipped, skipped);
+            skipped = 0;
         }
         None
+    }
+
+    /// The zonelist caches' clock, in milliseconds.
+    fn zlc_now_ms(&self) -> u64 {
+        match self.zlc_clock.get() {
+            Some(c) => c.load(std::sync::atomic::Ordering::Relaxed),
+            None => self.epoch.elapsed().as_millis() as u64,
+        }
+    }
+
+    /// `zonelist_cache`: whether zonelist walks use the caches.
+    pub fn zonelist_cache(&self) -> bool {
+        self.zlc_on.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Turns the zonelist caches on or off.
+    pub fn set_zonelist_cache(&self, on: bool) {
+        if self.zlc_on.swap(on, std::sync::atomic::Ordering::Relaxed) != on {
+            self.log_line(format!("zonelist_cache: {}", on as u8));
+        }
+    }
+
+    /// `zonelist_cache_interval_ms`.
+    pub fn zonelist_cache_interval_ms(&self) -> u64 {
+        self.zlc_interval_ms.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets `zonelist_cache_interval_ms` (1 ..= 3600000).
+    pub fn set_zonelist_cache_interval_ms(&self, ms: u64) -> Result<()> {
+        crate::sysctl::check("zonelist_cache_interval_ms", ms)?;
+        self.zlc_interval_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Drives the zonelist caches' clock by hand (milliseconds in `clock`), for tests of the
+    /// zap; once per handle, before any allocation that may set a cache up.
+    pub fn set_zonelist_cache_clock(&self, clock: Arc<AtomicU64>) -> Result<()> {
+        self.zlc_clock.set(clock).map_err(|_| Error::InvalidConfig("the zonelist cache clock is already set".into()))
+    }
+
+    /// Which entries of node `nid`'s fallback zonelist its cache has marked full now, as the
+    /// nodes of those entries, in zonelist order.
+    pub fn zonelist_cache_full_nodes(&self, nid: NodeId) -> Result<Vec<NodeId>> {
+        self.check_node(nid)?;
+        let c = &self.zlcs[nid.0 as usize];
+        Ok((0..c.len()).filter(|&i| c.is_marked(i)).map(|i| NodeId(c.node(i))).collect())
     }
 
     /// Takes a block from a zone (`rmqueue`): from this CPU's lists for small orders, from the

@@ -109,6 +109,22 @@ pub const TUNABLES: &[Tunable] = &[
               experiment)",
     },
     Tunable {
+        name: "zonelist_cache",
+        default: "1",
+        bounds: Bounds::Range(0, 1),
+        unit: "bool",
+        doc: "1: zonelist walks skip zones recently found full for a demand at least as strict \
+              (seed 003, made safe for small allocations); 0: every walk checks every zone",
+    },
+    Tunable {
+        name: "zonelist_cache_interval_ms",
+        default: "1000",
+        bounds: Bounds::Range(1, 3_600_000),
+        unit: "ms",
+        doc: "how long a zone stays marked full at most: each cache is zapped when a walk sets \
+              it up this long after its last zap (seed 003: 1 s)",
+    },
+    Tunable {
         name: "stat_interval",
         default: "1000",
         bounds: Bounds::Range(1, 3_600_000),
@@ -186,6 +202,8 @@ impl Zonal {
             "stat_interval" => self.stat_interval().as_millis().to_string(),
             "free_check" => if self.free_check_atomic() { "atomic" } else { "sequential" }.to_string(),
             "bulk_accounting" => if self.bulk_accounting_per_page() { "per_page" } else { "batch" }.to_string(),
+            "zonelist_cache" => (self.zonelist_cache() as u8).to_string(),
+            "zonelist_cache_interval_ms" => self.zonelist_cache_interval_ms().to_string(),
             _ => unreachable!("every table entry is handled"),
         })
     }
@@ -216,6 +234,11 @@ impl Zonal {
             "watermark_scale_factor" => self.set_watermark_scale_factor(n as u32),
             "percpu_pagelist_high_fraction" => self.set_percpu_pagelist_high_fraction(n as u32),
             "numa_stat_threshold" => self.set_numa_stat_threshold(n),
+            "zonelist_cache" => {
+                self.set_zonelist_cache(n == 1);
+                Ok(())
+            }
+            "zonelist_cache_interval_ms" => self.set_zonelist_cache_interval_ms(n),
             "stat_interval" => {
                 self.set_stat_interval(std::time::Duration::from_millis(n));
                 Ok(())

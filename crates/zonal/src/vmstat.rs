@@ -226,10 +226,16 @@ pub enum VmEvent {
     AllocFail,
     /// Allocations that found their per-CPU list busy and took the buddy path.
     PcpTrylockFail,
+    /// Zones a zonelist walk skipped because the zonelist cache had them full.
+    ZlcSkipped,
+    /// Zones the zonelist cache marked full.
+    ZlcFullMarks,
+    /// Zaps of a zonelist cache's bitmap.
+    ZlcZaps,
 }
 
 /// Number of [`VmEvent`]s.
-pub const NR_VM_EVENTS: usize = 7;
+pub const NR_VM_EVENTS: usize = 10;
 
 impl VmEvent {
     /// Every event, in report order.
@@ -241,6 +247,9 @@ impl VmEvent {
         VmEvent::AllocBulk,
         VmEvent::AllocFail,
         VmEvent::PcpTrylockFail,
+        VmEvent::ZlcSkipped,
+        VmEvent::ZlcFullMarks,
+        VmEvent::ZlcZaps,
     ];
 
     /// The counter's name in `/proc/vmstat` style.
@@ -253,6 +262,9 @@ impl VmEvent {
             VmEvent::AllocBulk => "alloc_bulk",
             VmEvent::AllocFail => "alloc_fail",
             VmEvent::PcpTrylockFail => "pcp_trylock_fail",
+            VmEvent::ZlcSkipped => "zlc_zones_skipped",
+            VmEvent::ZlcFullMarks => "zlc_full_marks",
+            VmEvent::ZlcZaps => "zlc_zaps",
         }
     }
 }

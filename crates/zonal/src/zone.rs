@@ -289,6 +289,17 @@ impl Zone {
         self.watermark[w as usize].load(Ordering::Relaxed)
     }
 
+    /// The watermark of a zonelist-cache level (0 for [`crate::zlc::Level::None`]).
+    #[inline]
+    pub fn watermark_of(&self, level: crate::zlc::Level) -> usize {
+        match level {
+            crate::zlc::Level::None => 0,
+            crate::zlc::Level::Min => self.watermark(Watermark::Min),
+            crate::zlc::Level::Low => self.watermark(Watermark::Low),
+            crate::zlc::Level::High => self.watermark(Watermark::High),
+        }
+    }
+
     /// Sets the watermarks from this zone's share of `min_free_kbytes` and the scale factor
     /// (`__setup_per_zone_wmarks`): `min` is the share in proportion to managed frames,
     /// `tmp = max(min/4, managed * wsf / 10000)`, `low = min + tmp`, `high = min + 2*tmp`,

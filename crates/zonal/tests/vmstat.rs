@@ -179,7 +179,9 @@ fn pressure_threshold_under_low_normal_above_high() {
 /// Every counter of `/proc/vmstat` moves in a workload made to move it.
 #[test]
 fn every_counter_moves() {
-    let z = zonal_on("nodes=2,size=8M,cpus=0:1", 2);
+    let z = zonal_on("nodes=3,size=8M,cpus=0:1:", 2);
+    // The zonelist caches' clock starts past one interval, so the first set-up zaps.
+    z.set_zonelist_cache_clock(std::sync::Arc::new(std::sync::atomic::AtomicU64::new(5_000))).unwrap();
     z.set_numa_stats_mode("strict").unwrap();
     let before: BTreeMap<String, u64> = z.vmstat_items().into_iter().collect();
     // Gauges may come back to where they were: sample them mid-way too.
@@ -223,6 +225,24 @@ fn every_counter_moves() {
         for p in big {
             z.free_pages(p.as_ptr(), 5).unwrap();
         }
+        // The zonelist cache: with the first two zones of node 0's zonelist full, an
+        // allocation from node 0 sets the cache up (a zap), marks them, and the next skips.
+        let order: Vec<NodeId> =
+            z.zonelists(NodeId(0)).unwrap().fallback.iter().map(|id| z.zones()[id.0 as usize].node).collect();
+        let mut fill = Vec::new();
+        for &n in &order[..2] {
+            while let Ok(p) = z.alloc_pages_node(n, Gfp::THISNODE, 0) {
+                fill.push(p);
+            }
+        }
+        for _ in 0..3 {
+            let p = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+            assert_eq!(z.page_to_nid(p.as_ptr()).unwrap(), order[2]);
+            z.free_pages(p.as_ptr(), 0).unwrap();
+        }
+        for p in fill {
+            z.free_pages(p.as_ptr(), 0).unwrap();
+        }
     });
     // pcp_trylock_fail: another thread holds CPU 0's lists (reading them) while this one,
     // on CPU 0, allocates. Bounded by a deadline, not a sleep: it stops once seen.
@@ -251,7 +271,7 @@ fn every_counter_moves() {
         before.iter().filter(|(k, v)| samples.iter().all(|s| s.get(*k) == Some(v))).map(|(k, _)| k).collect();
     assert!(still.is_empty(), "counters that did not move: {still:?}");
     z.drain_all_pages();
-    for zone in [ZoneId(0), ZoneId(1)] {
+    for zone in [ZoneId(0), ZoneId(1), ZoneId(2)] {
         assert_eq!(snapshot(&z, zone), truth(&z, zone));
     }
 }
