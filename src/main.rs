@@ -145,7 +145,7 @@ enum Command {
     /// (N pages per call, page_bench04_bulk), cross (allocated on one CPU, freed on another),
     /// threshold (seed 000's NUMA counter threshold), modes (seed 001's numa_stats_mode),
     /// stats (seed 002: shared against per-CPU NUMA counters, per-page against batched bulk
-    /// accounting).
+    /// accounting), zlc (seed 003: the zonelist cache on 8 and 28 fake nodes).
     Bench {
         /// Experiments to run (default: all).
         #[arg(value_name = "EXPERIMENT")]
@@ -371,6 +371,7 @@ fn run(cli: Cli) -> Result<(), String> {
                     "threshold" => bench::vmstat_exp::run_threshold(&z, &opts)?,
                     "modes" => bench::vmstat_exp::run_modes(&z, &opts)?,
                     "stats" => bench::vmstat_exp::run_stats(&z, &opts)?,
+                    "zlc" => bench::zlc::run(&opts)?,
                     _ => unreachable!("checked against EXPERIMENTS"),
                 });
             }

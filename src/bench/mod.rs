@@ -14,6 +14,7 @@ pub mod parallel;
 pub mod peers;
 pub mod single;
 pub mod vmstat_exp;
+pub mod zlc;
 
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -30,6 +31,7 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
         "stats",
         "seed 002: accurate shared NUMA counters against per-CPU events, per-page against batched bulk accounting",
     ),
+    ("zlc", "seed 003: the zonelist cache on and off, 8 and 28 fake nodes, most full ahead"),
 ];
 
 /// The experiments with tcmalloc among their peers.

@@ -107,9 +107,9 @@ pub struct Zonal {
     /// `zonelist_cache_interval_ms`: how long a zone stays marked full at most.
     zlc_interval_ms: AtomicU64,
     /// A clock for the caches that tests set and move by hand; unset, the caches read
-    /// milliseconds since `epoch`.
+    /// milliseconds of the coarse monotonic clock since `epoch_ms`.
     zlc_clock: std::sync::OnceLock<Arc<AtomicU64>>,
-    epoch: std::time::Instant,
+    epoch_ms: u64,
     /// Zone of each largest-order block of the arena (`u16::MAX`: a gap).
     block_zone: Vec<u16>,
     max_order: Order,
@@ -266,7 +266,7 @@ impl Zonal {
             zlc_on: std::sync::atomic::AtomicBool::new(true),
             zlc_interval_ms: AtomicU64::new(1000),
             zlc_clock: std::sync::OnceLock::new(),
-            epoch: std::time::Instant::now(),
+            epoch_ms: sys::coarse_now_ms(),
             block_zone,
             max_order,
             min_free_kbytes: AtomicU64::new(min_free),
@@ -909,10 +909,13 @@ impl Zonal {
         let zlc = ctx.zlc.filter(|_| self.zlc_on.load(std::sync::atomic::Ordering::Relaxed));
         let mut active = false;
         let mut skipped = 0u64;
+        // The entries below 64 to skip, taken once the cache is set up.
+        let mut skip = 0u64;
         for pass in 0..2 {
             for (i, &zid) in ctx.zonelist.iter().enumerate() {
                 if let (true, Some(c)) = (active && pass == 0, zlc) {
-                    if !c.worth_trying(i, demand) {
+                    let full = if i < 64 { skip & (1 << i) != 0 } else { !c.worth_trying(i, demand) };
+                    if full {
                         skipped += 1;
                         continue;
                     }
@@ -931,7 +934,8 @@ impl Zonal {
                     }
                 }
                 let Some(c) = zlc else { continue };
-                if !active {
+                let first = !active;
+                if first {
                     // `zlc_setup`, after the first zone failed.
                     active = true;
                     let interval = self.zlc_interval_ms.load(std::sync::atomic::Ordering::Relaxed);
@@ -940,8 +944,12 @@ impl Zonal {
                     }
                 }
                 // Full for this demand: by its count, or (it passed) for want of a block.
-                c.mark_full(i, demand, fits);
-                self.count_event(ctx.cpu, VmEvent::ZlcFullMarks, 1);
+                if c.mark_full(i, demand, fits) {
+                    self.count_event(ctx.cpu, VmEvent::ZlcFullMarks, 1);
+                }
+                if first && pass == 0 {
+                    skip = c.skip_mask(demand);
+                }
             }
             if skipped == 0 {
                 break;
@@ -956,7 +964,7 @@ impl Zonal {
     fn zlc_now_ms(&self) -> u64 {
         match self.zlc_clock.get() {
             Some(c) => c.load(std::sync::atomic::Ordering::Relaxed),
-            None => self.epoch.elapsed().as_millis() as u64,
+            None => sys::coarse_now_ms().saturating_sub(self.epoch_ms),
         }
     }
 

@@ -148,6 +148,19 @@ pub fn current_cpu() -> u32 {
     sched_getcpu()
 }
 
+/// Milliseconds on `CLOCK_MONOTONIC_COARSE`: the kernel's tick-granular clock, read from the
+/// vDSO without a syscall (the user-space `jiffies`), for hints that only need a tick's
+/// precision. 0 if the clock cannot be read.
+#[inline]
+pub fn coarse_now_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; clock_gettime has no other precondition.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
 /// `sched_getcpu`, or 0 if the kernel cannot say.
 pub fn sched_getcpu() -> u32 {
     // SAFETY: sched_getcpu has no preconditions.

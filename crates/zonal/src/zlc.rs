@@ -101,7 +101,17 @@ pub struct ZonelistCache {
     marks: Box<[AtomicU16]>,
     /// When the bitmap was last zapped, in the clock's milliseconds (`last_full_zap`).
     last_full_zap: AtomicU64,
+    /// Bumped by every zap and every mark that changes something.
+    generation: AtomicU64,
+    /// The entries among the first 64 that the last demand asked about skips, valid while
+    /// `memo_key` is `generation << 8 | demand`: walks that keep meeting the same full zones
+    /// for the same demand skip them all with one load.
+    memo_key: AtomicU64,
+    memo_mask: AtomicU64,
 }
+
+/// `memo_key` while the memo is being written.
+const MEMO_BUSY: u64 = u64::MAX;
 
 impl ZonelistCache {
     /// A cache for a zonelist whose entries lie on these nodes, in zonelist order.
@@ -113,6 +123,9 @@ impl ZonelistCache {
             marks: (0..z_to_n.len()).map(|_| AtomicU16::new(0)).collect(),
             z_to_n,
             last_full_zap: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
+            memo_key: AtomicU64::new(MEMO_BUSY),
+            memo_mask: AtomicU64::new(0),
         }
     }
 
@@ -146,7 +159,35 @@ impl ZonelistCache {
         for w in self.fullzones.iter() {
             w.store(0, Ordering::Relaxed);
         }
+        self.generation.fetch_add(1, Ordering::Relaxed);
         true
+    }
+
+    /// The entries among the first 64 that [`ZonelistCache::worth_trying`] would skip for
+    /// `d`, as a bit mask: from the memo when nothing changed since it was taken, else
+    /// computed over the marked entries and memoised. A hint like the rest: a mask read
+    /// while another thread writes the memo may be off, and the walk's second pass covers it.
+    pub fn skip_mask(&self, d: Demand) -> u64 {
+        let key = self.generation.load(Ordering::Relaxed) << 8 | d.encode() as u64 & 0xff;
+        if self.memo_key.load(Ordering::Acquire) == key {
+            let m = self.memo_mask.load(Ordering::Relaxed);
+            if self.memo_key.load(Ordering::Acquire) == key {
+                return m;
+            }
+        }
+        let mut m = 0u64;
+        let mut w = self.fullzones.first().map_or(0, |w| w.load(Ordering::Relaxed));
+        while w != 0 {
+            let j = w.trailing_zeros() as usize;
+            w &= w - 1;
+            if !self.worth_trying(j, d) {
+                m |= 1 << j;
+            }
+        }
+        self.memo_key.store(MEMO_BUSY, Ordering::Release);
+        self.memo_mask.store(m, Ordering::Relaxed);
+        self.memo_key.store(key, Ordering::Release);
+        m
     }
 
     #[inline]
@@ -171,27 +212,35 @@ impl ZonelistCache {
     /// `zlc_mark_zone_full`: entry `i` could not meet `d`, by its free count (`block` false)
     /// or for want of a block of `d.order` (`block` true). Keeps the more general of an
     /// earlier count mark and this one (the latest when neither covers the other), and the
-    /// smaller block order.
-    pub fn mark_full(&self, i: usize, d: Demand, block: bool) {
-        let was = self.fullzones[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed) & (1 << (i % 64)) != 0;
-        let _ = self.marks[i].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-            // A mark left from before the last zap means nothing.
-            let old = if was { old } else { 0 };
+    /// smaller block order. Returns whether the mark changed: a zone already marked for a
+    /// demand this one is at least as strict as is left alone, without a write, so walks that
+    /// keep finding the same zones full share their lines read-only.
+    pub fn mark_full(&self, i: usize, d: Demand, block: bool) -> bool {
+        let merge = |old: u16| -> u16 {
             let mut new = old;
             if block {
                 let o = d.order.0 as u16 & 0x1f;
-                let keep = old & BLOCK_VALID != 0 && (old >> BLOCK_SHIFT) & 0x1f <= o;
-                if !keep {
+                if !(old & BLOCK_VALID != 0 && (old >> BLOCK_SHIFT) & 0x1f <= o) {
                     new = (new & !(0x1f << BLOCK_SHIFT)) | BLOCK_VALID | o << BLOCK_SHIFT;
                 }
-            } else {
-                let keep = old & COUNT_VALID != 0 && d.at_least(Demand::decode(old));
-                if !keep {
-                    new = (new & !0xff) | COUNT_VALID | d.encode();
-                }
+            } else if !(old & COUNT_VALID != 0 && d.at_least(Demand::decode(old))) {
+                new = (new & !0xff) | COUNT_VALID | d.encode();
             }
-            Some(new)
-        });
+            new
+        };
+        let bit = 1u64 << (i % 64);
+        if self.fullzones[i / 64].load(Ordering::Relaxed) & bit != 0 {
+            let old = self.marks[i].load(Ordering::Relaxed);
+            if merge(old) == old {
+                return false;
+            }
+        }
+        let was = self.fullzones[i / 64].fetch_or(bit, Ordering::Relaxed) & bit != 0;
+        // A mark left from before the last zap means nothing.
+        let _ = self.marks[i]
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| Some(merge(if was { old } else { 0 })));
+        self.generation.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// Whether entry `i` is marked full (for any demand).
@@ -270,6 +319,22 @@ mod tests {
         c.mark_full(65, d(Level::Low, false, 4), false);
         assert!(c.worth_trying(65, small));
         assert_eq!(c.node(65), 65);
+    }
+
+    #[test]
+    fn the_skip_mask_follows_every_change() {
+        let c = ZonelistCache::new(0..70);
+        let small = d(Level::Low, false, 0);
+        c.mark_full(2, small, false);
+        c.mark_full(5, d(Level::Low, false, 9), false);
+        c.mark_full(66, small, false);
+        assert_eq!(c.skip_mask(small), 1 << 2, "entry 5 is full for order 9 only; 66 is past the mask");
+        assert_eq!(c.skip_mask(small), 1 << 2, "memoised");
+        assert_eq!(c.skip_mask(d(Level::Low, false, 9)), 1 << 2 | 1 << 5);
+        c.mark_full(7, small, false);
+        assert_eq!(c.skip_mask(small), 1 << 2 | 1 << 7, "a new mark invalidates the memo");
+        assert!(c.setup(10_000, 1000));
+        assert_eq!(c.skip_mask(small), 0, "so does a zap");
     }
 
     #[test]
