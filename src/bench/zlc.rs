@@ -114,22 +114,26 @@ pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
                 }
                 let trial = round(&z, threads)?.1 * PAGES as f64;
                 let rounds = super::per_cell(opts, trial, 1, 10_000);
-                // [on, off][rep]: (alloc, total)
+                // [on, off][rep]: (alloc, total). Each repetition runs on, off, off, on (or
+                // the mirror), so a drift of the machine within it weighs on both alike.
                 let mut t: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
-                let mut err = None;
-                super::rotate(opts, &format!("zlc {nodes} nodes"), 2, |k| {
-                    z.set_zonelist_cache(k == 0);
-                    let mut acc = (0.0, 0.0);
-                    for _ in 0..rounds {
-                        match round(&z, threads) {
-                            Ok((a, b)) => acc = (acc.0 + a, acc.1 + b),
-                            Err(e) => err = Some(e),
+                let half = rounds.div_ceil(2);
+                for rep in 0..opts.reps {
+                    if opts.progress {
+                        eprint!("\r  zlc {nodes} nodes: repetition {}/{}   ", rep + 1, opts.reps);
+                    }
+                    let mut acc = [(0.0, 0.0); 2];
+                    for k in [0, 1, 1, 0] {
+                        let k = (k + rep) % 2;
+                        z.set_zonelist_cache(k == 0);
+                        for _ in 0..half {
+                            let (a, b) = round(&z, threads)?;
+                            acc[k] = (acc[k].0 + a, acc[k].1 + b);
                         }
                     }
-                    t[k].push((acc.0 / rounds as f64, acc.1 / rounds as f64));
-                });
-                if let Some(e) = err {
-                    return Err(e);
+                    for k in 0..2 {
+                        t[k].push((acc[k].0 / (2 * half) as f64, acc[k].1 / (2 * half) as f64));
+                    }
                 }
                 let col = |k: usize, f: fn(&(f64, f64)) -> f64| t[k].iter().map(f).collect::<Vec<f64>>();
                 let (on_a, off_a, on_t, off_t) = (col(0, |x| x.0), col(1, |x| x.0), col(0, |x| x.1), col(1, |x| x.1));

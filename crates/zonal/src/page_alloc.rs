@@ -223,11 +223,15 @@ impl Zonal {
             })
             .collect::<Box<[u16]>>();
         let nz = zones.len();
-        let local_is_hit = local_zone
+        let local_is_hit: Box<[bool]> = local_zone
             .iter()
             .enumerate()
             .map(|(c, &z)| node_zones[topo.cpu_to_node(CpuId(c as u32)).0 as usize].iter().any(|id| id.0 == z))
             .collect();
+        // The fast paths count their allocations as local hits: a CPU whose first zone is on
+        // another node (a memoryless node's) takes the general path, which charges each one.
+        let local_zone: Box<[u16]> =
+            local_zone.iter().zip(local_is_hit.iter()).map(|(&z, &hit)| if hit { z } else { NO_ZONE }).collect();
         let nr_zone_stats = nr_cpus * zones.len();
         let stat_interval_ms =
             Arc::new(std::sync::atomic::AtomicU64::new((config.stat_interval.as_millis() as u64).max(1)));
@@ -503,14 +507,9 @@ impl Zonal {
     /// that strategy, counting costs the fast path nothing but the key's load and branch.
     #[inline(always)]
     fn account_local_alloc(&self, cpu: usize, z: &Zone, n: u64) {
-        let is_hit = self.local_is_hit[cpu];
-        if is_hit {
-            self.events[cpu].add_local_first(n);
-        } else {
-            self.count_event(cpu, VmEvent::PgallocNormal, n);
-        }
-        let key = self.numa_key.load(std::sync::atomic::Ordering::Relaxed);
-        if key > NUMA_ON_PERCPU || (key == NUMA_ON_PERCPU && !is_hit) {
+        // `local_zone[cpu]` is on the CPU's node (see `Zonal::new`): a hit and local.
+        self.events[cpu].add_local_first(n);
+        if self.numa_key.load(std::sync::atomic::Ordering::Relaxed) > NUMA_ON_PERCPU {
             self.numa_charge(cpu, z, z, n, None);
         }
     }
