@@ -91,6 +91,17 @@ fn against_base(
     (cells, records)
 }
 
+/// Prints one row per setting (its name, then its cells at 1 and `nproc` threads).
+fn print_rows(first: &str, configs: &[Setting<'_>], cells: Vec<Vec<String>>, nproc: usize) {
+    let rows: Vec<Vec<String>> = configs
+        .iter()
+        .zip(cells)
+        .map(|((name, _), cells)| std::iter::once(name.clone()).chain(cells).collect())
+        .collect();
+    let h2 = format!("{nproc} threads");
+    print_table(&[first, "1 thread", &h2], &rows);
+}
+
 /// `threshold` (seed 000).
 pub fn run_threshold(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     let z = one_zone(z, opts)?;
@@ -161,13 +172,7 @@ pub fn run_modes(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     );
     let coarse = configs.iter().position(|(n, _)| n == "coarse").expect("coarse is a mode");
     let (cells, records) = against_base(&times, coarse, &configs, &ts, ("modes", "numa_stats_mode"), opts);
-    let rows: Vec<Vec<String>> = configs
-        .iter()
-        .zip(cells)
-        .map(|((name, _), cells)| std::iter::once(name.clone()).chain(cells).collect())
-        .collect();
-    let h2 = format!("{nproc} threads");
-    print_table(&["mode", "1 thread", &h2], &rows);
+    print_rows("mode", &configs, cells, nproc);
     let strict = configs.iter().position(|(n, _)| n == "strict").expect("strict is a mode");
     let over: Vec<String> = ts
         .iter()
@@ -214,13 +219,7 @@ pub fn run_stats(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     );
     let percpu = 2;
     let (cells, mut records) = against_base(&times, percpu, &configs, &ts, ("stats", "numa_stat_strategy"), opts);
-    let rows: Vec<Vec<String>> = configs
-        .iter()
-        .zip(cells)
-        .map(|((name, _), cells)| std::iter::once(name.clone()).chain(cells).collect())
-        .collect();
-    let h2 = format!("{nproc} threads");
-    print_table(&["counting", "1 thread", &h2], &rows);
+    print_rows("counting", &configs, cells, nproc);
     println!();
 
     // Bulk: 128 frames per call, accounted once or page by page, with each strategy.
