@@ -19,37 +19,40 @@ const PAGES: usize = 1024;
 /// Only the touched pages take memory.
 const NODE_SIZE: &str = "256M";
 
-/// One round on `threads` threads: each allocates `PAGES` pages (timed), touches each
-/// (timed), frees them (not timed). Returns (alloc ns per page, alloc + touch ns per page),
-/// averaged over threads.
-fn round(z: &Zonal, threads: usize) -> Result<(f64, f64), String> {
+/// `iters` rounds on each of `threads` threads started together: each round allocates
+/// `PAGES` pages (timed), touches each (timed), frees them (not timed). Returns (alloc ns per
+/// page, alloc + touch ns per page), averaged over threads and rounds.
+fn rounds(z: &Zonal, threads: usize, iters: u64) -> Result<(f64, f64), String> {
     let barrier = Barrier::new(threads);
     let per: Vec<Result<(Duration, Duration), String>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|_| {
                 s.spawn(|| {
                     let mut pages = Vec::with_capacity(PAGES);
+                    let (mut alloc, mut total) = (Duration::ZERO, Duration::ZERO);
                     barrier.wait();
-                    let t = Instant::now();
-                    for _ in 0..PAGES {
-                        match z.alloc_pages(Gfp::KERNEL, 0) {
-                            Ok(p) => pages.push(p),
-                            Err(e) => {
-                                for p in &pages {
-                                    let _ = z.free_pages(p.as_ptr(), 0);
+                    for _ in 0..iters {
+                        let t = Instant::now();
+                        for _ in 0..PAGES {
+                            match z.alloc_pages(Gfp::KERNEL, 0) {
+                                Ok(p) => pages.push(p),
+                                Err(e) => {
+                                    for p in pages.drain(..) {
+                                        let _ = z.free_pages(p.as_ptr(), 0);
+                                    }
+                                    return Err(format!("zlc: the usable node ran out: {e}"));
                                 }
-                                return Err(format!("zlc: the usable node ran out: {e}"));
                             }
                         }
-                    }
-                    let alloc = t.elapsed();
-                    for p in &pages {
-                        // SAFETY: `p` is a frame zonal handed out, writable and ours until freed.
-                        unsafe { std::ptr::write_volatile(p.as_ptr().cast::<u64>(), 0x5a5a) };
-                    }
-                    let total = t.elapsed();
-                    for p in pages {
-                        z.free_pages(p.as_ptr(), 0).map_err(|e| e.to_string())?;
+                        alloc += t.elapsed();
+                        for p in &pages {
+                            // SAFETY: `p` is a frame zonal handed out, writable and ours until freed.
+                            unsafe { std::ptr::write_volatile(p.as_ptr().cast::<u64>(), 0x5a5a) };
+                        }
+                        total += t.elapsed();
+                        for p in pages.drain(..) {
+                            z.free_pages(p.as_ptr(), 0).map_err(|e| e.to_string())?;
+                        }
                     }
                     Ok((alloc, total))
                 })
@@ -58,7 +61,7 @@ fn round(z: &Zonal, threads: usize) -> Result<(f64, f64), String> {
         hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("zlc: a thread panicked".into()))).collect()
     });
     let per: Vec<(Duration, Duration)> = per.into_iter().collect::<Result<_, _>>()?;
-    let ns = |d: Duration| d.as_nanos() as f64 / PAGES as f64;
+    let ns = |d: Duration| d.as_nanos() as f64 / (PAGES as u64 * iters.max(1)) as f64;
     let n = per.len() as f64;
     Ok((per.iter().map(|p| ns(p.0)).sum::<f64>() / n, per.iter().map(|p| ns(p.1)).sum::<f64>() / n))
 }
@@ -110,14 +113,14 @@ pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
                 // trial with the cache off (the slower).
                 for on in [true, false, true, false] {
                     z.set_zonelist_cache(on);
-                    round(&z, threads)?;
+                    rounds(&z, threads, 2)?;
                 }
-                let trial = round(&z, threads)?.1 * PAGES as f64;
-                let rounds = super::per_cell(opts, trial, 1, 10_000);
+                let trial = rounds(&z, threads, 4)?.1 * PAGES as f64;
+                let iters = super::per_cell(opts, trial, 1, 100_000);
                 // [on, off][rep]: (alloc, total). Each repetition runs on, off, off, on (or
                 // the mirror), so a drift of the machine within it weighs on both alike.
                 let mut t: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
-                let half = rounds.div_ceil(2);
+                let half = iters.div_ceil(2);
                 for rep in 0..opts.reps {
                     if opts.progress {
                         eprint!("\r  zlc {nodes} nodes: repetition {}/{}   ", rep + 1, opts.reps);
@@ -126,13 +129,11 @@ pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
                     for k in [0, 1, 1, 0] {
                         let k = (k + rep) % 2;
                         z.set_zonelist_cache(k == 0);
-                        for _ in 0..half {
-                            let (a, b) = round(&z, threads)?;
-                            acc[k] = (acc[k].0 + a, acc[k].1 + b);
-                        }
+                        let (a, b) = rounds(&z, threads, half)?;
+                        acc[k] = (acc[k].0 + a, acc[k].1 + b);
                     }
                     for k in 0..2 {
-                        t[k].push((acc[k].0 / (2 * half) as f64, acc[k].1 / (2 * half) as f64));
+                        t[k].push((acc[k].0 / 2.0, acc[k].1 / 2.0));
                     }
                 }
                 let col = |k: usize, f: fn(&(f64, f64)) -> f64| t[k].iter().map(f).collect::<Vec<f64>>();
