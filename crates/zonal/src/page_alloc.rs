@@ -694,6 +694,11 @@ impl Zonal {
     /// `auto` mode it turns counting on.
     pub fn numa_stat(&self, zone: ZoneId, s: NumaStat) -> u64 {
         self.numa_read_hook();
+        // A zone the allocator does not have counted nothing ([`Zonal::node_numa_stats`]
+        // and the reports only ask for real zones).
+        if zone.0 as usize >= self.zones.len() {
+            return 0;
+        }
         let nz = self.zones.len();
         let shared = self.numa_shared.get(zone.0 as usize).map_or(0, |sh| sh.get(s));
         let counted =
@@ -708,9 +713,8 @@ impl Zonal {
             .map(|c| {
                 let frozen = self.numa_fast_frozen[c].load(std::sync::atomic::Ordering::Relaxed);
                 if fast_on {
-                    let since = self.events[c]
-                        .local_first()
-                        .wrapping_sub(self.numa_fast_base[c].load(std::sync::atomic::Ordering::Relaxed));
+                    let base = self.numa_fast_base[c].load(std::sync::atomic::Ordering::Relaxed);
+                    let since = counted_since(self.events[c].local_first(), base);
                     frozen.wrapping_add(since)
                 } else {
                     frozen
@@ -732,7 +736,7 @@ impl Zonal {
         for c in 0..self.nr_cpus {
             let now = self.events[c].local_first();
             if old == NUMA_ON_PERCPU {
-                let since = now.wrapping_sub(self.numa_fast_base[c].load(Relaxed));
+                let since = counted_since(now, self.numa_fast_base[c].load(Relaxed));
                 self.numa_fast_frozen[c].fetch_add(since, Relaxed);
             }
             if key == NUMA_ON_PERCPU {
@@ -863,10 +867,14 @@ impl Zonal {
     #[cold]
     #[inline(never)]
     fn alloc_pages_slowpath(&self, ctx: &AllocContext<'_>, order: Order) -> Result<Pfn> {
-        // Where Linux wakes kswapd, which tightens the thresholds of the node's zones so the
-        // drift cannot hide the way down to `min`; the worker loosens them again above `high`.
+        // Where Linux wakes kswapd for the nodes that are not balanced, which tightens the
+        // thresholds of their zones so the drift cannot hide the way down to `min`: here the
+        // zones below `low`. The worker loosens them again above `high`.
         for id in ctx.zonelist {
-            self.zones[id.0 as usize].set_pressure(true);
+            let z = &self.zones[id.0 as usize];
+            if z.page_state_snapshot(ZoneStatItem::NrFreePages) < z.watermark(Watermark::Low) {
+                z.set_pressure(true);
+            }
         }
         if let Some(p) = self.get_page_from_freelist(ctx, order, Watermark::Min) {
             return Ok(p);
@@ -1442,13 +1450,24 @@ impl Zonal {
     /// truth by at most `nr_cpus * stat_threshold` (and, for the pages on per-CPU lists, the
     /// caches' churn since their last lock).
     pub fn zone_page_state(&self, zone: ZoneId, item: ZoneStatItem) -> Result<usize> {
-        Ok(self.zone(zone)?.page_state(item))
+        Ok(self.zone_item(zone, item)?.page_state(item))
+    }
+
+    /// A zone, checked to have the item (a free-block count of an order it has).
+    fn zone_item(&self, zone: ZoneId, item: ZoneStatItem) -> Result<&Zone> {
+        let z = self.zone(zone)?;
+        match item {
+            ZoneStatItem::NrFreeOrder(o) if o.0 > z.max_order.0 => {
+                Err(Error::InvalidOrder { order: o.0 as u32, max_order: z.max_order })
+            }
+            _ => Ok(z),
+        }
     }
 
     /// A zone counter with every CPU's unfolded part added (`zone_page_state_snapshot`):
     /// exact once allocation stops.
     pub fn zone_page_state_snapshot(&self, zone: ZoneId, item: ZoneStatItem) -> Result<usize> {
-        let z = self.zone(zone)?;
+        let z = self.zone_item(zone, item)?;
         let v = z.page_state_snapshot(item);
         if item != ZoneStatItem::NrPcpPages {
             return Ok(v);
@@ -1573,13 +1592,15 @@ fn decay_all(zones: &[Zone], pcps: &[PerCpuPages]) -> usize {
 }
 
 /// `refresh_cpu_vm_stats` for every CPU, and `vm.stat_refresh`: folds every zone-counter diff
-/// into the zone and global counters, each under the lock that guards it, and sets each
-/// zone's threshold by its state: the pressure threshold while the zone's free frames are
-/// below `high` (where kswapd would be awake), the normal one above.
+/// into the zone and global counters, each under the lock that guards it, and gives a zone
+/// under pressure its normal threshold back once its free frames are at or above `high`
+/// (where kswapd would go back to sleep).
 fn fold_all(zones: &[Zone], pcps: &[PerCpuPages]) {
     for z in zones {
         z.lock().fold_diffs();
-        z.set_pressure(z.page_state_snapshot(ZoneStatItem::NrFreePages) < z.watermark(Watermark::High));
+        if z.page_state_snapshot(ZoneStatItem::NrFreePages) >= z.watermark(Watermark::High) {
+            z.set_pressure(false);
+        }
     }
     for (i, p) in pcps.iter().enumerate() {
         p.lock(&zones[i % zones.len()]).fold_diff();
@@ -1633,6 +1654,17 @@ impl Drop for Zonal {
     fn drop(&mut self) {
         self.worker.take();
         mempolicy::forget_handle(self.id);
+    }
+}
+
+/// Events counted since a base: `now - base`, or 0 when a lost per-CPU update (two threads
+/// interleaving on one CPU's counter) left the counter below the base taken meanwhile.
+fn counted_since(now: u64, base: u64) -> u64 {
+    let d = now.wrapping_sub(base);
+    if d > u64::MAX / 2 {
+        0
+    } else {
+        d
     }
 }
 

@@ -112,6 +112,8 @@ pub struct ZonelistCache {
 
 /// `memo_key` while the memo is being written.
 const MEMO_BUSY: u64 = u64::MAX;
+/// `memo_key` before anything was memoised (no generation reaches it).
+const MEMO_EMPTY: u64 = u64::MAX - 1;
 
 impl ZonelistCache {
     /// A cache for a zonelist whose entries lie on these nodes, in zonelist order.
@@ -124,7 +126,7 @@ impl ZonelistCache {
             z_to_n,
             last_full_zap: AtomicU64::new(0),
             generation: AtomicU64::new(0),
-            memo_key: AtomicU64::new(MEMO_BUSY),
+            memo_key: AtomicU64::new(MEMO_EMPTY),
             memo_mask: AtomicU64::new(0),
         }
     }
@@ -159,7 +161,7 @@ impl ZonelistCache {
         for w in self.fullzones.iter() {
             w.store(0, Ordering::Relaxed);
         }
-        self.generation.fetch_add(1, Ordering::Relaxed);
+        self.generation.fetch_add(1, Ordering::Release);
         true
     }
 
@@ -168,7 +170,9 @@ impl ZonelistCache {
     /// computed over the marked entries and memoised. A hint like the rest: a mask read
     /// while another thread writes the memo may be off, and the walk's second pass covers it.
     pub fn skip_mask(&self, d: Demand) -> u64 {
-        let key = self.generation.load(Ordering::Relaxed) << 8 | d.encode() as u64 & 0xff;
+        // Acquire: pairs with the Release of the bump that follows a mark, so the marks read
+        // below are at least as new as the generation in the key.
+        let key = self.generation.load(Ordering::Acquire) << 8 | d.encode() as u64 & 0xff;
         if self.memo_key.load(Ordering::Acquire) == key {
             let m = self.memo_mask.load(Ordering::Relaxed);
             if self.memo_key.load(Ordering::Acquire) == key {
@@ -184,9 +188,12 @@ impl ZonelistCache {
                 m |= 1 << j;
             }
         }
-        self.memo_key.store(MEMO_BUSY, Ordering::Release);
-        self.memo_mask.store(m, Ordering::Relaxed);
-        self.memo_key.store(key, Ordering::Release);
+        // One writer at a time: whoever turns the key to BUSY owns the memo until it stores its
+        // key; a walk that finds it BUSY just uses the mask it computed.
+        if self.memo_key.swap(MEMO_BUSY, Ordering::AcqRel) != MEMO_BUSY {
+            self.memo_mask.store(m, Ordering::Relaxed);
+            self.memo_key.store(key, Ordering::Release);
+        }
         m
     }
 
@@ -239,7 +246,7 @@ impl ZonelistCache {
         // A mark left from before the last zap means nothing.
         let _ = self.marks[i]
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| Some(merge(if was { old } else { 0 })));
-        self.generation.fetch_add(1, Ordering::Relaxed);
+        self.generation.fetch_add(1, Ordering::Release);
         true
     }
 

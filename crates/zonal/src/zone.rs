@@ -245,42 +245,44 @@ impl Zone {
     pub fn refresh_stat_thresholds(&self) {
         let cpus = self.pcpu.len();
         let t = vmstat::normal_threshold(cpus, self.managed);
-        self.set_threshold(t);
+        self.set_threshold(t, false);
         let (min, low, high) =
             (self.watermark(Watermark::Min), self.watermark(Watermark::Low), self.watermark(Watermark::High));
         self.percpu_drift_mark.store(vmstat::percpu_drift_mark(cpus, t, min, low, high), Ordering::Relaxed);
-        self.pressure.store(false, Ordering::Relaxed);
     }
 
     /// Switches between the pressure threshold (`set_pgdat_percpu_threshold` with
     /// `calculate_pressure_threshold`, as when kswapd wakes) and the normal one. Returns
     /// whether anything changed.
     pub fn set_pressure(&self, on: bool) -> bool {
-        // A load first: the slow path calls this on every zone it walks.
-        if self.pressure.load(Ordering::Relaxed) == on || self.pressure.swap(on, Ordering::Relaxed) == on {
+        // A load first, without the lock: the slow path calls this on every zone it walks.
+        if self.pressure.load(Ordering::Relaxed) == on {
             return false;
         }
         let cpus = self.pcpu.len();
-        self.set_threshold(if on {
+        let t = if on {
             vmstat::pressure_threshold(cpus, self.watermark(Watermark::Low), self.watermark(Watermark::Min))
         } else {
             vmstat::normal_threshold(cpus, self.managed)
-        });
-        true
+        };
+        self.set_threshold(t, on)
     }
 
-    /// Sets every CPU's threshold under the zone lock, with the free-count diffs folded
-    /// first: no diff is then larger than the new threshold allows, so `max_drift` is true
-    /// from the moment it is stored. (The pages-on-lists diffs keep their old size until
-    /// their next update; nothing decides on them.)
-    fn set_threshold(&self, t: usize) {
+    /// Sets every CPU's threshold and the pressure flag together under the zone lock, with
+    /// the free-count diffs folded first: no diff is then larger than the new threshold allows,
+    /// so `max_drift` is true from the moment it is stored. (The pages-on-lists diffs keep
+    /// their old size until their next update; nothing decides on them.) Returns whether the
+    /// flag changed.
+    fn set_threshold(&self, t: usize, pressure: bool) -> bool {
         let mut l = self.lock();
+        let changed = self.pressure.swap(pressure, Ordering::Relaxed) != pressure;
         l.fold_diffs();
         for d in self.pcpu.iter() {
             d.set_threshold(t);
         }
         self.max_drift.store(self.pcpu.len() * t.min(vmstat::MAX_STAT_THRESHOLD), Ordering::Relaxed);
         drop(l);
+        changed
     }
 
     /// A watermark in frames.
@@ -338,9 +340,9 @@ impl Zone {
     pub fn watermark_ok_fast(&self, order: Order, mark: usize, high: bool) -> bool {
         let min = if high { mark - mark / 2 } else { mark };
         // free - (pages - 1) > min
-        let edge = min + order.pages() - 1;
+        let edge = min.saturating_add(order.pages() - 1);
         let mut free = self.nr_free();
-        if free <= edge + self.max_drift.load(Ordering::Relaxed) {
+        if free <= edge.saturating_add(self.max_drift.load(Ordering::Relaxed)) {
             free = self.page_state_snapshot(ZoneStatItem::NrFreePages);
         }
         free > edge

@@ -358,3 +358,26 @@ fn reports_parse_back() {
         z.free_pages(p.as_ptr(), (i % 3) as u32).unwrap();
     }
 }
+
+/// Bad or extreme input to the counter and watermark APIs is an error or a plain answer,
+/// never a panic.
+#[test]
+fn counter_apis_refuse_what_a_zone_does_not_have() {
+    let z = zonal_on("nodes=2,size=4M", 2);
+    let bad_order = ZoneStatItem::NrFreeOrder(zonal::Order(15));
+    assert!(z.zone_page_state(ZoneId(0), bad_order).unwrap_err().to_string().contains("invalid order 15"));
+    assert!(z.zone_page_state_snapshot(ZoneId(0), bad_order).is_err());
+    assert!(z
+        .zone_page_state(ZoneId(7), ZoneStatItem::NrFreePages)
+        .unwrap_err()
+        .to_string()
+        .contains("invalid zone 7"));
+    assert_eq!(z.numa_stat(ZoneId(7), zonal::NumaStat::NumaHit), 0);
+    assert!(!z.zones()[0].watermark_ok(zonal::Order(10), usize::MAX, false));
+    // A bulk call asking for more than there is fills what it can.
+    let mut list = Vec::new();
+    let n = z.alloc_pages_bulk_list(Gfp::KERNEL, usize::MAX, &mut list);
+    assert!(n > 0 && n == list.len() && n < 2 * 1024);
+    let ptrs: Vec<*mut u8> = list.iter().map(|p| p.as_ptr()).collect();
+    assert_eq!(z.free_pages_bulk(&ptrs), Ok(n));
+}
