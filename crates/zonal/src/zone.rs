@@ -338,11 +338,13 @@ impl Zone {
     /// every mark, so a check is as exact as the snapshot.
     #[inline]
     pub fn watermark_ok_fast(&self, order: Order, mark: usize, high: bool) -> bool {
-        let min = if high { mark - mark / 2 } else { mark };
+        // No zone keeps more than `managed` free, so a larger mark fails as `managed` does;
+        // the clamp keeps the sums below from overflowing on any mark.
+        let min = if high { mark - mark / 2 } else { mark }.min(self.managed);
         // free - (pages - 1) > min
-        let edge = min.saturating_add(order.pages() - 1);
+        let edge = min + order.pages() - 1;
         let mut free = self.nr_free();
-        if free <= edge.saturating_add(self.max_drift.load(Ordering::Relaxed)) {
+        if free <= edge + self.max_drift.load(Ordering::Relaxed) {
             free = self.page_state_snapshot(ZoneStatItem::NrFreePages);
         }
         free > edge
