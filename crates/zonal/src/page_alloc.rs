@@ -61,12 +61,9 @@ pub struct Zonal {
     /// and membarrier available); `None` sends every call down the locked path.
     rseq_off: Option<isize>,
     /// The first zone of each CPU's node's zonelist, `[cpu]`: where an allocation under the
-    /// local policy looks first, and what the order-0 fast path takes from.
+    /// local policy looks first, and what the order-0 fast path takes from; `NO_ZONE` for a
+    /// CPU whose first zone is off its node, whose allocations must each be charged.
     local_zone: Box<[u16]>,
-    /// For each CPU, whether an allocation from `local_zone[cpu]` is a NUMA hit and local
-    /// (that zone is on the CPU's node; not so for a CPU of a memoryless node), so that the
-    /// fast paths' per-CPU count of them is their `numa_hit` and `numa_local`.
-    local_is_hit: Box<[bool]>,
     /// Per CPU, `local_first` when the per-CPU strategy last began counting (`[cpu]`), and
     /// what it counted before it last stopped: the NUMA hits and locals of the fast paths are
     /// `frozen + (local_first - base)` while it counts, `frozen` while not. Written under the
@@ -247,7 +244,6 @@ impl Zonal {
             pcp_enabled: config.pcp,
             rseq_off,
             local_zone,
-            local_is_hit,
             numa_fast_base: (0..nr_cpus).map(|_| AtomicU64::new(0)).collect(),
             numa_fast_frozen: (0..nr_cpus).map(|_| AtomicU64::new(0)).collect(),
             bulk_per_page: std::sync::atomic::AtomicBool::new(false),
@@ -706,10 +702,11 @@ impl Zonal {
         if !matches!(s, NumaStat::NumaHit | NumaStat::NumaLocal) {
             return counted;
         }
-        // The fast paths' local hits, counted as `pgalloc` on the CPUs whose local zone this is.
+        // The fast paths' local hits, counted as `pgalloc` on the CPUs whose local zone this
+        // is (`local_zone` is set only where that zone is on the CPU's node).
         let fast_on = self.numa_key.load(std::sync::atomic::Ordering::Relaxed) == NUMA_ON_PERCPU;
         (0..self.nr_cpus)
-            .filter(|&c| self.local_is_hit[c] && self.local_zone[c] == zone.0)
+            .filter(|&c| self.local_zone[c] == zone.0)
             .map(|c| {
                 let frozen = self.numa_fast_frozen[c].load(std::sync::atomic::Ordering::Relaxed);
                 if fast_on {

@@ -634,6 +634,27 @@ pub mod rseq {
         };
     }
 
+    /// Copies `{n}` (> 0) words from the array at register `$from` to the one at `$to`, with
+    /// `{zone}` as the index and `{base}` as scratch (both dead once `{p}` is found): the loop
+    /// of `pop_many` (cache to buffer) and `push_many` (buffer to cache).
+    macro_rules! rseq_copy {
+        ($from:literal, $to:literal) => {
+            concat!(
+                "xor {zone:e}, {zone:e}\n",
+                "27:\n",
+                "mov {base}, qword ptr [",
+                $from,
+                " + {zone} * 8]\n",
+                "mov qword ptr [",
+                $to,
+                " + {zone} * 8], {base}\n",
+                "add {zone}, 1\n",
+                "cmp {zone}, {n}\n",
+                "jb 27b\n",
+            )
+        };
+    }
+
     /// One critical section: `rseq_enter!`, the body, `rseq_leave!`, with the operands every
     /// section shares (the table, `{p}`, `{t}`, the cache's offsets) and the body's own
     /// (which include `{ok}`, and `{off_limit}` for pushes). The table's
@@ -773,13 +794,7 @@ pub mod rseq {
                         // nz = &slots[new len]; copy slots[new len + i] to out[i], i in zone.
                         "mov {nz}, qword ptr [{p} + {off_slots}]",
                         "lea {nz}, [{nz} + {t} * 8]",
-                        "xor {zone:e}, {zone:e}",
-                        "27:",
-                        "mov {base}, qword ptr [{nz} + {zone} * 8]",
-                        "mov qword ptr [{out} + {zone} * 8], {base}",
-                        "add {zone}, 1",
-                        "cmp {zone}, {n}",
-                        "jb 27b",
+                        rseq_copy!("{nz}", "{out}"),
                         "mov qword ptr [{p} + {off_len}], {t}",
                     ],
                     out = in(reg) out.as_mut_ptr(),
@@ -830,13 +845,7 @@ pub mod rseq {
                         // nz = &slots[len]; copy src[i] to it, i in zone.
                         "mov {nz}, qword ptr [{p} + {off_slots}]",
                         "lea {nz}, [{nz} + {t} * 8]",
-                        "xor {zone:e}, {zone:e}",
-                        "27:",
-                        "mov {base}, qword ptr [{src} + {zone} * 8]",
-                        "mov qword ptr [{nz} + {zone} * 8], {base}",
-                        "add {zone}, 1",
-                        "cmp {zone}, {n}",
-                        "jb 27b",
+                        rseq_copy!("{src}", "{nz}"),
                         "add {t}, {n}",
                         "mov qword ptr [{p} + {off_len}], {t}",
                     ],
