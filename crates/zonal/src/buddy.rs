@@ -19,7 +19,8 @@
 //! Invariant: `sum(nr_free[o] << o) == zone.nr_free`, each list holds exactly the frames in
 //! state `BUDDY|o`, and no two blocks (free or allocated) overlap.
 
-use crate::sync::{AtomicU8, Ordering};
+use crate::mem_map::MemMap;
+use crate::sync::Ordering;
 use crate::types::{Order, Pfn, MAX_ORDER_LIMIT};
 
 /// State of a frame that heads no block.
@@ -162,7 +163,7 @@ impl FreeArea {
 /// `Buddy` means holding the zone lock (it is built only by `ZoneLocked`).
 pub struct Buddy<'a> {
     pub(crate) area: &'a mut FreeArea,
-    pub(crate) states: &'a [AtomicU8],
+    pub(crate) mem_map: &'a MemMap,
     pub(crate) start: Pfn,
     pub(crate) max_order: Order,
 }
@@ -175,12 +176,12 @@ impl Buddy<'_> {
 
     #[inline]
     fn load(&self, pfn: Pfn) -> u8 {
-        self.states[pfn.0 - self.start.0].load(Ordering::Relaxed)
+        self.mem_map.state(pfn.0 - self.start.0).load(Ordering::Relaxed)
     }
 
     #[inline]
     fn set(&self, pfn: Pfn, s: u8) {
-        self.states[pfn.0 - self.start.0].store(s, Ordering::Relaxed)
+        self.mem_map.state(pfn.0 - self.start.0).store(s, Ordering::Relaxed)
     }
 
     /// Takes the smallest free block of at least `order`, splits it down to `order`, and
@@ -218,7 +219,7 @@ impl Buddy<'_> {
     /// Frees a block, merging it with free buddies as far as they go (`__free_one_page`).
     /// The block's head state must already be `NONE` (claimed by the caller).
     pub fn free_one(&mut self, mut pfn: Pfn, mut order: Order) {
-        let span = self.states.len();
+        let span = self.mem_map.len();
         while order < self.max_order {
             let buddy = pfn.buddy(order);
             let bi = buddy.0.wrapping_sub(self.start.0);
@@ -254,14 +255,14 @@ impl Buddy<'_> {
 mod tests {
     use super::*;
 
-    fn zone(span: usize) -> (FreeArea, Vec<AtomicU8>) {
-        (FreeArea::new(span), (0..span).map(|_| AtomicU8::new(NONE)).collect())
+    fn zone(span: usize) -> (FreeArea, MemMap) {
+        (FreeArea::new(span), MemMap::new(span))
     }
 
     #[test]
     fn split_and_merge_round_trip() {
         let (mut area, states) = zone(16);
-        let mut b = Buddy { area: &mut area, states: &states, start: Pfn(0), max_order: Order(3) };
+        let mut b = Buddy { area: &mut area, mem_map: &states, start: Pfn(0), max_order: Order(3) };
         b.free_range(Pfn(0), 16);
         assert_eq!(b.area.nr_free(Order(3)), 2);
         let p = b.rmqueue_smallest(Order(0)).unwrap();
@@ -269,9 +270,9 @@ mod tests {
         assert_eq!(p, Pfn(8));
         // One order-3 block split into 1 (taken) + 1 + 2 + 4.
         assert_eq!((b.area.nr_free(Order(0)), b.area.nr_free(Order(1)), b.area.nr_free(Order(2))), (1, 1, 1));
-        assert_eq!(decode(states[9].load(Ordering::Relaxed)), (BUDDY, Order(0)));
-        assert_eq!(decode(states[12].load(Ordering::Relaxed)), (BUDDY, Order(2)));
-        let mut b = Buddy { area: &mut area, states: &states, start: Pfn(0), max_order: Order(3) };
+        assert_eq!(decode(states.state(9).load(Ordering::Relaxed)), (BUDDY, Order(0)));
+        assert_eq!(decode(states.state(12).load(Ordering::Relaxed)), (BUDDY, Order(2)));
+        let mut b = Buddy { area: &mut area, mem_map: &states, start: Pfn(0), max_order: Order(3) };
         b.free_one(p, Order(0));
         assert_eq!(b.area.nr_free(Order(3)), 2);
         assert_eq!(b.area.nr_free(Order(0)), 0);
@@ -280,7 +281,7 @@ mod tests {
     #[test]
     fn partial_range_uses_smaller_blocks() {
         let (mut area, states) = zone(16);
-        let mut b = Buddy { area: &mut area, states: &states, start: Pfn(0), max_order: Order(3) };
+        let mut b = Buddy { area: &mut area, mem_map: &states, start: Pfn(0), max_order: Order(3) };
         b.free_range(Pfn(0), 13);
         // 8 + 4 + 1
         assert_eq!((b.area.nr_free(Order(3)), b.area.nr_free(Order(2)), b.area.nr_free(Order(0))), (1, 1, 1));

@@ -23,6 +23,7 @@ pub mod config;
 pub mod error;
 pub mod ffi;
 pub mod gfp;
+mod mem_map;
 pub mod mempolicy;
 pub mod page_alloc;
 pub mod pcp;

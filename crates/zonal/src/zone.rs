@@ -14,9 +14,11 @@
 //! blocks whose head is `ALLOCATED`; see [`Zone::check_invariants`].
 
 use crate::buddy::{self, Buddy, FreeArea};
+use crate::mem_map::MemMap;
 use crate::sync::{self, AtomicBool, AtomicU8, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::types::{NodeId, Order, Pfn, ZoneId, PAGE_SHIFT};
 use crate::vmstat::{self, PerCpuZoneDiffs, ZoneCounters, ZoneStatItem};
+use crossbeam_utils::CachePadded;
 use std::fmt;
 use std::sync::Arc;
 
@@ -109,8 +111,12 @@ pub struct Zone {
     max_drift: AtomicUsize,
     /// Whether the pressure threshold is in force (free frames fell below `low`).
     pressure: AtomicBool,
-    lock: Mutex<FreeArea>,
-    states: Box<[AtomicU8]>,
+    /// The zone lock and the lists it guards, on lines of their own (Linux's
+    /// `ZONE_PADDING`): every CPU's refills and drains write them, while the fields above are
+    /// read by every allocation's watermark check.
+    lock: CachePadded<Mutex<FreeArea>>,
+    /// The frames' entries (zonal's `mem_map`), one cache line each.
+    mem_map: MemMap,
 }
 
 impl fmt::Debug for Zone {
@@ -158,8 +164,8 @@ impl Zone {
             percpu_drift_mark: AtomicUsize::new(0),
             max_drift: AtomicUsize::new(0),
             pressure: AtomicBool::new(false),
-            lock: Mutex::new(FreeArea::new(pages)),
-            states: (0..pages).map(|_| AtomicU8::new(buddy::NONE)).collect(),
+            lock: CachePadded::new(Mutex::new(FreeArea::new(pages))),
+            mem_map: MemMap::new(pages),
         };
         z.refresh_stat_thresholds();
         z.lock().buddy().free_range(start, pages);
@@ -181,7 +187,7 @@ impl Zone {
     /// The state byte of a frame of this zone (see [`crate::buddy`]).
     #[inline]
     pub fn state(&self, pfn: Pfn) -> &AtomicU8 {
-        &self.states[pfn.0 - self.start_pfn.0]
+        self.mem_map.state(pfn.0 - self.start_pfn.0)
     }
 
     /// Free frames in the buddy lists as folded (`zone_page_state(NR_FREE_PAGES)`): behind
@@ -376,7 +382,7 @@ impl Zone {
             let order = Order(o);
             let mut n = 0;
             for idx in l.area.iter(order) {
-                let s = self.states[idx as usize].load(Ordering::Relaxed);
+                let s = self.mem_map.state(idx as usize).load(Ordering::Relaxed);
                 if s != buddy::state(buddy::BUDDY, order) {
                     return Err(format!("zone {}: block {idx} on free_area[{o}] has state {s:#x}", self.id.0));
                 }
@@ -408,7 +414,7 @@ impl Zone {
         }
         let mut allocated = 0;
         let mut pcp = 0;
-        for (i, s) in self.states.iter().enumerate() {
+        for (i, s) in self.mem_map.states().enumerate() {
             let (tag, order) = buddy::decode(s.load(Ordering::Relaxed));
             match tag {
                 buddy::ALLOCATED => {
@@ -458,7 +464,7 @@ impl ZoneLocked<'_> {
     pub fn buddy(&mut self) -> Buddy<'_> {
         Buddy {
             area: &mut self.area,
-            states: &self.zone.states,
+            mem_map: &self.zone.mem_map,
             start: self.zone.start_pfn,
             max_order: self.zone.max_order,
         }
