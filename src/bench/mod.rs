@@ -121,6 +121,16 @@ pub fn buddy_only(opts: &BenchOpts) -> Result<zonal::Zonal, String> {
     zonal::Zonal::new(opts.config.clone().pcp(false)).map_err(|e| format!("cannot build the buddy-only allocator: {e}"))
 }
 
+/// zonal with every CPU on one node of `bytes`, built from the command line's settings
+/// otherwise: the CPUs share one zone, its lock, its counters and its frames, as the CPUs of
+/// one socket do.
+pub fn one_node(opts: &BenchOpts, bytes: u64) -> Result<zonal::Zonal, String> {
+    let mut config = opts.config.clone();
+    let spec = format!("nodes=1,size={}", zonal::topology::fmt_size(bytes));
+    config.topology = zonal::Topology::parse(&spec).map_err(|e| e.to_string())?;
+    zonal::Zonal::new(config).map_err(|e| format!("cannot build the one-node allocator: {e}"))
+}
+
 impl BenchOpts {
     /// Whether a subject is measured in this run.
     pub fn keeps(&self, name: &str) -> bool {

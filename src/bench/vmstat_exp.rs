@@ -31,10 +31,7 @@ type Setting<'a> = (String, Box<dyn Fn(&Zonal) + 'a>);
 /// One node, so that every CPU's folds land on the same zone's shared counters.
 /// Built with the command line's settings but for the topology.
 fn one_zone(z: &Zonal, opts: &BenchOpts) -> Result<Zonal, String> {
-    let spec = format!("nodes=1,size={}", zonal::topology::fmt_size(z.topology().nodes()[0].mem_bytes));
-    let mut config = opts.config.clone();
-    config.topology = zonal::Topology::parse(&spec).map_err(|e| e.to_string())?;
-    Zonal::new(config).map_err(|e| format!("cannot build the one-node allocator: {e}"))
+    super::one_node(opts, z.topology().nodes()[0].mem_bytes)
 }
 
 fn pairs_per_cell(a: &ZonalPages<'_>, opts: &BenchOpts) -> u64 {
