@@ -19,7 +19,7 @@
 use crate::error::Result;
 use crate::sys;
 use crate::topology::Topology;
-use crate::types::{Order, Pfn, PAGE_SHIFT, PAGE_SIZE};
+use crate::types::{Order, Pfn, PAGE_SHIFT};
 use std::ffi::CString;
 use std::os::fd::OwnedFd;
 
@@ -94,7 +94,9 @@ impl Arena {
                 sys::madvise_hugepage(addr, len)?;
             }
             if opts.populate {
-                populate(addr, len);
+                // SAFETY: the node's range was just mapped from a fresh memfd (zeros), and the
+                // arena has handed nothing out yet.
+                unsafe { sys::populate(addr, len) };
             }
             if opts.mlock {
                 sys::mlock(addr, len)?;
@@ -135,21 +137,6 @@ impl Arena {
     /// Start of the arena.
     pub fn base(&self) -> usize {
         self.base
-    }
-}
-
-/// Faults a range in: `MADV_POPULATE_WRITE` (Linux 5.14), else one write per frame, which is
-/// allowed because nothing has been handed out yet and the memory is zero already.
-fn populate(addr: usize, len: usize) {
-    const MADV_POPULATE_WRITE: libc::c_int = 23;
-    // SAFETY: advice on zonal's own fresh mapping; it does not change contents.
-    if unsafe { libc::madvise(addr as *mut libc::c_void, len, MADV_POPULATE_WRITE) } == 0 {
-        return;
-    }
-    for off in (0..len).step_by(PAGE_SIZE) {
-        // SAFETY: addr+off is inside a live read-write mapping of ours that no one has been
-        // given yet; writing the zero it already holds changes nothing but residency.
-        unsafe { std::ptr::write_volatile((addr + off) as *mut u8, 0) };
     }
 }
 
