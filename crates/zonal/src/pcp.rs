@@ -1118,6 +1118,63 @@ mod tests {
         assert_eq!(z.check_invariants(0), Ok(0));
     }
 
+    /// The worker's hint: after decays have settled, `decay_is_noop` holds and one more
+    /// decay changes nothing; right after activity it does not hold.
+    #[test]
+    fn decay_hint_says_when_a_decay_changes_nothing() {
+        let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 4096, Order(3));
+        z.setup_watermarks(128, 4096, 10);
+        let pcp = PerCpuPages::new(0, 4, 16, 256);
+        let mut g = pcp.lock(&z);
+        let blocks: Vec<Pfn> = (0..200).map(|_| g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap()).collect();
+        for b in blocks {
+            g.with(|i| free_to_pcp(&z, i, b, Order(0)));
+        }
+        drop(g);
+        assert!(pcp.needs_decay(), "activity leaves work for the decay");
+        let mut rounds = 0;
+        while pcp.needs_decay() {
+            pcp.lock(&z).with(|i| decay_high(&z, i));
+            rounds += 1;
+            assert!(rounds < 100, "the decay never settles");
+        }
+        let state = |g: &mut PcpGuard<'_>| g.with(|i| (i.high, i.count, i.count_min));
+        let mut g = pcp.lock(&z);
+        let before = state(&mut g);
+        assert!(before.1 > 0, "frames stay on the lists");
+        assert_eq!(g.with(|i| decay_high(&z, i)), 0);
+        assert_eq!(state(&mut g), before, "a decay the hint skips changes nothing");
+        g.with(|i| check(&z, i)).unwrap();
+    }
+
+    /// The fence's fallbacks: a failure for a CPU the machine lacks counts as done; other
+    /// failures fall back to the all-CPU fence; if that fails too the holder may not touch
+    /// the cache. Every call is counted.
+    #[test]
+    fn fence_falls_back_and_reports_failure() {
+        let mut calls = 0;
+        assert!(rseq::fence_with(1, 2, |_| Ok(()), || panic!("no fallback needed"), &mut calls));
+        assert_eq!(calls, 1);
+        let mut calls = 0;
+        assert!(rseq::fence_with(5, 2, |_| Err(libc::EINVAL), || panic!("CPU 5 does not exist"), &mut calls));
+        assert!(rseq::fence_with(5, 2, |_| Err(libc::ENXIO), || panic!("CPU 5 does not exist"), &mut calls));
+        assert_eq!(calls, 2);
+        let mut calls = 0;
+        assert!(rseq::fence_with(1, 2, |_| Err(libc::EINVAL), || Ok(()), &mut calls), "an existing CPU falls back");
+        assert!(rseq::fence_with(7, 2, |_| Err(libc::ENOMEM), || Ok(()), &mut calls));
+        assert_eq!(calls, 4);
+        let mut calls = 0;
+        assert!(!rseq::fence_with(1, 2, |_| Err(libc::EPERM), || Err(libc::EPERM), &mut calls));
+        assert_eq!(calls, 2);
+        // The real calls: a CPU far beyond the machine is fenced (or safely refused).
+        if rseq::enabled() {
+            let mut calls = 0;
+            assert!(rseq::fence(crate::sys::nr_cpus_configured() as u32 + 3, &mut calls));
+            assert!(rseq::fence(0, &mut calls));
+            assert!(calls >= 2);
+        }
+    }
+
     #[test]
     fn fixed_high_does_not_tune() {
         let z = zone();
