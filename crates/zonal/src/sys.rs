@@ -243,7 +243,7 @@ const MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ: libc::c_long = 1 << 7;
 /// offline (others return 0 for those).
 pub fn membarrier_rseq_fence(cpu: u32) -> Result<()> {
     const FLAG_CPU: libc::c_long = 1;
-    let cpu = libc::c_long::try_from(cpu).map_err(|_| Error::Os { call: "membarrier", errno: libc::EINVAL })?;
+    let cpu = libc::c_long::from(cpu);
     // SAFETY: membarrier takes no pointers.
     if unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, FLAG_CPU, cpu) } != 0 {
         return Err(os_err("membarrier"));
