@@ -454,7 +454,13 @@ impl Zonal {
 
     /// An event counter summed over CPUs.
     pub fn event(&self, ev: VmEvent) -> u64 {
-        vmstat::sum_events(&self.events, ev)
+        let n = vmstat::sum_events(&self.events, ev);
+        match ev {
+            // Counted by the lists fenced, under their lock: the worker that fences too has
+            // no event counters of its own.
+            VmEvent::PcpFence => self.pcps.iter().map(PerCpuPages::fences).fold(n, u64::wrapping_add),
+            _ => n,
+        }
     }
 
     /// Allocates a block of 2^order frames under this thread's memory policy (local node by
@@ -1406,8 +1412,10 @@ impl Zonal {
         if cpu >= self.nr_cpus || zone.0 as usize >= self.zones.len() {
             return None;
         }
-        Some(self.pcp(cpu, zone).lock(&self.zones[zone.0 as usize]).with(|p| PcpInfo {
-            count: p.count,
+        // Lists only, no fence: the count is the lists' plus the cache's length as read.
+        let pcp = self.pcp(cpu, zone);
+        Some(pcp.lock_lists(&self.zones[zone.0 as usize]).with(|p| PcpInfo {
+            count: p.count + pcp.cache_len(),
             high: p.high,
             batch: p.batch,
             high_min: p.high_min,
@@ -1535,7 +1543,10 @@ impl Zonal {
         let zones = self.node_zones(nid)?;
         Ok((0..self.nr_cpus)
             .flat_map(|c| zones.iter().map(move |z| (c, *z)))
-            .map(|(c, z)| self.pcp(c, z).lock(&self.zones[z.0 as usize]).with(|p| p.count))
+            .map(|(c, z)| {
+                let pcp = self.pcp(c, z);
+                pcp.lock_lists(&self.zones[z.0 as usize]).with(|p| p.count + pcp.cache_len())
+            })
             .sum())
     }
 
@@ -1554,7 +1565,19 @@ impl Zonal {
         for z in self.zones.iter() {
             let mut on_pcp = 0;
             for c in 0..self.nr_cpus {
-                on_pcp += self.pcp(c, z.id).lock(z).with(|p| pcp::check(z, p))?;
+                // Lists only, no fence: the caller keeps every section out, so the cache can
+                // be read as it stands.
+                let pcp = self.pcp(c, z.id);
+                on_pcp += pcp.lock_lists(z).with(|p| -> std::result::Result<usize, String> {
+                    let cached = pcp.check_cache(z)?;
+                    if p.count + cached > p.high + p.batch {
+                        return Err(format!(
+                            "zone {}: cpu {c} holds {} + {cached} cached above high {} + batch {}",
+                            z.id.0, p.count, p.high, p.batch
+                        ));
+                    }
+                    Ok(pcp::check(z, p)? + cached)
+                })?;
             }
             let counted = self.zone_page_state_snapshot(z.id, ZoneStatItem::NrPcpPages).unwrap_or(usize::MAX);
             if counted != on_pcp {
@@ -1596,9 +1619,13 @@ fn pcp_sizes(topo: &Topology, z: &Zone, fraction: u32) -> (usize, usize, usize) 
     }
 }
 
+/// `decay_pcp_high` over every CPU's lists, skipping those a decay would not change (a
+/// lock-free hint from their last unlock): on an idle handle the worker then takes no pcp
+/// lock and fences no CPU, however many CPUs there are.
 fn decay_all(zones: &[Zone], pcps: &[PerCpuPages]) -> usize {
     pcps.iter()
         .enumerate()
+        .filter(|(_, p)| p.needs_decay())
         .map(|(i, p)| {
             let z = &zones[i % zones.len()];
             p.lock(z).with(|inner| pcp::decay_high(z, inner))
@@ -1610,15 +1637,22 @@ fn decay_all(zones: &[Zone], pcps: &[PerCpuPages]) -> usize {
 /// into the zone and global counters, each under the lock that guards it, and gives a zone
 /// under pressure its normal threshold back once its free frames are at or above `high`
 /// (where kswapd would go back to sleep).
+///
+/// As Linux's `refresh_cpu_vm_stats`, a CPU's lists with nothing to fold (a zero diff and no
+/// cache churn, read without the lock) are skipped; the others are locked lists-only, which
+/// never fences: folding touches no cache.
 fn fold_all(zones: &[Zone], pcps: &[PerCpuPages]) {
     for z in zones {
         z.lock().fold_diffs();
-        if z.page_state_snapshot(ZoneStatItem::NrFreePages) >= z.watermark(Watermark::High) {
+        if z.under_pressure() && z.page_state_snapshot(ZoneStatItem::NrFreePages) >= z.watermark(Watermark::High) {
             z.set_pressure(false);
         }
     }
     for (i, p) in pcps.iter().enumerate() {
-        p.lock(&zones[i % zones.len()]).fold_diff();
+        let z = &zones[i % zones.len()];
+        if p.unsettled() != 0 || z.diff(p.cpu(), ZoneStatItem::NrPcpPages) != 0 {
+            p.lock_lists(z).fold_diff();
+        }
     }
 }
 
@@ -1809,7 +1843,7 @@ mod tests {
             s.spawn(|| {
                 let area = z.rseq_area().unwrap();
                 // One CPU for the whole test, so every section sees the same cache.
-                sys::set_affinity(sys::sched_getcpu()).unwrap();
+                sys::set_affinity(sys::current_cpu()).unwrap();
                 let p = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
                 let (zone, pfn) = z.addr_to_zone(p.as_ptr() as usize, Order(0)).unwrap();
                 zone.state(pfn).store(buddy::state(buddy::PCP, Order(0)), Ordering::Relaxed);

@@ -23,7 +23,7 @@
 //! below; in all cases `count <= high + batch`.
 
 use crate::buddy::{self, PCP};
-use crate::sync::{spin_wait, AtomicBool, AtomicUsize, LockedCell, Ordering};
+use crate::sync::{spin_wait, AtomicBool, AtomicU64, AtomicUsize, LockedCell, Ordering};
 use crate::types::{Order, Pfn, PAGE_SIZE};
 use crate::vmstat::ZoneStatItem;
 use crate::zone::{Watermark, Zone};
@@ -110,11 +110,13 @@ const CACHE_FILL: usize = 32;
 ///
 /// In front of the order-0 list sits a small *cache* of order-0 blocks that restartable
 /// sequences pop and push without any lock ([`rseq`]); the lock-based code never sees it:
-/// every holder of the lock first flushes it into the lists ([`PcpGuard::with`]) and, after
-/// its work, refills it and sets the bound (`cache_limit`) that keeps
-/// `count + cache <= high + batch`. A critical section gives way (aborts to the locked path)
-/// whenever the lock is held; a locker on another CPU first fences that CPU with
-/// `membarrier`, so no critical section that began before the lock was taken can commit.
+/// a holder that works on the cache ([`PerCpuPages::lock`], [`PerCpuPages::try_lock`]) first
+/// flushes it into the lists ([`PcpGuard::with`]) and, after its work, refills it and sets
+/// the bound (`cache_limit`) that keeps `count + cache <= high + batch`. A critical section
+/// gives way (aborts to the locked path) whenever the lock is held; such a locker on another
+/// CPU first fences that CPU with `membarrier`, so no critical section that began before the
+/// lock was taken can commit. A holder that only reads the lists or folds their counter
+/// ([`PerCpuPages::lock_lists`]) never touches the cache and needs no fence.
 #[repr(C, align(128))]
 #[derive(Debug)]
 pub struct PerCpuPages {
@@ -130,6 +132,13 @@ pub struct PerCpuPages {
     /// `cache_len` as of the last unlock: what the zone counters know of the cache. A
     /// snapshot adds the churn since (`cache_len - cache_settled`).
     cache_settled: AtomicUsize,
+    /// Whether, as of the last unlock, a `decay_high` would change nothing (see
+    /// [`decay_is_noop`]): with no cache churn since, the worker skips these lists
+    /// (`decay_pcp_high` skips idle lists) instead of locking and fencing them.
+    decay_idle: AtomicBool,
+    /// `membarrier` calls made to fence this CPU's sections (the `pcp_fence` event), written
+    /// under the lock, on a line the locker writes anyway.
+    fences: AtomicU64,
     inner: LockedCell<PcpInner>,
 }
 
@@ -157,6 +166,8 @@ impl PerCpuPages {
             cache,
             count_hint: AtomicUsize::new(0),
             cache_settled: AtomicUsize::new(0),
+            decay_idle: AtomicBool::new(false),
+            fences: AtomicU64::new(0),
             inner: LockedCell::new(PcpInner {
                 count: 0,
                 high: high_min,
@@ -173,20 +184,21 @@ impl PerCpuPages {
         }
     }
 
-    /// `pcp_spin_trylock`: the lists if no one holds them. `zone` is the zone these lists
-    /// belong to, whose counters the guard keeps up to date.
+    /// `pcp_spin_trylock`: the lists if no one holds them, with the cache flushed into them
+    /// for the guard's work (fencing the lists' CPU first if need be). `zone` is the zone
+    /// these lists belong to, whose counters the guard keeps up to date.
     #[inline]
     pub fn try_lock<'a>(&'a self, zone: &'a Zone) -> Option<PcpGuard<'a>> {
         if self.lock.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-            self.fence_remote();
-            Some(PcpGuard { pcp: self, zone })
+            let cache = self.fence_remote();
+            Some(PcpGuard { pcp: self, zone, cache })
         } else {
             None
         }
     }
 
-    /// Takes the lock, waiting (yielding) while another thread holds it: for drains and
-    /// reports, never for the allocation paths.
+    /// Takes the lock as [`PerCpuPages::try_lock`] does, waiting (yielding) while another
+    /// thread holds it: for drains, decay and tuning, never for the allocation paths.
     pub fn lock<'a>(&'a self, zone: &'a Zone) -> PcpGuard<'a> {
         loop {
             if let Some(g) = self.try_lock(zone) {
@@ -194,6 +206,47 @@ impl PerCpuPages {
             }
             spin_wait();
         }
+    }
+
+    /// Takes the lock, waiting, for a holder that reads the lists or folds their counter but
+    /// never touches the cache: reports and the periodic fold. It needs no fence on any CPU:
+    /// a critical section that read the lock free before it was taken may still commit, but
+    /// that changes only `cache_len` and the slots, which this holder reads once (relaxed)
+    /// to account the cache's churn, as [`PerCpuPages::unsettled`] does.
+    pub fn lock_lists<'a>(&'a self, zone: &'a Zone) -> PcpGuard<'a> {
+        while self.lock.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            spin_wait();
+        }
+        PcpGuard { pcp: self, zone, cache: false }
+    }
+
+    /// Whether a `decay_high` would change these lists: not as of the last unlock, and the
+    /// cache has not moved since (a lock-free hint, for the worker).
+    pub fn needs_decay(&self) -> bool {
+        !self.decay_idle.load(Ordering::Relaxed) || self.unsettled() != 0
+    }
+
+    /// `membarrier` calls made to fence this CPU's critical sections.
+    pub fn fences(&self) -> u64 {
+        self.fences.load(Ordering::Relaxed)
+    }
+
+    /// Checks the cache's blocks (each a frame of `zone` tagged `PCP|0`); returns how many
+    /// there are. Call only while no allocation or free runs on these lists (it reads the
+    /// cache without the fence a concurrent section would need).
+    pub fn check_cache(&self, zone: &Zone) -> Result<usize, String> {
+        let n = self.cache_len.load(Ordering::Relaxed).min(CACHE_CAP);
+        for slot in &self.cache[..n] {
+            let pfn = Pfn(slot.load(Ordering::Relaxed));
+            if !zone.contains(pfn) {
+                return Err(format!("zone {}: cpu {} cache holds {:#x}, not of the zone", zone.id.0, self.cpu, pfn.0));
+            }
+            let s = zone.state(pfn).load(Ordering::Relaxed);
+            if s != buddy::state(PCP, Order(0)) {
+                return Err(format!("zone {}: cpu {} cache block {:#x} has state {s:#x}", zone.id.0, self.cpu, pfn.0));
+            }
+        }
+        Ok(n)
     }
 
     /// Frames in the cache that the zone counters do not know of yet (negative: frames
@@ -207,20 +260,42 @@ impl PerCpuPages {
         self.cpu as usize
     }
 
-    /// After taking the lock: if this thread is not on the lists' CPU, a critical section may
-    /// be running there that read the lock before it was taken; restart it.
+    /// After taking the lock for a holder that flushes and fills the cache: unless this
+    /// thread is certainly on the lists' CPU, a critical section may be running there that
+    /// read the lock before it was taken; restart it. Returns whether the holder may touch
+    /// the cache (false only when no fence could be made).
     ///
     /// An empty cache with a zero bound needs no fence: no section can change it (a pop
     /// finds nothing, a push finds no room), and one that read an older, non-empty state
-    /// would have had to commit before the cache could read empty.
+    /// would have had to commit before the cache could read empty. An empty cache with room
+    /// does: a push that read the lock free could commit after the holder read the length,
+    /// and the refill would write over it.
+    ///
+    /// The CPU is known for certain only from the kernel-written `cpu_id` of this thread,
+    /// read after the lock was taken: if it names the lists' CPU, this thread runs there, so
+    /// every other thread's section on that CPU has been preempted since it read the lock
+    /// (and restarts, finding it held) or had committed before this thread got the CPU (and
+    /// the switch made its stores visible). A guessed id (0 when `sched_getcpu` fails)
+    /// would let a remote holder skip the fence, so anything else fences.
     #[inline]
-    fn fence_remote(&self) {
-        if rseq::enabled()
-            && (self.cache_len.load(Ordering::Relaxed) != 0 || self.cache_limit.load(Ordering::Relaxed) != 0)
-            && crate::sys::current_cpu() != self.cpu
+    fn fence_remote(&self) -> bool {
+        if !rseq::enabled()
+            || (self.cache_len.load(Ordering::Relaxed) == 0 && self.cache_limit.load(Ordering::Relaxed) == 0)
+            || crate::sys::rseq_cpu_id() == Some(self.cpu)
         {
-            rseq::fence(self.cpu);
+            return true;
         }
+        self.fence()
+    }
+
+    /// Fences this CPU's critical sections, counting the calls; whether it was done.
+    #[cold]
+    fn fence(&self) -> bool {
+        let mut calls = 0;
+        let done = rseq::fence(self.cpu, &mut calls);
+        // The lock is held: a plain add cannot race with another writer.
+        self.fences.store(self.fences.load(Ordering::Relaxed) + calls, Ordering::Relaxed);
+        done
     }
 
     /// Blocks in the rseq cache.
@@ -239,24 +314,34 @@ impl PerCpuPages {
 pub struct PcpGuard<'a> {
     pcp: &'a PerCpuPages,
     zone: &'a Zone,
+    /// Whether this holder flushes and fills the cache: taken by `lock`/`try_lock` with the
+    /// fence done (or not needed); `lock_lists`, or a fence that failed, leave it alone.
+    cache: bool,
 }
 
 impl PcpGuard<'_> {
-    /// Runs `f` on the protected fields, with the rseq cache flushed into the lists first and
-    /// refilled after, so `f` sees every block the pcp holds; then accounts the frames the
-    /// lists gained or lost (`f`'s and the cache's since the last lock) to the zone's
-    /// `nr_zone_pcp_pages`, through this CPU's diff.
+    /// Runs `f` on the protected fields; then accounts the frames the lists gained or lost
+    /// (`f`'s and the cache's since the last lock) to the zone's `nr_zone_pcp_pages`, through
+    /// this CPU's diff. A guard that works on the cache flushes it into the lists first and
+    /// refills it after, so `f` sees every block the pcp holds; one that does not
+    /// ([`PerCpuPages::lock_lists`]) shows `f` the lists alone.
     #[inline]
     pub fn with<R>(&mut self, f: impl FnOnce(&mut PcpInner) -> R) -> R {
-        let (pcp, zone) = (self.pcp, self.zone);
-        // SAFETY: this guard exists only while its creator holds `pcp.lock` (try_lock/lock),
-        // and `&mut self` keeps this the only access through it.
+        let (pcp, zone, touch_cache) = (self.pcp, self.zone, self.cache);
+        // SAFETY: this guard exists only while its creator holds `pcp.lock` (try_lock/lock/
+        // lock_lists), and `&mut self` keeps this the only access through it.
         unsafe {
             pcp.inner.with_mut(|inner| {
-                pcp.flush_cache(inner);
+                if touch_cache {
+                    pcp.flush_cache(inner);
+                }
                 let r = f(inner);
-                pcp.fill_cache(inner);
+                if touch_cache {
+                    pcp.fill_cache(inner);
+                }
                 pcp.count_hint.store(inner.count, Ordering::Relaxed);
+                // One read: a holder that leaves the cache alone may see a section commit
+                // after it, and that churn is settled at a later lock.
                 let cache = pcp.cache_len.load(Ordering::Relaxed);
                 let now = inner.count + cache;
                 if now != inner.reported {
@@ -264,6 +349,7 @@ impl PcpGuard<'_> {
                     inner.reported = now;
                 }
                 pcp.cache_settled.store(cache, Ordering::Relaxed);
+                pcp.decay_idle.store(decay_is_noop(inner, cache), Ordering::Relaxed);
                 r
             })
         }
@@ -479,9 +565,7 @@ pub fn drain(zone: &Zone, pcp: &mut PcpInner) -> usize {
 pub fn decay_high(zone: &Zone, pcp: &mut PcpInner) -> usize {
     let mut drained = 0;
     if pcp.high_min != pcp.high_max {
-        let by_count = pcp.count.saturating_sub(pcp.batch << PCP_BATCH_SCALE_MAX);
-        let by_idle = pcp.high - pcp.count_min.min(pcp.high / 5);
-        pcp.high = by_count.max(by_idle).max(pcp.high_min);
+        pcp.high = decayed_high(pcp, pcp.count);
         if pcp.count > pcp.high {
             let n = pcp.count - pcp.high;
             drained = free_pcppages_bulk(zone, pcp, n);
@@ -489,6 +573,22 @@ pub fn decay_high(zone: &Zone, pcp: &mut PcpInner) -> usize {
     }
     pcp.count_min = pcp.count;
     drained
+}
+
+/// The `high` a decay sets for lists holding `count` frames (auto-tuned `high` only).
+fn decayed_high(pcp: &PcpInner, count: usize) -> usize {
+    let by_count = count.saturating_sub(pcp.batch << PCP_BATCH_SCALE_MAX);
+    let by_idle = pcp.high - pcp.count_min.min(pcp.high / 5);
+    by_count.max(by_idle).max(pcp.high_min)
+}
+
+/// Whether [`decay_high`] on these lists, with `cache` blocks flushed into them first, would
+/// change nothing: no new `high`, nothing to drain, `count_min` already the count. Computed
+/// at every unlock so that the worker can skip idle lists without locking them.
+pub fn decay_is_noop(pcp: &PcpInner, cache: usize) -> bool {
+    let count = pcp.count + cache;
+    pcp.count_min == count
+        && (pcp.high_min == pcp.high_max || (decayed_high(pcp, count) == pcp.high && count <= pcp.high))
 }
 
 /// Sets `batch`, `high_min` and `high_max` (a change of tunables or of the zone's size);
@@ -565,9 +665,47 @@ pub mod rseq {
         }
     }
 
-    /// Restarts critical sections on `cpu`.
-    pub fn fence(cpu: u32) {
-        crate::sys::membarrier_rseq_fence(cpu);
+    /// Restarts critical sections on `cpu`, adding the `membarrier` calls made to `calls`;
+    /// whether it is done, so that a lock holder may touch that CPU's cache.
+    pub fn fence(cpu: u32, calls: &mut u64) -> bool {
+        fence_with(
+            cpu,
+            crate::sys::nr_cpus_configured(),
+            |c| crate::sys::membarrier_rseq_fence(c).map_err(os_errno),
+            || crate::sys::membarrier_rseq_fence_all().map_err(os_errno),
+            calls,
+        )
+    }
+
+    fn os_errno(e: crate::error::Error) -> i32 {
+        match e {
+            crate::error::Error::Os { errno, .. } => errno,
+            _ => libc::EIO,
+        }
+    }
+
+    /// The fence's decision, with the two `membarrier` forms passed in (tests inject
+    /// failures). The one-CPU form first. Failing with `EINVAL` or `ENXIO` for a CPU the
+    /// machine does not have (a fake topology may have more CPUs than the machine, e.g.
+    /// lists of CPU 5 on 2 CPUs) is as good as done: no thread can run there, so no section
+    /// can be inside. Any other failure (or one for a CPU that exists, possibly offline)
+    /// falls back to the all-CPU form, as tcmalloc falls back to fencing every CPU; if that
+    /// fails too, the fence is not done and the holder must leave the cache alone.
+    pub fn fence_with(
+        cpu: u32,
+        machine_cpus: usize,
+        one: impl FnOnce(u32) -> Result<(), i32>,
+        all: impl FnOnce() -> Result<(), i32>,
+        calls: &mut u64,
+    ) -> bool {
+        *calls += 1;
+        match one(cpu) {
+            Ok(()) => return true,
+            Err(libc::EINVAL | libc::ENXIO) if cpu as usize >= machine_cpus => return true,
+            Err(_) => {}
+        }
+        *calls += 1;
+        all().is_ok()
     }
 
     /// Where the critical sections find the per-CPU structures: `pcps[cpu * nr_zones + zone]`.
@@ -978,6 +1116,63 @@ mod tests {
         g.with(|i| drain(&z, i));
         drop(g);
         assert_eq!(z.check_invariants(0), Ok(0));
+    }
+
+    /// The worker's hint: after decays have settled, `decay_is_noop` holds and one more
+    /// decay changes nothing; right after activity it does not hold.
+    #[test]
+    fn decay_hint_says_when_a_decay_changes_nothing() {
+        let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 4096, Order(3));
+        z.setup_watermarks(128, 4096, 10);
+        let pcp = PerCpuPages::new(0, 4, 16, 256);
+        let mut g = pcp.lock(&z);
+        let blocks: Vec<Pfn> = (0..200).map(|_| g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap()).collect();
+        for b in blocks {
+            g.with(|i| free_to_pcp(&z, i, b, Order(0)));
+        }
+        drop(g);
+        assert!(pcp.needs_decay(), "activity leaves work for the decay");
+        let mut rounds = 0;
+        while pcp.needs_decay() {
+            pcp.lock(&z).with(|i| decay_high(&z, i));
+            rounds += 1;
+            assert!(rounds < 100, "the decay never settles");
+        }
+        let state = |g: &mut PcpGuard<'_>| g.with(|i| (i.high, i.count, i.count_min));
+        let mut g = pcp.lock(&z);
+        let before = state(&mut g);
+        assert!(before.1 > 0, "frames stay on the lists");
+        assert_eq!(g.with(|i| decay_high(&z, i)), 0);
+        assert_eq!(state(&mut g), before, "a decay the hint skips changes nothing");
+        g.with(|i| check(&z, i)).unwrap();
+    }
+
+    /// The fence's fallbacks: a failure for a CPU the machine lacks counts as done; other
+    /// failures fall back to the all-CPU fence; if that fails too the holder may not touch
+    /// the cache. Every call is counted.
+    #[test]
+    fn fence_falls_back_and_reports_failure() {
+        let mut calls = 0;
+        assert!(rseq::fence_with(1, 2, |_| Ok(()), || panic!("no fallback needed"), &mut calls));
+        assert_eq!(calls, 1);
+        let mut calls = 0;
+        assert!(rseq::fence_with(5, 2, |_| Err(libc::EINVAL), || panic!("CPU 5 does not exist"), &mut calls));
+        assert!(rseq::fence_with(5, 2, |_| Err(libc::ENXIO), || panic!("CPU 5 does not exist"), &mut calls));
+        assert_eq!(calls, 2);
+        let mut calls = 0;
+        assert!(rseq::fence_with(1, 2, |_| Err(libc::EINVAL), || Ok(()), &mut calls), "an existing CPU falls back");
+        assert!(rseq::fence_with(7, 2, |_| Err(libc::ENOMEM), || Ok(()), &mut calls));
+        assert_eq!(calls, 4);
+        let mut calls = 0;
+        assert!(!rseq::fence_with(1, 2, |_| Err(libc::EPERM), || Err(libc::EPERM), &mut calls));
+        assert_eq!(calls, 2);
+        // The real calls: a CPU far beyond the machine is fenced (or safely refused).
+        if rseq::enabled() {
+            let mut calls = 0;
+            assert!(rseq::fence(crate::sys::nr_cpus_configured() as u32 + 3, &mut calls));
+            assert!(rseq::fence(0, &mut calls));
+            assert!(calls >= 2);
+        }
     }
 
     #[test]

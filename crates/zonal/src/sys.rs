@@ -149,21 +149,35 @@ pub unsafe fn populate(addr: usize, len: usize) {
     }
 }
 
-/// The CPU this thread runs on now: the `cpu_id` the kernel keeps in the thread's rseq area
-/// when glibc registered one (two loads, no call), else `sched_getcpu`, else 0.
+/// The CPU this thread runs on now, as a hint: the `cpu_id` the kernel keeps in the
+/// thread's rseq area when glibc registered one (two loads, no call), else `sched_getcpu`,
+/// else 0. For choosing which lists to try; never for deciding whether a fence can be
+/// skipped (see [`current_cpu_known`]).
 #[inline]
 pub fn current_cpu() -> u32 {
-    if let Some(off) = rseq_offset() {
-        // SAFETY: glibc registered an rseq area for every thread at `thread pointer + off`
-        // (it published `__rseq_offset` with a non-zero `__rseq_size`), and the kernel keeps
-        // `cpu_id` (a u32 at byte 4 of `struct rseq`) current; a volatile read sees its latest
-        // value.
-        let id = unsafe { std::ptr::read_volatile((thread_pointer() as isize + off + 4) as *const i32) };
-        if id >= 0 {
-            return id as u32;
-        }
-    }
-    sched_getcpu()
+    current_cpu_known().unwrap_or(0)
+}
+
+/// The CPU this thread ran on at the moment of the call, or `None` when neither the rseq
+/// area nor `sched_getcpu` can say: for callers whose correctness depends on the answer.
+#[inline]
+pub fn current_cpu_known() -> Option<u32> {
+    rseq_cpu_id().or_else(sched_getcpu)
+}
+
+/// The `cpu_id` the kernel wrote into this thread's rseq area, when glibc registered one and
+/// the kernel has set it (it is negative until then). The kernel rewrites it before the
+/// thread returns to user space on another CPU, so while the thread runs it names the CPU it
+/// runs on: a value read after some store was made was true at a moment after that store.
+#[inline]
+pub fn rseq_cpu_id() -> Option<u32> {
+    let area = rseq_area()?;
+    // SAFETY: glibc registered an rseq area for every thread at `thread pointer + offset`
+    // (it published `__rseq_offset` with a non-zero `__rseq_size`), and the kernel keeps
+    // `cpu_id` (an i32 at byte 4 of `struct rseq`) current; a volatile read sees its latest
+    // value.
+    let id = unsafe { std::ptr::read_volatile(area.add(4) as *const i32) };
+    u32::try_from(id).ok()
 }
 
 /// Milliseconds on `CLOCK_MONOTONIC_COARSE`: the kernel's tick-granular clock, read from the
@@ -179,15 +193,12 @@ pub fn coarse_now_ms() -> u64 {
     ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
-/// `sched_getcpu`, or 0 if the kernel cannot say.
-pub fn sched_getcpu() -> u32 {
+/// `sched_getcpu`, or `None` if the kernel cannot say (`ENOSYS`): callers that only want a
+/// hint pick their own default, and none mistakes a failure for CPU 0.
+pub fn sched_getcpu() -> Option<u32> {
     // SAFETY: sched_getcpu has no preconditions.
     let c = unsafe { libc::sched_getcpu() };
-    if c < 0 {
-        0
-    } else {
-        c as u32
-    }
+    u32::try_from(c).ok()
 }
 
 /// glibc's `__rseq_offset` when glibc registered rseq areas (glibc 2.35+, unless turned off
@@ -241,13 +252,32 @@ pub fn membarrier_rseq_registered() -> bool {
     })
 }
 
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ: libc::c_long = 1 << 7;
+
 /// Restarts any rseq critical section of this process running on `cpu` and waits until that
 /// CPU has passed a full barrier (`membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, CPU)`).
-pub fn membarrier_rseq_fence(cpu: u32) -> bool {
-    const PRIVATE_EXPEDITED_RSEQ: libc::c_long = 1 << 7;
+/// The error carries the errno: `EPERM` before registration, `ENOMEM` when the kernel could
+/// not allocate, and on some kernels `EINVAL` or `ENXIO` for a CPU that does not exist or is
+/// offline (others return 0 for those).
+pub fn membarrier_rseq_fence(cpu: u32) -> Result<()> {
     const FLAG_CPU: libc::c_long = 1;
+    let cpu = libc::c_long::from(cpu);
     // SAFETY: membarrier takes no pointers.
-    unsafe { libc::syscall(libc::SYS_membarrier, PRIVATE_EXPEDITED_RSEQ, FLAG_CPU, cpu as libc::c_long) == 0 }
+    if unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, FLAG_CPU, cpu) } != 0 {
+        return Err(os_err("membarrier"));
+    }
+    Ok(())
+}
+
+/// Restarts every rseq critical section of this process on every CPU
+/// (`membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)` without a CPU): the fallback when the
+/// one-CPU form fails.
+pub fn membarrier_rseq_fence_all() -> Result<()> {
+    // SAFETY: membarrier takes no pointers.
+    if unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, 0, 0) } != 0 {
+        return Err(os_err("membarrier"));
+    }
+    Ok(())
 }
 
 /// The thread pointer (the TLS base the rseq offset is relative to).
@@ -356,7 +386,11 @@ mod cpu_tests {
                 continue;
             }
             assert_eq!(current_cpu(), cpu);
-            assert_eq!(sched_getcpu(), cpu);
+            assert_eq!(current_cpu_known(), Some(cpu));
+            assert_eq!(sched_getcpu(), Some(cpu));
+            if rseq_offset().is_some() {
+                assert_eq!(rseq_cpu_id(), Some(cpu));
+            }
         }
     }
 }

@@ -226,6 +226,9 @@ pub enum VmEvent {
     AllocFail,
     /// Allocations that found their per-CPU list busy and took the buddy path.
     PcpTrylockFail,
+    /// `membarrier` calls a pcp lock holder made to restart another CPU's rseq sections
+    /// (zonal's own: the cost of touching a remote cache, one IPI each).
+    PcpFence,
     /// Zones a zonelist walk skipped because the zonelist cache had them full.
     ZlcSkipped,
     /// Zones the zonelist cache marked full.
@@ -235,7 +238,7 @@ pub enum VmEvent {
 }
 
 /// Number of [`VmEvent`]s.
-pub const NR_VM_EVENTS: usize = 10;
+pub const NR_VM_EVENTS: usize = 11;
 
 impl VmEvent {
     /// Every event, in report order.
@@ -247,6 +250,7 @@ impl VmEvent {
         VmEvent::AllocBulk,
         VmEvent::AllocFail,
         VmEvent::PcpTrylockFail,
+        VmEvent::PcpFence,
         VmEvent::ZlcSkipped,
         VmEvent::ZlcFullMarks,
         VmEvent::ZlcZaps,
@@ -262,6 +266,7 @@ impl VmEvent {
             VmEvent::AllocBulk => "alloc_bulk",
             VmEvent::AllocFail => "alloc_fail",
             VmEvent::PcpTrylockFail => "pcp_trylock_fail",
+            VmEvent::PcpFence => "pcp_fence",
             VmEvent::ZlcSkipped => "zlc_zones_skipped",
             VmEvent::ZlcFullMarks => "zlc_full_marks",
             VmEvent::ZlcZaps => "zlc_zaps",

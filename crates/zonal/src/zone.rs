@@ -231,6 +231,12 @@ impl Zone {
         }
     }
 
+    /// CPU `cpu`'s unfolded diff of an item, read without the item's lock: a hint (for
+    /// skipping folds that would find nothing), exact once changes stop.
+    pub fn diff(&self, cpu: usize, item: ZoneStatItem) -> isize {
+        self.pcpu[cpu % self.pcpu.len()].diff(item)
+    }
+
     /// The threshold CPU `cpu` folds this zone's diffs at (`vm stats threshold`).
     pub fn stat_threshold(&self, cpu: usize) -> usize {
         self.pcpu[cpu % self.pcpu.len()].threshold()
