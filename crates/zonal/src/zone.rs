@@ -111,12 +111,19 @@ pub struct Zone {
     max_drift: AtomicUsize,
     /// Whether the pressure threshold is in force (free frames fell below `low`).
     pressure: AtomicBool,
-    /// The zone lock and the lists it guards, on lines of their own (Linux's
-    /// `ZONE_PADDING`): every CPU's refills and drains write them, while the fields above are
-    /// read by every allocation's watermark check.
-    lock: CachePadded<Mutex<FreeArea>>,
+    /// The zone lock, the lists it guards and the exact free count, on lines of their own
+    /// (Linux's `ZONE_PADDING`): every CPU's refills and drains write them, while the fields
+    /// above are read by every allocation's watermark check.
+    locked: CachePadded<LockedArea>,
     /// The frames' entries (zonal's `mem_map`), one cache line each.
     mem_map: MemMap,
+}
+
+/// The zone lock with what it guards, and the free count its holders keep exact.
+struct LockedArea {
+    lock: Mutex<FreeArea>,
+    /// Frames in the buddy lists, updated by each holder as it unlocks.
+    free_pages: AtomicUsize,
 }
 
 impl fmt::Debug for Zone {
@@ -164,7 +171,10 @@ impl Zone {
             percpu_drift_mark: AtomicUsize::new(0),
             max_drift: AtomicUsize::new(0),
             pressure: AtomicBool::new(false),
-            lock: CachePadded::new(Mutex::new(FreeArea::new(pages))),
+            locked: CachePadded::new(LockedArea {
+                lock: Mutex::new(FreeArea::new(pages)),
+                free_pages: AtomicUsize::new(0),
+            }),
             mem_map: MemMap::new(pages),
         };
         z.refresh_stat_thresholds();
@@ -175,7 +185,7 @@ impl Zone {
     /// Takes the zone lock.
     #[inline]
     pub fn lock(&self) -> ZoneLocked<'_> {
-        ZoneLocked { zone: self, area: sync::lock(&self.lock) }
+        ZoneLocked { zone: self, area: sync::lock(&self.locked.lock) }
     }
 
     /// Whether the zone spans a frame.
@@ -195,6 +205,13 @@ impl Zone {
     #[inline]
     pub fn nr_free(&self) -> usize {
         self.vm_stat.get(ZoneStatItem::NrFreePages)
+    }
+
+    /// Free frames in the buddy lists as of the last release of the zone lock: exact, on the
+    /// lock's lines.
+    #[inline]
+    pub fn nr_free_exact(&self) -> usize {
+        self.locked.free_pages.load(Ordering::Relaxed)
     }
 
     /// A zone counter as folded (`zone_page_state`).
@@ -344,10 +361,14 @@ impl Zone {
     /// uses this and lets `rmqueue` find out whether a block of the order exists, under the one
     /// lock acquisition it needs anyway.
     ///
-    /// It reads the folded free count, and a snapshot when the folded count lies within the
-    /// largest drift of the answer's edge, where the drift could decide it. Linux takes the
-    /// snapshot only below `percpu_drift_mark` (`zone_watermark_ok_safe`); zonal takes it at
-    /// every mark, so a check is as exact as the snapshot.
+    /// It reads the folded free count (a read-mostly line), and the exact count the zone
+    /// lock's holders keep (one line, written by them) when the folded count lies within the
+    /// largest drift of the answer's edge, where the drift could decide it. Linux instead
+    /// reads every CPU's diff (`zone_page_state_snapshot`, a line per CPU), and only below
+    /// `percpu_drift_mark` (`zone_watermark_ok_safe`), so its checks may be off by the drift
+    /// elsewhere; zonal's are exact at every mark and cost at most one more line, whatever
+    /// the number of CPUs: every change of the free count is made under the zone lock, so the
+    /// holder can keep the exact total at no cost beyond the lines it writes anyway.
     #[inline]
     pub fn watermark_ok_fast(&self, order: Order, mark: usize, high: bool) -> bool {
         // No zone keeps more than `managed` free, so a larger mark fails as `managed` does;
@@ -357,9 +378,15 @@ impl Zone {
         let edge = min + order.pages() - 1;
         let mut free = self.nr_free();
         if free <= edge + self.max_drift.load(Ordering::Relaxed) {
-            free = self.page_state_snapshot(ZoneStatItem::NrFreePages);
+            free = self.nr_free_exact();
         }
         free > edge
+    }
+
+    /// Folds every diff now (tests).
+    #[cfg(test)]
+    fn fold_diffs_for_test(&self) {
+        self.lock().fold_diffs();
     }
 
     /// Free blocks per order, `0..=max_order` (what `/proc/buddyinfo` prints).
@@ -410,6 +437,13 @@ impl Zone {
         let counted = self.page_state_snapshot(ZoneStatItem::NrFreePages);
         if free != counted {
             return Err(format!("zone {}: nr_free_pages {counted} but the lists hold {free}", self.id.0));
+        }
+        if self.nr_free_exact() != free {
+            return Err(format!(
+                "zone {}: exact free count {} but the lists hold {free}",
+                self.id.0,
+                self.nr_free_exact()
+            ));
         }
         for o in 0..=self.max_order.0 {
             let (n, counted) =
@@ -502,6 +536,9 @@ impl ZoneLocked<'_> {
         }
         if pages != 0 {
             self.zone.mod_page_state(cpu, ZoneStatItem::NrFreePages, pages);
+            // The lock is held: a load and a store cannot race with another writer.
+            let exact = &self.zone.locked.free_pages;
+            exact.store(exact.load(Ordering::Relaxed).wrapping_add_signed(pages), Ordering::Relaxed);
         }
     }
 
@@ -536,6 +573,32 @@ mod tests {
         assert_eq!(z.watermark(Watermark::High), 258);
         z.setup_watermarks(1024, 1 << 17, 1000);
         assert_eq!(z.watermark(Watermark::Low), 128 + 6553);
+    }
+
+    /// The folded count lags the truth by what the CPUs' diffs hold; the check near a mark
+    /// reads the exact count the lock's holders keep, not the diffs, and is exact.
+    #[test]
+    fn watermark_check_near_the_mark_is_exact_without_the_diffs() {
+        let z = Zone::with_counters(ZoneId(0), NodeId(0), Pfn(0), 1024, Order(3), 64, Arc::default());
+        z.fold_diffs_for_test();
+        let mut taken = Vec::new();
+        for _ in 0..10 {
+            taken.push(z.lock().buddy().rmqueue_smallest(Order(0)).unwrap());
+        }
+        // Ten frames left in this CPU's diff (the threshold for 64 CPUs is larger).
+        assert!(z.stat_threshold(0) > 10);
+        assert_eq!(z.nr_free(), 1024, "folded: the diff has not been folded");
+        assert_eq!(z.nr_free_exact(), 1014);
+        assert_eq!(z.page_state_snapshot(ZoneStatItem::NrFreePages), 1014);
+        // free - 0 > mark holds for mark 1013, not for 1014: exact, where the folded count
+        // would have said yes to both.
+        assert!(z.watermark_ok_fast(Order(0), 1013, false));
+        assert!(!z.watermark_ok_fast(Order(0), 1014, false));
+        for p in taken {
+            z.lock().buddy().free_one(p, Order(0));
+        }
+        assert_eq!(z.nr_free_exact(), 1024);
+        assert_eq!(z.check_invariants(0), Ok(0));
     }
 
     #[test]
