@@ -230,8 +230,7 @@ impl Zonal {
         let local_zone: Box<[u16]> =
             local_zone.iter().zip(local_is_hit.iter()).map(|(&z, &hit)| if hit { z } else { NO_ZONE }).collect();
         let nr_zone_stats = nr_cpus * zones.len();
-        let stat_interval_ms =
-            Arc::new(std::sync::atomic::AtomicU64::new((config.stat_interval.as_millis() as u64).max(1)));
+        let stat_interval_ms = Arc::new(std::sync::atomic::AtomicU64::new(stat_interval_ms(config.stat_interval)));
         let worker = Worker::start(Arc::clone(&zones), Arc::clone(&pcps), Arc::clone(&stat_interval_ms));
         let z = Zonal {
             id: NEXT_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -283,9 +282,11 @@ impl Zonal {
         Duration::from_millis(self.stat_interval_ms.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// Sets `stat_interval` (at least 1 ms); the worker takes it from its next wake-up.
+    /// Sets `stat_interval`, clamped to the tunable's bounds (1 ms to an hour: a longer
+    /// `Duration` is an hour, not its milliseconds cut to 64 bits); the worker takes it from
+    /// its next wake-up.
     pub fn set_stat_interval(&self, d: Duration) {
-        self.stat_interval_ms.store((d.as_millis() as u64).max(1), std::sync::atomic::Ordering::Relaxed);
+        self.stat_interval_ms.store(stat_interval_ms(d), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Recomputes every zone's watermarks from `min_free_kbytes` and `watermark_scale_factor`.
@@ -1683,6 +1684,15 @@ fn counted_since(now: u64, base: u64) -> u64 {
     }
 }
 
+/// The bounds of the `stat_interval` tunable in ms (`sysctl::TUNABLES`; a unit test keeps them
+/// equal).
+const STAT_INTERVAL_MS: (u64, u64) = (1, 3_600_000);
+
+/// `d` in whole milliseconds, clamped to the `stat_interval` bounds, without truncating casts.
+fn stat_interval_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).clamp(STAT_INTERVAL_MS.0, STAT_INTERVAL_MS.1)
+}
+
 /// Claims a live block for freeing: `ALLOCATED|order -> NONE` on its head, so exactly one of
 /// any number of racing frees wins and every other bad free is refused with its reason.
 #[inline]
@@ -1806,6 +1816,27 @@ const _: () = {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// A huge `stat_interval` is the bound, not its milliseconds cut to 64 bits (which made
+    /// `Duration::MAX` 1 ms... or any value), and the clamp agrees with the sysctl table.
+    #[test]
+    fn stat_interval_is_clamped_not_truncated() {
+        let t = Topology::parse("nodes=1,size=4M").unwrap();
+        let z = Zonal::new(Config::new(t)).unwrap();
+        let hour = Duration::from_secs(3600);
+        // 2^64 ms + 5 ms: `as u64` kept the 5.
+        let wraps = Duration::from_millis(u64::MAX) + Duration::from_millis(6);
+        for (d, want) in [(Duration::MAX, hour), (wraps, hour), (Duration::ZERO, Duration::from_millis(1))] {
+            z.set_stat_interval(d);
+            assert_eq!(z.stat_interval(), want, "{d:?}");
+        }
+        assert!(crate::sysctl::check("stat_interval", STAT_INTERVAL_MS.1).is_ok());
+        assert!(crate::sysctl::check("stat_interval", STAT_INTERVAL_MS.1 + 1).is_err());
+        assert!(crate::sysctl::check("stat_interval", STAT_INTERVAL_MS.0 - 1).is_err());
+        // Through the config, a huge interval is an error naming the bound (Config::validate).
+        let e = Config::parse("topology=nodes=1,size=4M;stat_interval_ms=18446744073709551615").unwrap_err();
+        assert!(e.to_string().contains("stat_interval"), "{e}");
+    }
 
     /// Under `free_check = sequential`, a free preempted between the load and the store of
     /// its claim can tag a frame `PCP` after the frame went back to the buddy (through the
