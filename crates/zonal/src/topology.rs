@@ -19,7 +19,7 @@
 //! | `nodes` | number of nodes, 1..=1024 | the number of `sizes` or `cpus` entries |
 //! | `size` | memory of every node: `256M`, `1G`, `4096K`, bytes | 64M |
 //! | `sizes` | per node: `128M:256M` | `size` for each |
-//! | `cpus` | per node, Linux cpulist: `0-1:2-3:` (empty: memory-only node) | the machine's CPUs spread over the nodes |
+//! | `cpus` | per node, Linux cpulist: `0-1:2-3:` (empty: memory-only node; ids below 8192, checked before a range is expanded) | the machine's CPUs spread over the nodes |
 //! | `distance` | rows of the matrix: `10 20:20 10` (entries split by spaces) | 10 local, 20 remote |
 //! | `sys` | (no value) read nodes, CPUs and distances from `/sys`; `size` is then the memory zonal manages on each node | |
 //!
