@@ -49,7 +49,7 @@ const NIL: u32 = u32::MAX;
 /// `FreeArea::listed` of a frame on no list.
 const NOT_LISTED: u8 = u8::MAX;
 /// Most frames a zone may span: its frames are indexed by `u32` links, `NIL` excluded.
-pub const MAX_ZONE_FRAMES: usize = NIL as usize;
+pub(crate) const MAX_ZONE_FRAMES: usize = NIL as usize;
 
 /// Links of one frame on a free list (indices relative to the zone's first frame).
 #[derive(Clone, Copy, Debug)]
@@ -77,7 +77,7 @@ pub struct FreeArea {
 }
 
 impl FreeArea {
-    /// Empty lists for a zone of `span` frames (at most [`MAX_ZONE_FRAMES`]: the zone checks).
+    /// Empty lists for a zone of `span` frames (at most `MAX_ZONE_FRAMES`: the topology checks).
     pub fn new(span: usize) -> FreeArea {
         debug_assert!(span <= MAX_ZONE_FRAMES);
         FreeArea {

@@ -39,7 +39,7 @@ pub const REMOTE_DISTANCE: u32 = 20;
 pub const MAX_NUMNODES: usize = 1024;
 /// Most CPUs a topology may name (Linux's largest `NR_CPUS`, x86 `MAXSMP`): CPU lists are
 /// bounded by it before they are expanded.
-pub const MAX_CPUS: usize = 8192;
+pub(crate) const MAX_CPUS: usize = 8192;
 /// Per-node memory when a spec gives no size.
 pub const DEFAULT_NODE_SIZE: u64 = 64 << 20;
 
