@@ -47,6 +47,10 @@ pub const fn decode(s: u8) -> (u8, Order) {
 }
 
 const NIL: u32 = u32::MAX;
+/// `FreeArea::listed` of a frame on no list.
+const NOT_LISTED: u8 = u8::MAX;
+/// Most frames a zone may span: its frames are indexed by `u32` links, `NIL` excluded.
+pub(crate) const MAX_ZONE_FRAMES: usize = NIL as usize;
 
 /// Links of one frame on a free list (indices relative to the zone's first frame).
 #[derive(Clone, Copy, Debug)]
@@ -67,17 +71,23 @@ pub struct FreeArea {
     /// Whether any `change` is non-zero.
     changed: bool,
     links: Box<[Link]>,
+    /// Per frame, the order of the list it heads a block on, or `NOT_LISTED`. Kept under
+    /// the lock with the links, so unlike the state bytes (which a caller's racing free can
+    /// store to late, see `free_check`) it is always true: `Buddy::free_one` checks it.
+    listed: Box<[u8]>,
 }
 
 impl FreeArea {
-    /// Empty lists for a zone of `span` frames.
+    /// Empty lists for a zone of `span` frames (at most `MAX_ZONE_FRAMES`: the topology checks).
     pub fn new(span: usize) -> FreeArea {
+        debug_assert!(span <= MAX_ZONE_FRAMES);
         FreeArea {
             head: [NIL; MAX_ORDER_LIMIT as usize + 1],
             nr_free: [0; MAX_ORDER_LIMIT as usize + 1],
             change: [0; MAX_ORDER_LIMIT as usize + 1],
             changed: false,
             links: vec![Link { prev: NIL, next: NIL }; span].into_boxed_slice(),
+            listed: vec![NOT_LISTED; span].into_boxed_slice(),
         }
     }
 
@@ -102,6 +112,7 @@ impl FreeArea {
             self.links[old as usize].prev = idx;
         }
         self.head[o] = idx;
+        self.listed[idx as usize] = order.0;
         self.nr_free[o] += 1;
         self.change[o] += 1;
         self.changed = true;
@@ -120,9 +131,17 @@ impl FreeArea {
         if next != NIL {
             self.links[next as usize].prev = prev;
         }
+        self.listed[idx as usize] = NOT_LISTED;
         self.nr_free[o] -= 1;
         self.change[o] -= 1;
         self.changed = true;
+    }
+
+    /// The order of the list the block at `idx` is on, if it is on one.
+    #[inline]
+    fn listed(&self, idx: usize) -> Option<Order> {
+        let o = self.listed[idx];
+        (o != NOT_LISTED).then_some(Order(o))
     }
 
     /// Whether the lists changed since the changes were last taken.
@@ -175,11 +194,6 @@ impl Buddy<'_> {
     }
 
     #[inline]
-    fn load(&self, pfn: Pfn) -> u8 {
-        self.mem_map.state(pfn.0 - self.start.0).load(Ordering::Relaxed)
-    }
-
-    #[inline]
     fn set(&self, pfn: Pfn, s: u8) {
         self.mem_map.state(pfn.0 - self.start.0).store(s, Ordering::Relaxed)
     }
@@ -217,13 +231,40 @@ impl Buddy<'_> {
     }
 
     /// Frees a block, merging it with free buddies as far as they go (`__free_one_page`).
-    /// The block's head state must already be `NONE` (claimed by the caller).
-    pub fn free_one(&mut self, mut pfn: Pfn, mut order: Order) {
+    /// The block's head state must already be `NONE` (claimed by the caller, with a claim
+    /// exactly one racer wins).
+    ///
+    /// Refuses (returns `false`, changes no list) a block that is already free: one that is
+    /// on a list or lies inside a free block. The claims keep that from happening but for
+    /// one case they cannot see: under `free_check = sequential` a free preempted between
+    /// the load and the store of its claim can tag a frame `PCP` after it went back to the
+    /// buddy, and a drain of its copy then lands here. The check reads `listed`, which lives
+    /// under this lock, not the state bytes; it restores the state the lists say. Always on:
+    /// at most `max_order + 1` byte loads under a lock the caller holds anyway, against a
+    /// frame counted twice for good.
+    pub fn free_one(&mut self, mut pfn: Pfn, mut order: Order) -> bool {
         let span = self.mem_map.len();
+        let i = pfn.0 - self.start.0;
+        if let Some(o) = self.area.listed(i) {
+            self.set(pfn, state(BUDDY, o));
+            return false;
+        }
+        for up in order.0 + 1..=self.max_order.0 {
+            let head = pfn.align_down(Order(up));
+            let hi = head.0.wrapping_sub(self.start.0);
+            if hi >= span {
+                break;
+            }
+            if self.area.listed(hi).is_some_and(|o| o.0 >= up) {
+                self.set(pfn, NONE);
+                return false;
+            }
+        }
         while order < self.max_order {
             let buddy = pfn.buddy(order);
             let bi = buddy.0.wrapping_sub(self.start.0);
-            if bi >= span || self.load(buddy) != state(BUDDY, order) {
+            // The lists, not the state byte, say whether the buddy is free (see above).
+            if bi >= span || self.area.listed(bi) != Some(order) {
                 break;
             }
             self.area.del(bi as u32, order);
@@ -233,6 +274,7 @@ impl Buddy<'_> {
         }
         self.area.add(self.idx(pfn), order);
         self.set(pfn, state(BUDDY, order));
+        true
     }
 
     /// Puts `nr` frames starting at `start` on the lists as the largest aligned blocks that
@@ -245,7 +287,8 @@ impl Buddy<'_> {
             while o > 0 && (pfn & ((1 << o) - 1) != 0 || pfn + (1 << o) > end) {
                 o -= 1;
             }
-            self.free_one(Pfn(pfn), Order(o));
+            let freed = self.free_one(Pfn(pfn), Order(o));
+            debug_assert!(freed, "free_range: {pfn:#x} was already free");
             pfn += 1 << o;
         }
     }
@@ -273,9 +316,27 @@ mod tests {
         assert_eq!(decode(states.state(9).load(Ordering::Relaxed)), (BUDDY, Order(0)));
         assert_eq!(decode(states.state(12).load(Ordering::Relaxed)), (BUDDY, Order(2)));
         let mut b = Buddy { area: &mut area, mem_map: &states, start: Pfn(0), max_order: Order(3) };
-        b.free_one(p, Order(0));
+        assert!(b.free_one(p, Order(0)));
         assert_eq!(b.area.nr_free(Order(3)), 2);
         assert_eq!(b.area.nr_free(Order(0)), 0);
+    }
+
+    /// A block already on a list, or inside a free block, is refused whatever its state
+    /// byte says (a caller's racing free under `free_check = sequential` can store to it
+    /// late), and its state is put back to what the lists say.
+    #[test]
+    fn freeing_a_free_block_is_refused() {
+        let (mut area, states) = zone(16);
+        let mut b = Buddy { area: &mut area, mem_map: &states, start: Pfn(0), max_order: Order(3) };
+        b.free_range(Pfn(0), 16);
+        // Frame 8 heads a free order-3 block; frame 9 lies inside it.
+        for (pfn, order, after) in [(8, 3, state(BUDDY, Order(3))), (8, 0, state(BUDDY, Order(3))), (9, 0, NONE)] {
+            states.state(pfn).store(state(PCP, Order(0)), Ordering::Relaxed);
+            assert!(!b.free_one(Pfn(pfn), Order(order)), "pfn {pfn} order {order}");
+            assert_eq!(states.state(pfn).load(Ordering::Relaxed), after);
+        }
+        assert_eq!((b.area.nr_free(Order(3)), b.area.nr_free(Order(0))), (2, 0));
+        assert_eq!(b.area.iter(Order(3)).collect::<Vec<_>>(), vec![8, 0]);
     }
 
     #[test]

@@ -43,8 +43,19 @@ thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
+/// Stores this thread's last error message. Never panics, so it may run where a panic
+/// would unwind into C: the message is built first, and the store is skipped when the
+/// thread-local is gone (thread exit) or borrowed (a panic inside a borrow).
+fn set_last_error(msg: String) {
+    let _ = LAST_ERROR.try_with(|l| {
+        if let Ok(mut last) = l.try_borrow_mut() {
+            *last = msg;
+        }
+    });
+}
+
 fn fail(e: &Error) -> c_int {
-    LAST_ERROR.with(|l| *l.borrow_mut() = e.to_string());
+    set_last_error(e.to_string());
     -e.errno()
 }
 
@@ -52,10 +63,13 @@ fn invalid(msg: &str) -> c_int {
     fail(&Error::InvalidConfig(msg.to_string()))
 }
 
-/// Runs `f`, turning a panic into `-EIO` so none unwinds into C.
+/// Runs `f`, turning a panic into `-EIO` so none unwinds into C. Nothing after the catch
+/// can panic: the payload is forgotten, not dropped (its `Drop` could panic, outside any
+/// `catch_unwind`), and the message is stored with [`set_last_error`].
 fn guard(f: impl FnOnce() -> c_int) -> c_int {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
-        LAST_ERROR.with(|l| *l.borrow_mut() = "internal error (panic) in zonal".into());
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        std::mem::forget(payload);
+        set_last_error("internal error (panic) in zonal".into());
         -libc::EIO
     })
 }
@@ -149,10 +163,14 @@ pub unsafe extern "C" fn zonal_create(config: *const c_char, out: *mut *mut Zona
 #[no_mangle]
 pub unsafe extern "C" fn zonal_destroy(z: *mut Zonal) {
     if !z.is_null() {
-        let _ = catch_unwind(AssertUnwindSafe(|| {
+        let r = catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: `z` came from Box::into_raw in zonal_create and is destroyed once.
             drop(unsafe { Box::from_raw(z) });
         }));
+        // As in `guard`: a payload's Drop must not run outside the catch.
+        if let Err(payload) = r {
+            std::mem::forget(payload);
+        }
     }
 }
 
@@ -365,7 +383,8 @@ pub unsafe extern "C" fn zonal_report(z: *const Zonal, report: c_int, buf: *mut 
 /// `buf` is null with `len` 0, or valid for `len` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn zonal_last_error(buf: *mut c_char, len: usize) -> c_int {
-    let msg = LAST_ERROR.with(|l| l.borrow().clone());
+    // try_with/try_borrow: no panic here either (this function is not under `guard`).
+    let msg = LAST_ERROR.try_with(|l| l.try_borrow().map(|m| m.clone()).unwrap_or_default()).unwrap_or_default();
     // SAFETY: per this function's contract.
     unsafe { write_out(&msg, buf, len) }
 }
@@ -530,4 +549,40 @@ pub unsafe extern "C" fn zonal_sysctl_set(z: *const Zonal, name: *const c_char, 
             Err(e) => fail(&e),
         }
     })
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// A panic payload whose `Drop` panics too.
+    struct PanicsOnDrop;
+
+    impl Drop for PanicsOnDrop {
+        fn drop(&mut self) {
+            panic!("payload drop");
+        }
+    }
+
+    /// Nothing in the guard's recovery may panic: the payload's drop used to run after the
+    /// catch, and the error store used `with`/`borrow_mut`, which panic when the thread-local
+    /// is borrowed (a panic inside a borrow) or gone (thread exit). A panic there escaped
+    /// `catch_unwind` into C.
+    #[test]
+    fn the_guard_never_unwinds() {
+        assert_eq!(guard(|| std::panic::panic_any(PanicsOnDrop)), -libc::EIO);
+        let r = LAST_ERROR.with(|l| {
+            let _held = l.borrow();
+            guard(|| panic!("inside a borrow"))
+        });
+        assert_eq!(r, -libc::EIO);
+        assert_eq!(guard(|| panic!("plain")), -libc::EIO);
+        let mut buf = [0 as c_char; 64];
+        // SAFETY: `buf` is valid for its length.
+        let n = unsafe { zonal_last_error(buf.as_mut_ptr(), buf.len()) };
+        assert!(n > 0);
+        // SAFETY: zonal_last_error NUL-terminates within `buf`.
+        let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap();
+        assert_eq!(msg, "internal error (panic) in zonal");
+    }
 }

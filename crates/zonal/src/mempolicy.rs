@@ -69,6 +69,8 @@ impl NodeMask {
     }
 
     /// Parses a node list in cpulist syntax (`0-2,5`).
+    /// Bounded by `parse_cpulist`: ids below `MAX_NUMNODES`, and at most that many, checked
+    /// before a range is expanded.
     pub fn parse(s: &str) -> Result<NodeMask> {
         let ids = crate::topology::parse_cpulist(s, crate::topology::MAX_NUMNODES)
             .map_err(|e| Error::InvalidConfig(format!("nodemask `{s}`: {e}")))?;

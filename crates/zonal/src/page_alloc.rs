@@ -230,8 +230,7 @@ impl Zonal {
         let local_zone: Box<[u16]> =
             local_zone.iter().zip(local_is_hit.iter()).map(|(&z, &hit)| if hit { z } else { NO_ZONE }).collect();
         let nr_zone_stats = nr_cpus * zones.len();
-        let stat_interval_ms =
-            Arc::new(std::sync::atomic::AtomicU64::new((config.stat_interval.as_millis() as u64).max(1)));
+        let stat_interval_ms = Arc::new(std::sync::atomic::AtomicU64::new(stat_interval_ms(config.stat_interval)));
         let worker = Worker::start(Arc::clone(&zones), Arc::clone(&pcps), Arc::clone(&stat_interval_ms));
         let z = Zonal {
             id: NEXT_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -283,9 +282,11 @@ impl Zonal {
         Duration::from_millis(self.stat_interval_ms.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// Sets `stat_interval` (at least 1 ms); the worker takes it from its next wake-up.
+    /// Sets `stat_interval`, clamped to the tunable's bounds (1 ms to an hour: a longer
+    /// `Duration` is an hour, not its milliseconds cut to 64 bits); the worker takes it from
+    /// its next wake-up.
     pub fn set_stat_interval(&self, d: Duration) {
-        self.stat_interval_ms.store((d.as_millis() as u64).max(1), std::sync::atomic::Ordering::Relaxed);
+        self.stat_interval_ms.store(stat_interval_ms(d), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Recomputes every zone's watermarks from `min_free_kbytes` and `watermark_scale_factor`.
@@ -1090,10 +1091,7 @@ impl Zonal {
         let (zone, pfn) = self.addr_to_zone(addr, Order(0))?;
         claim_order0(zone, pfn, buddy::state(buddy::PCP, Order(0)), self.free_check_atomic())?;
         let cpu = self.rseq_cpu(area);
-        if !pcp::rseq::push(&self.rseq_table(area), zone.id.0 as usize, pfn.0) {
-            // Back to "claimed" for the locked path: the buddy must not find a stale
-            // per-CPU tag on a frame that merging leaves inside a larger block.
-            zone.state(pfn).store(buddy::NONE, Ordering::Relaxed);
+        if !pcp::rseq::push(&self.rseq_table(area), zone.id.0 as usize, pfn.0) && unpush(zone, pfn) {
             self.free_claimed(cpu, zone, &[pfn], Order(0));
         }
         self.count_event(cpu, VmEvent::Pgfree, 1);
@@ -1313,7 +1311,11 @@ impl Zonal {
         let area = self.rseq_area();
         // Frames bound for the rseq cache are claimed straight to its tag.
         let to = if area.is_some() { buddy::state(buddy::PCP, Order(0)) } else { buddy::NONE };
-        let atomic = self.free_check_atomic();
+        // A claim to `NONE` goes straight to the locked lists or the buddy, which must never
+        // get a frame twice: a CAS, whatever `free_check` says (this is the locked path, where
+        // the CAS is a small part of the cost). Only the claim to the cache's tag may be a
+        // load and a store: every way out of the cache claims again (`unpush`, the drain).
+        let atomic = self.free_check_atomic() || area.is_none();
         let mut first_err = None;
         let mut freed = 0usize;
         // Runs of frames of one zone, freed together.
@@ -1368,11 +1370,10 @@ impl Zonal {
         if k == pfns.len() {
             return;
         }
-        let rest: ArrayVec<Pfn, FREE_RUN> = pfns[k..].iter().map(|&p| Pfn(p)).collect();
-        if area.is_some() {
-            // Back to "claimed" for the locked path, as in free_order0_fast.
-            rest.iter().for_each(|&pfn| z.state(pfn).store(buddy::NONE, Ordering::Relaxed));
-        }
+        // With `area`, the frames were claimed to the cache's tag: back to "claimed" for the
+        // locked path, as in free_order0_fast, keeping those no racer took meanwhile.
+        let rest: ArrayVec<Pfn, FREE_RUN> =
+            pfns[k..].iter().map(|&p| Pfn(p)).filter(|&pfn| area.is_none() || unpush(z, pfn)).collect();
         self.free_claimed(cpu, z, &rest, Order(0));
     }
 
@@ -1717,6 +1718,15 @@ fn counted_since(now: u64, base: u64) -> u64 {
     }
 }
 
+/// The bounds of the `stat_interval` tunable in ms (`sysctl::TUNABLES`; a unit test keeps them
+/// equal).
+const STAT_INTERVAL_MS: (u64, u64) = (1, 3_600_000);
+
+/// `d` in whole milliseconds, clamped to the `stat_interval` bounds, without truncating casts.
+fn stat_interval_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).clamp(STAT_INTERVAL_MS.0, STAT_INTERVAL_MS.1)
+}
+
 /// Claims a live block for freeing: `ALLOCATED|order -> NONE` on its head, so exactly one of
 /// any number of racing frees wins and every other bad free is refused with its reason.
 #[inline]
@@ -1759,6 +1769,19 @@ fn claim_order0(z: &Zone, pfn: Pfn, to: u8, atomic: bool) -> Result<()> {
     Err(classify_bad_free(z, pfn, Order(0), seen))
 }
 
+/// Takes back the claim of an order-0 frame claimed to the cache's tag (`PCP`) whose push
+/// failed, for the locked path: `PCP -> NONE` with a CAS, so that when a caller's racing
+/// frees under `free_check = sequential` both claimed it (and the other copy may already
+/// be in a cache, popped, or drained), at most one copy goes on. `false`: a racer's copy
+/// moved it on; this free leaves it alone. Off the fast path (the cache was full or locked,
+/// or the section was interrupted). `NONE` and not `PCP` for the locked path because the
+/// buddy must not find a stale per-CPU tag on a frame that merging leaves inside a block.
+#[inline]
+fn unpush(z: &Zone, pfn: Pfn) -> bool {
+    let pcp = buddy::state(buddy::PCP, Order(0));
+    z.state(pfn).compare_exchange(pcp, buddy::NONE, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+}
+
 /// Tags a frame just popped from a per-CPU cache allocated. `false` for a frame whose tag
 /// is not `PCP`: the second copy left by two racing frees under `free_check = sequential`,
 /// dropped here (the first copy is live or back in the lists).
@@ -1781,7 +1804,8 @@ fn rmqueue_buddy(z: &Zone, order: Order) -> Option<Pfn> {
     Some(pfn)
 }
 
-/// Returns a claimed block (head state `NONE`) to its zone's buddy lists.
+/// Returns a claimed block (head state `NONE`) to its zone's buddy lists; the buddy refuses
+/// a block that is already free (see `Buddy::free_one`).
 #[inline]
 fn free_one_page(z: &Zone, pfn: Pfn, order: Order) {
     let mut l = z.lock();
@@ -1826,6 +1850,45 @@ const _: () = {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// A huge `stat_interval` is the bound, not its milliseconds cut to 64 bits (which made
+    /// `Duration::MAX` 1 ms... or any value), and the clamp agrees with the sysctl table.
+    #[test]
+    fn stat_interval_is_clamped_not_truncated() {
+        let t = Topology::parse("nodes=1,size=4M").unwrap();
+        let z = Zonal::new(Config::new(t)).unwrap();
+        let hour = Duration::from_secs(3600);
+        // 2^64 ms + 5 ms: `as u64` kept the 5.
+        let wraps = Duration::from_millis(u64::MAX) + Duration::from_millis(6);
+        for (d, want) in [(Duration::MAX, hour), (wraps, hour), (Duration::ZERO, Duration::from_millis(1))] {
+            z.set_stat_interval(d);
+            assert_eq!(z.stat_interval(), want, "{d:?}");
+        }
+        assert!(crate::sysctl::check("stat_interval", STAT_INTERVAL_MS.1).is_ok());
+        assert!(crate::sysctl::check("stat_interval", STAT_INTERVAL_MS.1 + 1).is_err());
+        assert!(crate::sysctl::check("stat_interval", STAT_INTERVAL_MS.0 - 1).is_err());
+        // Through the config, a huge interval is an error naming the bound (Config::validate).
+        let e = Config::parse("topology=nodes=1,size=4M;stat_interval_ms=18446744073709551615").unwrap_err();
+        assert!(e.to_string().contains("stat_interval"), "{e}");
+    }
+
+    /// Under `free_check = sequential`, a free preempted between the load and the store of
+    /// its claim can tag a frame `PCP` after the frame went back to the buddy (through the
+    /// racing free that won), then push its copy. Built here by hand, on the head of a free
+    /// block and on a frame inside one: the drain must refuse the copy, not list it again.
+    #[test]
+    fn a_late_claim_never_puts_a_free_frame_on_the_buddy_twice() {
+        let t = Topology::parse("nodes=1,size=16M").unwrap();
+        let z = Zonal::new(Config::new(t)).unwrap();
+        let zone = &z.zones[0];
+        z.drain_all_pages();
+        for pfn in [zone.start_pfn, Pfn(zone.start_pfn.0 + 5)] {
+            z.pcp(0, zone.id).lock(zone).with(|p| pcp::free_to_pcp(zone, p, pfn, Order(0)));
+            z.drain_all_pages();
+            assert_eq!(z.check_invariants(), Ok(0), "{pfn}");
+            assert_eq!(z.nr_free_pages(NodeId(0)).unwrap(), zone.managed, "{pfn}");
+        }
+    }
 
     /// Under `free_check = sequential`, two frees of one frame racing on two CPUs can both
     /// pass the check and leave the frame on a cache twice. Built here by hand, without a

@@ -533,14 +533,19 @@ pub fn free_pcppages_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
         let list = &mut pcp.lists[o];
         let take = (nr - freed).div_ceil(pages).min(list.len());
         for pfn in list.drain(..take) {
-            let state = zone.state(Pfn(pfn));
-            // The second copy of a frame that two racing frees put on the lists (see
-            // `free_check`): the first copy already left with the tag.
-            if state.load(Ordering::Relaxed) != buddy::state(PCP, Order(o as u8)) {
-                continue;
+            // A claim exactly one copy wins: two racing frees under `free_check =
+            // sequential` can leave copies of a frame on two CPUs' lists, and a pop on
+            // another CPU takes no zone lock. A copy that loses (the first copy already
+            // left with the tag) is dropped; `free_one` refuses a block already free.
+            let claimed = zone.state(Pfn(pfn)).compare_exchange(
+                buddy::state(PCP, Order(o as u8)),
+                buddy::NONE,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            );
+            if claimed.is_ok() {
+                b.free_one(Pfn(pfn), Order(o as u8));
             }
-            state.store(buddy::NONE, Ordering::Relaxed);
-            b.free_one(Pfn(pfn), Order(o as u8));
         }
         freed += take * pages;
     }

@@ -201,6 +201,9 @@ pub fn sched_getcpu() -> Option<u32> {
     u32::try_from(c).ok()
 }
 
+/// The bytes of `struct rseq` zonal touches: `cpu_id_start`, `cpu_id`, `rseq_cs`.
+const RSEQ_BYTES_USED: u32 = 16;
+
 /// glibc's `__rseq_offset` when glibc registered rseq areas (glibc 2.35+, unless turned off
 /// with `GLIBC_TUNABLES=glibc.pthread.rseq=0`); looked up once with `dlsym` so that zonal
 /// still loads on an older libc.
@@ -224,7 +227,9 @@ pub fn rseq_offset() -> Option<isize> {
         // SAFETY: glibc defines `__rseq_offset` as a ptrdiff_t and `__rseq_size` as an
         // unsigned int, both constant after startup.
         let (off, size) = unsafe { (*(off as *const isize), *(size as *const u32)) };
-        (size >= 8).then_some(off)
+        // zonal reads `cpu_id` (bytes 4..8) and writes `rseq_cs` (bytes 8..16): an area
+        // registered shorter than that is not used.
+        (size >= RSEQ_BYTES_USED).then_some(off)
     })
 }
 

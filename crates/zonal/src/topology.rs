@@ -19,7 +19,7 @@
 //! | `nodes` | number of nodes, 1..=1024 | the number of `sizes` or `cpus` entries |
 //! | `size` | memory of every node: `256M`, `1G`, `4096K`, bytes | 64M |
 //! | `sizes` | per node: `128M:256M` | `size` for each |
-//! | `cpus` | per node, Linux cpulist: `0-1:2-3:` (empty: memory-only node) | the machine's CPUs spread over the nodes |
+//! | `cpus` | per node, Linux cpulist: `0-1:2-3:` (empty: memory-only node; ids below 8192, checked before a range is expanded) | the machine's CPUs spread over the nodes |
 //! | `distance` | rows of the matrix: `10 20:20 10` (entries split by spaces) | 10 local, 20 remote |
 //! | `sys` | (no value) read nodes, CPUs and distances from `/sys`; `size` is then the memory zonal manages on each node | |
 //!
@@ -37,6 +37,9 @@ pub const LOCAL_DISTANCE: u32 = 10;
 pub const REMOTE_DISTANCE: u32 = 20;
 /// Most nodes a topology may have (Linux's `MAX_NUMNODES` with `NODES_SHIFT=10`).
 pub const MAX_NUMNODES: usize = 1024;
+/// Most CPUs a topology may name (Linux's largest `NR_CPUS`, x86 `MAXSMP`): CPU lists are
+/// bounded by it before they are expanded.
+pub(crate) const MAX_CPUS: usize = 8192;
 /// Per-node memory when a spec gives no size.
 pub const DEFAULT_NODE_SIZE: u64 = 64 << 20;
 
@@ -146,7 +149,7 @@ impl Topology {
         for (i, &os) in os_ids.iter().enumerate() {
             let dir = format!("{root}/node{os}");
             let cpus = sys::read_file(&format!("{dir}/cpulist")).unwrap_or_default();
-            let cpus = parse_cpulist(cpus.trim(), usize::MAX)
+            let cpus = parse_cpulist(cpus.trim(), MAX_CPUS)
                 .map_err(|e| Error::InvalidConfig(format!("{dir}/cpulist: {e}")))?;
             let meminfo = sys::read_file(&format!("{dir}/meminfo")).unwrap_or_default();
             if let Some(kb) = sys::meminfo_kb(&meminfo, "MemTotal:") {
@@ -214,7 +217,7 @@ impl Topology {
                         .value
                         .split(':')
                         .enumerate()
-                        .map(|(n, l)| parse_cpulist(l.trim(), usize::MAX).map_err(|e| format!("node {n}: {e}")))
+                        .map(|(n, l)| parse_cpulist(l.trim(), MAX_CPUS).map_err(|e| format!("node {n}: {e}")))
                         .collect::<std::result::Result<Vec<_>, _>>()
                         .map_err(err)?;
                     cpus = Some(v);
@@ -267,6 +270,10 @@ impl Topology {
                 None => return Err(Error::InvalidConfig("topology: say how many nodes (`nodes=N`)".into())),
             },
         };
+        // Bounded before anything of size `n` (or the `n * n` distance matrix) is built.
+        if n == 0 || n > MAX_NUMNODES {
+            return Err(Error::InvalidConfig(format!("topology: {n} nodes: must be 1..={MAX_NUMNODES}")));
+        }
         let check_len = |what: &str, len: usize| {
             if len != n {
                 Err(Error::InvalidConfig(format!("topology `{what}`: {len} entries for {n} nodes")))
@@ -340,6 +347,15 @@ impl Topology {
         for node in &nodes {
             if node.mem_bytes < PAGE_SIZE as u64 || node.mem_bytes % PAGE_SIZE as u64 != 0 {
                 return bad(format!("node {}: size {} must be a non-zero multiple of 4K", node.id.0, node.mem_bytes));
+            }
+            // A zone's free lists index its frames with u32 links.
+            if node.mem_bytes / PAGE_SIZE as u64 > crate::buddy::MAX_ZONE_FRAMES as u64 {
+                return bad(format!(
+                    "node {}: size {} is more than a zone can hold ({} frames of 4K)",
+                    node.id.0,
+                    fmt_size(node.mem_bytes),
+                    crate::buddy::MAX_ZONE_FRAMES
+                ));
             }
             if node.mem_bytes > machine.mem_total {
                 return bad(format!(
@@ -541,7 +557,9 @@ pub fn fmt_size(b: u64) -> String {
     b.to_string()
 }
 
-/// Parses a Linux cpulist (`0-3,8,10-11`); every id must be below `limit`.
+/// Parses a Linux cpulist (`0-3,8,10-11`); every id must be below `limit`, and the list may
+/// hold at most `limit` ids: both are checked before a range is expanded, so a list such as
+/// `0-4294967295` (or a range repeated many times) is an error, not an allocation.
 pub fn parse_cpulist(s: &str, limit: usize) -> std::result::Result<Vec<u32>, String> {
     let mut out = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -555,7 +573,10 @@ pub fn parse_cpulist(s: &str, limit: usize) -> std::result::Result<Vec<u32>, Str
             return Err(format!("range `{part}` runs backwards"));
         }
         if b as usize >= limit {
-            return Err(format!("{b} is out of range"));
+            return Err(format!("{b} is out of range: ids must be below {limit}"));
+        }
+        if out.len() + (b - a) as usize + 1 > limit {
+            return Err(format!("more than {limit} ids"));
         }
         out.extend(a..=b);
     }
@@ -663,6 +684,42 @@ mod tests {
         assert!(err("size=4M").contains("how many nodes"));
         assert!(err("nodes=2,cpus=3-1:").contains("backwards"));
         assert!(err("sys,nodes=2").contains("only `size`"));
+    }
+
+    /// A user's range or count is bounded before it is expanded: these used to allocate
+    /// gigabytes (`cpus=0-4294967295` was 16 GB of CPU ids, then SIGKILL).
+    #[test]
+    fn huge_ranges_and_counts_are_refused_before_allocating() {
+        assert!(
+            err("nodes=1,cpus=0-4294967295").contains("ids must be below 8192"),
+            "{}",
+            err("nodes=1,cpus=0-4294967295")
+        );
+        assert!(err("nodes=1,cpus=4294967295").contains("ids must be below 8192"));
+        let repeated = vec!["0-8191"; 64].join(",");
+        assert!(err(&format!("nodes=1,cpus={repeated}")).contains("more than 8192 ids"));
+        // Node counts from the number of entries: refused before the n * n matrix exists.
+        let sizes = vec!["4K"; 100_000].join(":");
+        assert!(err(&format!("sizes={sizes}")).contains("100000 nodes: must be 1..=1024"));
+        let cpus = vec![""; 5000].join(":");
+        assert!(err(&format!("cpus={cpus}")).contains("5000 nodes: must be 1..=1024"));
+        let rows = vec!["10"; 2000].join(":");
+        assert!(err(&format!("distance={rows}")).contains("2000 nodes: must be 1..=1024"));
+        assert!(err("nodes=99999999999999999999").contains("not a number"));
+        assert!(err("nodes=1,size=99999999999T").contains("too large"));
+        assert_eq!(parse_cpulist("0-2,1", 3), Err("more than 3 ids".into()));
+        // A zone's frames are u32 indices: a 16T node is refused, 16T - 4K is not.
+        let big = Machine { nr_cpus: 4, mem_total: u64::MAX };
+        let e = Topology::parse_for("nodes=1,size=16T", big).unwrap_err().to_string();
+        assert!(e.contains("more than a zone can hold (4294967295 frames of 4K)"), "{e}");
+        assert!(Topology::parse_for(&format!("nodes=1,size={}", (16u64 << 40) - 4096), big).is_ok());
+        // Node masks (mempolicy `bind=`/`interleave=`, `zonal_set_policy`) share the parser.
+        let mask = |s: &str| crate::mempolicy::NodeMask::parse(s).unwrap_err().to_string();
+        assert!(mask("0-4294967295").contains("ids must be below 1024"));
+        assert!(mask(&vec!["0-1023"; 64].join(",")).contains("more than 1024 ids"));
+        // The C ABI's config string goes through the same topology parser.
+        let config = |s: &str| crate::Config::parse(s).unwrap_err().to_string();
+        assert!(config("topology=nodes=1,size=4M,cpus=0-4294967295").contains("ids must be below 8192"));
     }
 
     #[test]
