@@ -274,6 +274,7 @@ impl Zonal {
             lowmem_pages,
             arena,
         };
+        mempolicy::register_handle(z.id);
         z.sysctl_from_env()?;
         Ok(z)
     }
@@ -457,6 +458,14 @@ impl Zonal {
         vmstat::sum_events(&self.events, ev)
     }
 
+    /// Frames the order-0 fast paths (the rseq cache, single and bulk) have handed out, summed
+    /// over CPUs: the part of `pgalloc_normal` that took no lock. Read from the per-CPU
+    /// `local_first` count those paths keep anyway, so it costs them nothing; 0 where the
+    /// fast paths do not run (no rseq, `ZONAL_NO_RSEQ`, lists off).
+    pub fn fast_path_allocs(&self) -> u64 {
+        self.events.iter().map(PerCpuEvents::local_first).fold(0, u64::wrapping_add)
+    }
+
     /// Allocates a block of 2^order frames under this thread's memory policy (local node by
     /// default).
     #[inline]
@@ -489,7 +498,7 @@ impl Zonal {
     /// `low` with `extra` frames to spare. `None` sends the caller to the general path.
     #[inline(always)]
     fn local_fast_zone(&self, area: *mut u8, extra: usize) -> Option<(usize, &Zone)> {
-        if mempolicy::thread_has_policy() {
+        if mempolicy::thread_has_policy(self.id) {
             return None;
         }
         let cpu = self.rseq_cpu(area);
