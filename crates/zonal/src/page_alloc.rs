@@ -91,8 +91,9 @@ pub struct Zonal {
     numa_key: std::sync::atomic::AtomicU8,
     /// The mode; its mutex serialises writers, as `vm_numa_stats_mode_lock` does.
     numa_mode: std::sync::Mutex<NumaStatsMode>,
-    /// Messages about tunable changes (`pr_info` in the kernel), oldest first.
-    log: std::sync::Mutex<Vec<String>>,
+    /// Messages about tunable changes (`pr_info` in the kernel): the last [`LOG_LINES`],
+    /// oldest first, and how many older ones were dropped.
+    log: std::sync::Mutex<TunableLog>,
     /// `stat_interval` in milliseconds, read by the worker at every wake-up.
     stat_interval_ms: Arc<std::sync::atomic::AtomicU64>,
     node_zones: Vec<Vec<ZoneId>>,
@@ -116,6 +117,33 @@ pub struct Zonal {
     arena: Arena,
 }
 
+/// Lines the tunable log keeps: a program that flips tunables in a loop must not grow the
+/// handle without bound, and the last changes are the ones worth reading.
+pub const LOG_LINES: usize = 256;
+
+/// The tunable log: a ring of the last [`LOG_LINES`] lines and a count of those dropped.
+#[derive(Debug)]
+struct TunableLog {
+    lines: std::collections::VecDeque<String>,
+    dropped: u64,
+}
+
+impl TunableLog {
+    fn new(first: &str) -> TunableLog {
+        let mut lines = std::collections::VecDeque::with_capacity(LOG_LINES);
+        lines.push_back(first.to_string());
+        TunableLog { lines, dropped: 0 }
+    }
+
+    fn push(&mut self, line: String) {
+        if self.lines.len() >= LOG_LINES {
+            self.lines.pop_front();
+            self.dropped += 1;
+        }
+        self.lines.push_back(line);
+    }
+}
+
 /// `numa_key` when counting with per-CPU event counters.
 const NUMA_ON_PERCPU: u8 = 1;
 /// `numa_key` when counting with seed 000's diffs and threshold.
@@ -125,7 +153,7 @@ const NUMA_ON_SHARED: u8 = 3;
 
 /// `min_free_kbytes` within the table's bounds and no more than the memory there is.
 fn check_min_free_kbytes(kb: u64, lowmem_pages: usize) -> Result<u64> {
-    crate::sysctl::check("min_free_kbytes", kb)?;
+    crate::tunables::check("min_free_kbytes", kb)?;
     let total_kb = (lowmem_pages as u64) << (PAGE_SHIFT - 10);
     if kb > total_kb {
         return Err(Error::InvalidConfig(format!("min_free_kbytes {kb}: more than the {total_kb} KiB zonal manages")));
@@ -256,9 +284,9 @@ impl Zonal {
             numa_threshold: std::sync::atomic::AtomicU16::new(vmstat::NUMA_STATS_THRESHOLD),
             numa_key: std::sync::atomic::AtomicU8::new(0),
             numa_mode: std::sync::Mutex::new(NumaStatsMode::Auto),
-            log: std::sync::Mutex::new(vec![
-                "vmstat: NUMA stat updates are skipped unless they have been used".to_string()
-            ]),
+            log: std::sync::Mutex::new(TunableLog::new(
+                "vmstat: NUMA stat updates are skipped unless they have been used",
+            )),
             stat_interval_ms,
             node_zones,
             zonelists,
@@ -319,7 +347,7 @@ impl Zonal {
     /// N >= 8 fixes `high` at `managed / N` split likewise. Other values are rejected and the
     /// old value kept.
     pub fn set_percpu_pagelist_high_fraction(&self, fraction: u32) -> Result<()> {
-        crate::sysctl::check("percpu_pagelist_high_fraction", fraction as u64)?;
+        crate::tunables::check("percpu_pagelist_high_fraction", fraction as u64)?;
         self.percpu_pagelist_high_fraction.store(fraction, Ordering::Relaxed);
         self.update_pcp_sizes();
         Ok(())
@@ -341,7 +369,7 @@ impl Zonal {
 
     /// Sets `watermark_scale_factor` (1..=3000) and recomputes the watermarks.
     pub fn set_watermark_scale_factor(&self, wsf: u32) -> Result<()> {
-        crate::sysctl::check("watermark_scale_factor", wsf as u64)?;
+        crate::tunables::check("watermark_scale_factor", wsf as u64)?;
         self.watermark_scale_factor.store(wsf as u64, Ordering::Relaxed);
         self.setup_per_zone_wmarks();
         Ok(())
@@ -690,9 +718,16 @@ impl Zonal {
         self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(line);
     }
 
-    /// Messages about tunable changes so far, oldest first (the kernel's `pr_info`s).
+    /// Messages about tunable changes, oldest first (the kernel's `pr_info`s): the last
+    /// [`LOG_LINES`] of them; [`Zonal::log_dropped`] counts the older ones.
     pub fn log(&self) -> Vec<String> {
-        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).lines.iter().cloned().collect()
+    }
+
+    /// How many messages left the log to keep it at [`LOG_LINES`] (as the kernel's ring
+    /// buffer overwrites its oldest records).
+    pub fn log_dropped(&self) -> u64 {
+        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).dropped
     }
 
     /// A NUMA counter of one zone, summed over CPUs (`zone_numa_event_state`). A read: in
@@ -1018,7 +1053,7 @@ impl Zonal {
 
     /// Sets `zonelist_cache_interval_ms` (1 ..= 3600000).
     pub fn set_zonelist_cache_interval_ms(&self, ms: u64) -> Result<()> {
-        crate::sysctl::check("zonelist_cache_interval_ms", ms)?;
+        crate::tunables::check("zonelist_cache_interval_ms", ms)?;
         self.zlc_interval_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
@@ -1108,7 +1143,7 @@ impl Zonal {
         self.free_check_atomic.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Sets `free_check` (see [`crate::sysctl::TUNABLES`]).
+    /// Sets `free_check` (see [`crate::tunables::TUNABLES`]).
     pub fn set_free_check_atomic(&self, atomic: bool) {
         if self.free_check_atomic.swap(atomic, std::sync::atomic::Ordering::Relaxed) == atomic {
             return;
@@ -1296,7 +1331,7 @@ impl Zonal {
         self.bulk_per_page.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Sets `bulk_accounting` (see [`crate::sysctl::TUNABLES`]).
+    /// Sets `bulk_accounting` (see [`crate::tunables::TUNABLES`]).
     pub fn set_bulk_accounting_per_page(&self, per_page: bool) {
         if self.bulk_per_page.swap(per_page, std::sync::atomic::Ordering::Relaxed) != per_page {
             self.log_line(format!("bulk_accounting: {}", if per_page { "per_page" } else { "batch" }));
