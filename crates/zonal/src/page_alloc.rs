@@ -1788,6 +1788,8 @@ fn take_cached(z: &Zone, pfn: Pfn) -> bool {
 fn rmqueue_buddy(z: &Zone, order: Order) -> Option<Pfn> {
     let mut l = z.lock();
     let pfn = l.buddy().rmqueue_smallest(order)?;
+    drop(l);
+    debug_vm_check(z);
     Some(pfn)
 }
 
@@ -1796,6 +1798,20 @@ fn rmqueue_buddy(z: &Zone, order: Order) -> Option<Pfn> {
 fn free_one_page(z: &Zone, pfn: Pfn, order: Order) {
     let mut l = z.lock();
     l.buddy().free_one(pfn, order);
+    drop(l);
+    debug_vm_check(z);
+}
+
+/// With the `debug-vm` feature, checks the zone's free lists after a buddy operation
+/// ([`Zone::debug_check_free_area`], O(free blocks)) and stops at the first broken invariant,
+/// as `VM_BUG_ON` does: a corrupted free list must not hand out memory. Nothing without it.
+#[inline(always)]
+fn debug_vm_check(z: &Zone) {
+    #[cfg(feature = "debug-vm")]
+    if let Err(e) = z.debug_check_free_area() {
+        panic!("debug-vm: {e}");
+    }
+    let _ = z;
 }
 
 /// Says why a free of `order` at `pfn` was refused, given the head's state `s`. Reads other
