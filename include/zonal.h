@@ -79,6 +79,8 @@ typedef struct zonal_t zonal_t;
 
 
 
+
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus

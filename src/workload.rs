@@ -79,8 +79,8 @@ impl Workload {
     /// for lack of memory). Blocks not freed stay allocated in `z`.
     pub fn run(&self, z: &Zonal) -> Result<(usize, usize, usize), String> {
         let policy = MemPolicy::parse(&self.policy, z.topology().nr_nodes()).map_err(|e| e.to_string())?;
-        if self.orders.1 > z.max_order().0 as u32 {
-            return Err(format!("workload `orders`: {} is above max_order {}", self.orders.1, z.max_order().0));
+        if self.orders.1 > z.max_order().get() as u32 {
+            return Err(format!("workload `orders`: {} is above max_order {}", self.orders.1, z.max_order().get()));
         }
         z.set_thread_policy(policy).map_err(|e| e.to_string())?;
         let mut rng = self.seed.max(1);

@@ -89,7 +89,7 @@ fn build(nodes: usize, remote: bool, opts: &BenchOpts) -> Result<(Zonal, Held, u
     let ahead = if remote { order.len() - 1 } else { 0 };
     for &n in &order[..ahead] {
         // Large blocks first, then frames, down to the min watermark.
-        for o in (0..=z.max_order().0 as u32).rev().step_by(5) {
+        for o in (0..=z.max_order().get() as u32).rev().step_by(5) {
             while let Ok(p) = z.alloc_pages_node(n, Gfp::THISNODE, o) {
                 held.push((p.as_ptr(), o));
             }

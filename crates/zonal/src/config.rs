@@ -120,13 +120,13 @@ impl Config {
         }
         // The run-time tunables among these are bounded where sysctl bounds them.
         let config = |e: Error| Error::InvalidConfig(format!("config {e}"));
-        crate::sysctl::check("watermark_scale_factor", self.watermark_scale_factor as u64).map_err(config)?;
-        crate::sysctl::check("percpu_pagelist_high_fraction", self.percpu_pagelist_high_fraction as u64)
+        crate::tunables::check("watermark_scale_factor", self.watermark_scale_factor as u64).map_err(config)?;
+        crate::tunables::check("percpu_pagelist_high_fraction", self.percpu_pagelist_high_fraction as u64)
             .map_err(config)?;
-        crate::sysctl::check("stat_interval", self.stat_interval.as_millis().try_into().unwrap_or(u64::MAX))
+        crate::tunables::check("stat_interval", self.stat_interval.as_millis().try_into().unwrap_or(u64::MAX))
             .map_err(config)?;
         if let Some(m) = self.min_free_kbytes {
-            crate::sysctl::check("min_free_kbytes", m).map_err(config)?;
+            crate::tunables::check("min_free_kbytes", m).map_err(config)?;
         }
         Ok(())
     }

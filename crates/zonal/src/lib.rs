@@ -32,6 +32,7 @@ pub mod sync;
 pub mod sys;
 pub mod sysctl;
 pub mod topology;
+pub mod tunables;
 pub mod types;
 pub mod vmstat;
 pub mod zlc;

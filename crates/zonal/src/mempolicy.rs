@@ -165,15 +165,61 @@ struct ThreadPolicy {
 
 thread_local! {
     static THREAD_POLICIES: RefCell<Vec<ThreadPolicy>> = const { RefCell::new(Vec::new()) };
-    /// Whether this thread has any policy for any handle: a const-initialised `Cell` without
-    /// a destructor, so the common check is one thread-local load.
-    static HAS_POLICY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Bit `handle % 64` is set while this thread has a policy for a handle of that residue:
+    /// a const-initialised `Cell` without a destructor, so the fast path's check is one
+    /// thread-local load, a mask and a branch, and a policy on one handle leaves the fast
+    /// path of every other handle (of another residue) alone. The bits follow the list:
+    /// set and clear recompute them, and a handle dropped on another thread is pruned
+    /// from this thread's list by the next slow check that finds its bit stale.
+    static POLICY_BITS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// `DROPS` when this thread last pruned its list of dropped handles' policies.
+    static PRUNED_AT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// Whether this thread has a policy for any handle (one thread-local load).
-#[inline]
-pub(crate) fn thread_has_policy() -> bool {
-    HAS_POLICY.with(|h| h.get())
+/// The ids of the live handles: a dropped handle's policies in other threads' lists are
+/// pruned against it. Written on handle creation and drop, read only by a prune.
+static LIVE: std::sync::Mutex<std::collections::BTreeSet<u64>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+/// Handles dropped so far: a thread prunes its list only when this moved since its last
+/// prune, so a bit shared with a live handle costs one atomic load per slow check.
+static DROPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+#[inline(always)]
+fn bit(handle: u64) -> u64 {
+    1 << (handle % 64)
+}
+
+/// The bits of the handles in a thread's list.
+fn bits_of(p: &[ThreadPolicy]) -> u64 {
+    p.iter().fold(0, |b, t| b | bit(t.handle))
+}
+
+/// Whether this thread may have a policy for handle `handle` (one thread-local load): false
+/// means it has none, true sends the caller to the policy list.
+#[inline(always)]
+pub(crate) fn thread_has_policy(handle: u64) -> bool {
+    POLICY_BITS.with(|h| h.get()) & bit(handle) != 0
+}
+
+/// Records a new handle as live (see [`forget_handle`]).
+pub(crate) fn register_handle(handle: u64) {
+    LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(handle);
+}
+
+/// Drops this thread's policies of handles that no longer exist, if any handle was dropped
+/// since the last prune; called when `handle`'s bit is set but the list has no entry for it.
+#[cold]
+fn prune_dropped(p: &mut Vec<ThreadPolicy>) {
+    let drops = DROPS.load(std::sync::atomic::Ordering::Acquire);
+    if PRUNED_AT.with(|c| c.get()) == drops {
+        return;
+    }
+    PRUNED_AT.with(|c| c.set(drops));
+    {
+        let live = LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        p.retain(|t| live.contains(&t.handle));
+    }
+    POLICY_BITS.with(|h| h.set(bits_of(p)));
 }
 
 /// Sets (or with `Local`, clears) this thread's policy for handle `handle`.
@@ -184,7 +230,7 @@ pub(crate) fn set_thread_policy(handle: u64, policy: MemPolicy) {
         if policy != MemPolicy::Local {
             p.push(ThreadPolicy { handle, policy, il_prev: None });
         }
-        HAS_POLICY.with(|h| h.set(!p.is_empty()));
+        POLICY_BITS.with(|h| h.set(bits_of(&p)));
     });
 }
 
@@ -194,13 +240,17 @@ pub(crate) fn thread_policy(handle: u64) -> MemPolicy {
         .with(|p| p.borrow().iter().find(|t| t.handle == handle).map_or(MemPolicy::Local, |t| t.policy.clone()))
 }
 
-/// Forgets every thread-local policy of a handle that is going away (this thread only; other
-/// threads' entries are keyed by a handle id never reused, so they are inert).
+/// Forgets a handle that is going away: its entries in this thread's lists now, and in
+/// other threads' lists at their next slow check that finds the handle's bit stale (the
+/// handle leaves the live set and `DROPS` moves). Ids are never reused, so until then the
+/// entries are inert but for the bit they hold.
 pub(crate) fn forget_handle(handle: u64) {
+    LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&handle);
+    DROPS.fetch_add(1, std::sync::atomic::Ordering::Release);
     let _ = THREAD_POLICIES.try_with(|p| {
         let mut p = p.borrow_mut();
         p.retain(|t| t.handle != handle);
-        HAS_POLICY.with(|h| h.set(!p.is_empty()));
+        let _ = POLICY_BITS.try_with(|h| h.set(bits_of(&p)));
     });
     let _ = CALL_CURSORS.try_with(|c| c.borrow_mut().retain(|(h, _)| *h != handle));
 }
@@ -227,13 +277,19 @@ pub(crate) fn interleave_next(mask: &NodeMask, prev: &mut Option<NodeId>) -> Nod
 /// thread's interleave cursor when the policy interleaves.
 #[inline]
 pub(crate) fn with_thread_policy<R>(handle: u64, local: NodeId, f: impl FnOnce(Resolved<'_>) -> R) -> R {
-    if !HAS_POLICY.with(|h| h.get()) {
+    if !thread_has_policy(handle) {
         return f(Resolved::Node(local));
     }
     THREAD_POLICIES.with(|p| {
         let mut p = p.borrow_mut();
         match p.iter_mut().find(|t| t.handle == handle) {
-            None => f(Resolved::Node(local)),
+            None => {
+                // The bit is another handle's: a live one of the same residue, or a dropped
+                // one this thread still lists.
+                prune_dropped(&mut p);
+                drop(p);
+                f(Resolved::Node(local))
+            }
             Some(t) => {
                 let ThreadPolicy { policy, il_prev, .. } = t;
                 match policy {
@@ -329,5 +385,37 @@ mod tests {
         assert_eq!(b, "Interleave(NodeId(1))");
         forget_handle(9);
         assert_eq!(thread_policy(9), MemPolicy::Local);
+    }
+
+    /// A policy on one handle leaves the check of another handle off, and a handle dropped
+    /// on another thread stops costing this thread's handle of the same residue the slow
+    /// check once a slow check found its bit stale.
+    #[test]
+    fn the_policy_bits_are_per_handle_and_pruned_after_a_drop() {
+        // Ids far above any real handle's, of one residue (64 apart) and of another.
+        let (a, b, c) = (1 << 40, (1 << 40) + 64, (1 << 40) + 1);
+        for h in [a, b, c] {
+            register_handle(h);
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                set_thread_policy(a, MemPolicy::Preferred(NodeId(1)));
+                assert!(thread_has_policy(a));
+                assert!(!thread_has_policy(c), "another residue's check is untouched");
+                assert!(thread_has_policy(b), "the same residue shares the bit");
+                // B's slow check finds no entry of its own and A still live: nothing pruned.
+                assert_eq!(with_thread_policy(b, NodeId(0), |r| format!("{r:?}")), "Node(NodeId(0))");
+                assert!(thread_has_policy(b));
+                std::thread::scope(|s2| {
+                    s2.spawn(|| forget_handle(a));
+                });
+                // A was dropped on another thread: B's next slow check prunes it.
+                assert_eq!(with_thread_policy(b, NodeId(0), |r| format!("{r:?}")), "Node(NodeId(0))");
+                assert!(!thread_has_policy(b));
+                assert_eq!(thread_policy(a), MemPolicy::Local);
+            });
+        });
+        forget_handle(b);
+        forget_handle(c);
     }
 }

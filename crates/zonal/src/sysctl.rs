@@ -7,249 +7,79 @@
 
 use crate::error::{Error, Result};
 use crate::page_alloc::Zonal;
-
-/// What values a tunable takes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Bounds {
-    /// An integer in `min..=max`.
-    Range(u64, u64),
-    /// 0, or an integer in `min..=max`.
-    ZeroOrRange(u64, u64),
-    /// One of these words.
-    Choice(&'static [&'static str]),
-}
-
-/// One run-time tunable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tunable {
-    /// Name, as `/proc/sys/vm` spells it.
-    pub name: &'static str,
-    /// Default, as text (`computed` when it depends on the memory size).
-    pub default: &'static str,
-    /// Accepted values.
-    pub bounds: Bounds,
-    /// Unit of the value.
-    pub unit: &'static str,
-    /// What it does.
-    pub doc: &'static str,
-}
-
-/// Every tunable, in the order `sysctl -a` prints them.
-pub const TUNABLES: &[Tunable] = &[
-    Tunable {
-        name: "numa_stats_mode",
-        default: "auto",
-        bounds: Bounds::Choice(&["auto", "strict", "coarse"]),
-        unit: "mode",
-        doc: "NUMA counters (seed 001): strict counts always; coarse stops counting and zeroes \
-              them; auto counts once anyone has read them (any report, the API, C or the CLI)",
-    },
-    Tunable {
-        name: "numa_stat_strategy",
-        default: "percpu",
-        bounds: Bounds::Choice(&["percpu", "threshold", "shared"]),
-        unit: "strategy",
-        doc: "percpu (seed 002): per-CPU event counters never written by another CPU, summed on \
-              read (the fast path's local hits cost nothing: they are its pgalloc count); \
-              threshold (seed 000): per-CPU u16 diffs folded into shared per-zone counters past \
-              numa_stat_threshold, which every allocating CPU then writes; shared: an atomic add \
-              on the zone's shared counter per event, exact at every instant. Reads add the \
-              unfolded parts, so all are exact once allocation stops (percpu and threshold up \
-              to a rare lost update between two threads preempting each other on one CPU); \
-              threshold's shared counters alone lag by up to nr_cpus * numa_stat_threshold",
-    },
-    Tunable {
-        name: "numa_stat_threshold",
-        default: "65533",
-        bounds: Bounds::Range(1, crate::vmstat::NUMA_STATS_THRESHOLD as u64),
-        unit: "events",
-        doc: "per-CPU diff folded into the shared counter past this (seed 000: U16_MAX - 2)",
-    },
-    Tunable {
-        name: "min_free_kbytes",
-        default: "computed",
-        bounds: Bounds::Range(1, u64::MAX),
-        unit: "KiB",
-        doc: "memory kept free below the min watermark, shared over the zones by size; default \
-              sqrt(16 * memory in KiB) clamped to 128..=262144, as Linux computes it",
-    },
-    Tunable {
-        name: "watermark_scale_factor",
-        default: "10",
-        bounds: Bounds::Range(1, crate::zone::MAX_WATERMARK_SCALE_FACTOR as u64),
-        unit: "1/10000 of a zone",
-        doc: "distance between the min, low and high watermarks",
-    },
-    Tunable {
-        name: "percpu_pagelist_high_fraction",
-        default: "0",
-        bounds: Bounds::ZeroOrRange(crate::pcp::MIN_PERCPU_PAGELIST_HIGH_FRACTION as u64, u32::MAX as u64),
-        unit: "fraction",
-        doc: "0: each per-CPU list's high tunes itself (Linux 6.7); N >= 8: high is managed/N \
-              split over the node's CPUs",
-    },
-    Tunable {
-        name: "free_check",
-        default: "sequential",
-        bounds: Bounds::Choice(&["sequential", "atomic"]),
-        unit: "mode",
-        doc: "how an order-0 free on the per-CPU fast path claims its frame. sequential: a load \
-              and a store, as Linux's free_pages_prepare checks; every double free that is not \
-              a data race in the caller is an error. atomic: a CAS, so of two frees of one \
-              frame racing on different CPUs exactly one succeeds, for a few ns more per free. \
-              The locked paths always use the CAS",
-    },
-    Tunable {
-        name: "bulk_accounting",
-        default: "batch",
-        bounds: Bounds::Choice(&["batch", "per_page"]),
-        unit: "mode",
-        doc: "how bulk calls update the event and NUMA counters: batch (seed 002): once per call \
-              with the batch count; per_page: once per page, as before seed 002 (for the stats \
-              experiment)",
-    },
-    Tunable {
-        name: "zonelist_cache",
-        default: "1",
-        bounds: Bounds::Range(0, 1),
-        unit: "bool",
-        doc: "1: zonelist walks skip zones recently found full for a demand at least as strict \
-              (seed 003, made safe for small allocations); 0: every walk checks every zone",
-    },
-    Tunable {
-        name: "zonelist_cache_interval_ms",
-        default: "1000",
-        bounds: Bounds::Range(1, 3_600_000),
-        unit: "ms",
-        doc: "how long a zone stays marked full at most: each cache is zapped when a walk sets \
-              it up this long after its last zap (seed 003: 1 s)",
-    },
-    Tunable {
-        name: "stat_interval",
-        default: "1000",
-        bounds: Bounds::Range(1, 3_600_000),
-        unit: "ms",
-        doc: "how often the background worker folds the zone counters' per-CPU diffs, sets each \
-              zone's normal or pressure stat_threshold, and decays idle per-CPU lists",
-    },
-];
-
-/// The table entry of a name.
-pub fn tunable(name: &str) -> Result<&'static Tunable> {
-    TUNABLES.iter().find(|t| t.name == name).ok_or_else(|| {
-        let names: Vec<&str> = TUNABLES.iter().map(|t| t.name).collect();
-        Error::InvalidConfig(format!("unknown tunable `{name}`; tunables: {}", names.join(", ")))
-    })
-}
-
-/// Parses and bounds-checks a value for a tunable: the number, or for a word tunable the
-/// index of the word in its list (any case).
-pub fn parse_value(t: &Tunable, value: &str) -> Result<u64> {
-    let v = value.trim();
-    if let Bounds::Choice(words) = t.bounds {
-        return words.iter().position(|w| w.eq_ignore_ascii_case(v)).map(|i| i as u64).ok_or_else(|| {
-            Error::InvalidConfig(format!("{}: `{v}` is not a choice; {}", t.name, describe_bounds(t.bounds)))
-        });
-    }
-    let n: u64 = v.parse().map_err(|_| {
-        Error::InvalidConfig(format!("{}: `{v}` is not a number; {}", t.name, describe_bounds(t.bounds)))
-    })?;
-    check_bounds(t, n)
-}
-
-/// Checks a number against a tunable's bounds: the one place each bound is enforced, for
-/// `sysctl_set`, the typed setters and [`crate::Config::validate`] alike.
-pub(crate) fn check(name: &str, n: u64) -> Result<u64> {
-    check_bounds(tunable(name)?, n)
-}
-
-fn check_bounds(t: &Tunable, n: u64) -> Result<u64> {
-    let ok = match t.bounds {
-        Bounds::Range(lo, hi) => (lo..=hi).contains(&n),
-        Bounds::ZeroOrRange(lo, hi) => n == 0 || (lo..=hi).contains(&n),
-        Bounds::Choice(words) => (n as usize) < words.len(),
-    };
-    if !ok {
-        return Err(Error::InvalidConfig(format!(
-            "{}: {n} is out of range (outside its bounds); {}",
-            t.name,
-            describe_bounds(t.bounds)
-        )));
-    }
-    Ok(n)
-}
-
-fn describe_bounds(b: Bounds) -> String {
-    match b {
-        Bounds::Range(lo, u64::MAX) => format!("valid: at least {lo}"),
-        Bounds::Range(lo, hi) => format!("valid: {lo}..={hi}"),
-        Bounds::ZeroOrRange(lo, hi) => format!("valid: 0 or {lo}..={hi} (0, or at least {lo})"),
-        Bounds::Choice(words) => format!("valid: {}", words.join(", ")),
-    }
-}
+pub use crate::tunables::{parse_value, tunable, Bounds, Knob, Tunable, TUNABLES};
 
 impl Zonal {
     /// The current value of a tunable.
     pub fn sysctl_get(&self, name: &str) -> Result<String> {
-        let t = tunable(name)?;
-        Ok(match t.name {
-            "numa_stats_mode" => self.numa_stats_mode().name().to_string(),
-            "numa_stat_strategy" => self.numa_strategy().name().to_string(),
-            "numa_stat_threshold" => self.numa_stat_threshold().to_string(),
-            "min_free_kbytes" => self.min_free_kbytes().to_string(),
-            "watermark_scale_factor" => self.watermark_scale_factor().to_string(),
-            "percpu_pagelist_high_fraction" => self.percpu_pagelist_high_fraction().to_string(),
-            "stat_interval" => self.stat_interval().as_millis().to_string(),
-            "free_check" => if self.free_check_atomic() { "atomic" } else { "sequential" }.to_string(),
-            "bulk_accounting" => if self.bulk_accounting_per_page() { "per_page" } else { "batch" }.to_string(),
-            "zonelist_cache" => (self.zonelist_cache() as u8).to_string(),
-            "zonelist_cache_interval_ms" => self.zonelist_cache_interval_ms().to_string(),
-            _ => unreachable!("every table entry is handled"),
-        })
+        Ok(self.tunable_value(tunable(name)?))
+    }
+
+    /// The current value of a row of the table: an exhaustive match, so a new row without
+    /// its getter is a compile error rather than a panic.
+    fn tunable_value(&self, t: &Tunable) -> String {
+        match t.knob {
+            Knob::NumaStatsMode => self.numa_stats_mode().name().to_string(),
+            Knob::NumaStatStrategy => self.numa_strategy().name().to_string(),
+            Knob::NumaStatThreshold => self.numa_stat_threshold().to_string(),
+            Knob::MinFreeKbytes => self.min_free_kbytes().to_string(),
+            Knob::WatermarkScaleFactor => self.watermark_scale_factor().to_string(),
+            Knob::PercpuPagelistHighFraction => self.percpu_pagelist_high_fraction().to_string(),
+            Knob::StatInterval => self.stat_interval().as_millis().to_string(),
+            Knob::FreeCheck => if self.free_check_atomic() { "atomic" } else { "sequential" }.to_string(),
+            Knob::BulkAccounting => if self.bulk_accounting_per_page() { "per_page" } else { "batch" }.to_string(),
+            Knob::ZonelistCache => (self.zonelist_cache() as u8).to_string(),
+            Knob::ZonelistCacheIntervalMs => self.zonelist_cache_interval_ms().to_string(),
+        }
     }
 
     /// Sets a tunable; an invalid value is rejected and the old value kept.
     pub fn sysctl_set(&self, name: &str, value: &str) -> Result<()> {
         let t = tunable(name)?;
-        if t.name == "numa_stats_mode" {
+        if t.knob == Knob::NumaStatsMode {
             // Seed 001's handler: it logs an invalid value as well as rejecting it.
             return self.set_numa_stats_mode(value.trim());
         }
         let n = parse_value(t, value)?;
-        match t.name {
+        // Exhaustive, as in `tunable_value`: a row without its setter does not compile.
+        match t.knob {
+            Knob::NumaStatsMode => self.set_numa_stats_mode(value.trim()),
             // Word tunables: `n` is the index of the word in the table's list.
-            "numa_stat_strategy" => {
-                self.set_numa_strategy(crate::vmstat::NumaStrategy::ALL[n as usize]);
+            Knob::NumaStatStrategy => {
+                let s = crate::vmstat::NumaStrategy::ALL
+                    .get(n as usize)
+                    .copied()
+                    .ok_or_else(|| Error::InvalidConfig(format!("{}: no strategy number {n}", t.name)))?;
+                self.set_numa_strategy(s);
                 Ok(())
             }
-            "free_check" => {
+            Knob::FreeCheck => {
                 self.set_free_check_atomic(n == 1);
                 Ok(())
             }
-            "bulk_accounting" => {
+            Knob::BulkAccounting => {
                 self.set_bulk_accounting_per_page(n == 1);
                 Ok(())
             }
-            "min_free_kbytes" => self.set_min_free_kbytes(n),
-            "watermark_scale_factor" => self.set_watermark_scale_factor(n as u32),
-            "percpu_pagelist_high_fraction" => self.set_percpu_pagelist_high_fraction(n as u32),
-            "numa_stat_threshold" => self.set_numa_stat_threshold(n),
-            "zonelist_cache" => {
+            Knob::MinFreeKbytes => self.set_min_free_kbytes(n),
+            Knob::WatermarkScaleFactor => self.set_watermark_scale_factor(as_u32(t, n)?),
+            Knob::PercpuPagelistHighFraction => self.set_percpu_pagelist_high_fraction(as_u32(t, n)?),
+            Knob::NumaStatThreshold => self.set_numa_stat_threshold(n),
+            Knob::ZonelistCache => {
                 self.set_zonelist_cache(n == 1);
                 Ok(())
             }
-            "zonelist_cache_interval_ms" => self.set_zonelist_cache_interval_ms(n),
-            "stat_interval" => {
+            Knob::ZonelistCacheIntervalMs => self.set_zonelist_cache_interval_ms(n),
+            Knob::StatInterval => {
                 self.set_stat_interval(std::time::Duration::from_millis(n));
                 Ok(())
             }
-            _ => unreachable!("every table entry is handled"),
         }
     }
 
     /// Every tunable with its current value (`sysctl -a`).
     pub fn sysctl_all(&self) -> Vec<(&'static str, String)> {
-        TUNABLES.iter().map(|t| (t.name, self.sysctl_get(t.name).expect("table names are valid"))).collect()
+        TUNABLES.iter().map(|t| (t.name, self.tunable_value(t))).collect()
     }
 
     /// Applies `ZONAL_<NAME>` from the environment for every tunable (at build time).
@@ -262,6 +92,12 @@ impl Zonal {
         }
         Ok(())
     }
+}
+
+/// A bounded value as the `u32` its setter takes (the bounds keep it there; a table whose
+/// bounds did not would get an error, not a truncation).
+fn as_u32(t: &Tunable, n: u64) -> Result<u32> {
+    u32::try_from(n).map_err(|_| Error::InvalidConfig(format!("{}: {n} is out of range", t.name)))
 }
 
 #[cfg(all(test, not(loom)))]
@@ -325,5 +161,31 @@ mod tests {
             .to_string()
             .contains("tunables: numa_stats_mode, numa_stat_strategy"));
         assert_eq!(z.sysctl_all(), before);
+    }
+
+    #[test]
+    fn every_knob_has_one_row() {
+        for (i, t) in TUNABLES.iter().enumerate() {
+            assert!(TUNABLES[i + 1..].iter().all(|u| u.knob != t.knob && u.name != t.name), "{} twice", t.name);
+        }
+    }
+
+    /// A program that flips a tunable in a loop keeps the last `LOG_LINES` messages and a
+    /// count of the rest, not every message it ever caused.
+    #[test]
+    fn the_tunable_log_is_bounded() {
+        use crate::page_alloc::LOG_LINES;
+        let z = zonal();
+        let before = z.log().len() as u64;
+        let flips = 4 * LOG_LINES as u64;
+        for i in 0..flips {
+            z.sysctl_set("zonelist_cache", if i % 2 == 0 { "0" } else { "1" }).unwrap();
+        }
+        let log = z.log();
+        assert_eq!(log.len(), LOG_LINES);
+        assert_eq!(z.log_dropped(), before + flips - LOG_LINES as u64);
+        // The newest messages are the ones kept, in order.
+        assert_eq!(log.last().map(String::as_str), Some("zonelist_cache: 1"));
+        assert_eq!(log[LOG_LINES - 2], "zonelist_cache: 0");
     }
 }

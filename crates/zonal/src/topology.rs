@@ -414,10 +414,19 @@ impl Topology {
         self.nodes.len()
     }
 
-    /// Distance between two nodes (`node_distance`).
+    /// Distance between two nodes (`node_distance`); a node outside the topology is an
+    /// [`Error::InvalidNode`], not a panic.
     #[inline]
-    pub fn distance(&self, a: NodeId, b: NodeId) -> u32 {
-        self.distance[a.0 as usize][b.0 as usize]
+    pub fn distance(&self, a: NodeId, b: NodeId) -> Result<u32> {
+        self.distance
+            .get(a.0 as usize)
+            .and_then(|row| row.get(b.0 as usize))
+            .copied()
+            .ok_or_else(|| self.invalid_node(if (a.0 as usize) < self.nodes.len() { b } else { a }))
+    }
+
+    fn invalid_node(&self, node: NodeId) -> Error {
+        Error::InvalidNode { node, nr_nodes: self.nodes.len() }
     }
 
     /// Node of a CPU (`cpu_to_node`); CPUs outside the table map to node 0.
@@ -436,9 +445,10 @@ impl Topology {
         self.fake
     }
 
-    /// Whether a node has CPUs (`node_state(n, N_CPU)`).
-    pub fn has_cpus(&self, n: NodeId) -> bool {
-        !self.nodes[n.0 as usize].cpus.is_empty()
+    /// Whether a node has CPUs (`node_state(n, N_CPU)`); a node outside the topology is an
+    /// [`Error::InvalidNode`], not a panic.
+    pub fn has_cpus(&self, n: NodeId) -> Result<bool> {
+        self.nodes.get(n.0 as usize).map(|node| !node.cpus.is_empty()).ok_or_else(|| self.invalid_node(n))
     }
 
     /// The topology written back as a spec string that parses to the same topology.
@@ -618,7 +628,7 @@ mod tests {
         let t = Topology::parse_for("nodes=4,size=256M", M).unwrap();
         assert_eq!(t.nr_nodes(), 4);
         assert!(t.nodes().iter().all(|n| n.mem_bytes == 256 << 20 && n.cpus.len() == 1));
-        assert_eq!(t.distance(NodeId(0), NodeId(3)), REMOTE_DISTANCE);
+        assert_eq!(t.distance(NodeId(0), NodeId(3)), Ok(REMOTE_DISTANCE));
         assert_eq!(t.cpu_to_node(CpuId(3)), NodeId(3));
         assert!(t.is_fake());
     }
@@ -637,7 +647,7 @@ mod tests {
         assert_eq!(t.nodes()[0].cpus, vec![CpuId(0), CpuId(1), CpuId(3)]);
         assert!(t.nodes()[1].cpus.is_empty());
         assert_eq!(t.nodes()[2].mem_bytes, 1 << 30);
-        assert_eq!(t.distance(NodeId(2), NodeId(1)), 25);
+        assert_eq!(t.distance(NodeId(2), NodeId(1)), Ok(25));
         assert_eq!(t.cpu_to_node(CpuId(2)), NodeId(2));
         // Round trip.
         assert_eq!(Topology::parse_for(&t.to_spec(), M).unwrap(), t);
@@ -653,7 +663,7 @@ mod tests {
     fn file_form_with_continuation_lines() {
         let text = "# two nodes\nnodes = 2\nsize = 8M\ndistance = 10 21\n 21 10\ncpus = 0-1\n2-3\n";
         let t = Topology::parse_file_text(text, "t.topo", M).unwrap();
-        assert_eq!(t.distance(NodeId(0), NodeId(1)), 21);
+        assert_eq!(t.distance(NodeId(0), NodeId(1)), Ok(21));
         assert_eq!(t.nodes()[1].cpus, vec![CpuId(2), CpuId(3)]);
     }
 
@@ -749,7 +759,7 @@ mod tests {
         let t = Topology::from_sys_root(root, 16 << 20, M).unwrap();
         assert_eq!(t.nr_nodes(), 2);
         assert_eq!(t.nodes()[1].os_node, Some(2));
-        assert_eq!(t.distance(NodeId(0), NodeId(1)), 21);
+        assert_eq!(t.distance(NodeId(0), NodeId(1)), Ok(21));
         assert_eq!(t.cpu_to_node(CpuId(3)), NodeId(1));
         assert!(!t.is_fake());
         let e = Topology::from_sys_root(root, 8 << 30, M).unwrap_err();
@@ -763,7 +773,18 @@ mod tests {
         if std::path::Path::new("/sys/devices/system/node/online").exists() {
             let t = Topology::from_sys(4 << 20).unwrap();
             assert!(t.nr_nodes() >= 1);
-            assert_eq!(t.distance(NodeId(0), NodeId(0)), LOCAL_DISTANCE);
+            assert_eq!(t.distance(NodeId(0), NodeId(0)), Ok(LOCAL_DISTANCE));
         }
+    }
+
+    #[test]
+    fn bad_node_ids_are_errors_not_panics() {
+        let t = Topology::parse_for("nodes=2,size=8M", Machine { nr_cpus: 2, mem_total: 1 << 30 }).unwrap();
+        let bad = |node| Error::InvalidNode { node: NodeId(node), nr_nodes: 2 };
+        assert_eq!(t.distance(NodeId(2), NodeId(0)), Err(bad(2)));
+        assert_eq!(t.distance(NodeId(0), NodeId(7)), Err(bad(7)));
+        assert_eq!(t.distance(NodeId(u16::MAX), NodeId(u16::MAX)), Err(bad(u16::MAX)));
+        assert_eq!(t.has_cpus(NodeId(2)), Err(bad(2)));
+        assert_eq!(t.has_cpus(NodeId(1)), Ok(true));
     }
 }

@@ -48,11 +48,33 @@ impl fmt::Display for Pfn {
     }
 }
 
-/// A block order: the block holds 2^order frames.
+/// A block order: the block holds 2^order frames. At most [`MAX_ORDER_LIMIT`], so `pages`
+/// and `bytes` never overflow: public code builds one with [`Order::new`], which refuses
+/// anything larger; the field is the crate's, whose constructors are all bounded (by a
+/// handle's `max_order` or the limit).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default)]
-pub struct Order(pub u8);
+pub struct Order(pub(crate) u8);
 
 impl Order {
+    /// Order 0: one frame.
+    pub const ZERO: Order = Order(0);
+
+    /// The order `order`, or `None` above [`MAX_ORDER_LIMIT`].
+    #[inline]
+    pub const fn new(order: u8) -> Option<Order> {
+        if order <= MAX_ORDER_LIMIT {
+            Some(Order(order))
+        } else {
+            None
+        }
+    }
+
+    /// The exponent.
+    #[inline]
+    pub const fn get(self) -> u8 {
+        self.0
+    }
+
     /// Number of frames in a block of this order.
     #[inline]
     pub fn pages(self) -> usize {
@@ -114,5 +136,15 @@ mod tests {
         assert!(!Pfn(24).is_aligned(Order(4)));
         assert_eq!(Pfn(27).align_down(Order(3)), Pfn(24));
         assert_eq!(Order(10).bytes(), 4 << 20);
+    }
+
+    #[test]
+    fn orders_above_the_limit_cannot_be_built() {
+        assert_eq!(Order::new(MAX_ORDER_LIMIT).map(Order::get), Some(MAX_ORDER_LIMIT));
+        assert_eq!(Order::new(MAX_ORDER_LIMIT + 1), None);
+        assert_eq!(Order::new(64), None);
+        assert_eq!(Order::new(u8::MAX), None);
+        // The largest order there can be still fits.
+        assert_eq!(Order::new(MAX_ORDER_LIMIT).unwrap().bytes(), PAGE_SIZE << MAX_ORDER_LIMIT);
     }
 }

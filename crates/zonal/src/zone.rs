@@ -395,6 +395,42 @@ impl Zone {
         (0..=self.max_order.0).map(|o| l.area.nr_free(Order(o))).collect()
     }
 
+    /// The free lists' invariants that hold at every instant under the zone lock, so under
+    /// concurrent use too: each block on `free_area[o]` is tagged `BUDDY|o`, aligned, counted,
+    /// and overlaps no other free block. O(free blocks); what `debug-vm` checks after every
+    /// buddy operation.
+    pub fn debug_check_free_area(&self) -> Result<(), String> {
+        let l = self.lock();
+        let mut free = vec![false; self.spanned];
+        for o in 0..=self.max_order.0 {
+            let order = Order(o);
+            let mut n = 0;
+            for idx in l.area.iter(order) {
+                let i = idx as usize;
+                let s = (i < self.mem_map.len()).then(|| self.mem_map.state(i).load(Ordering::Relaxed));
+                if s != Some(buddy::state(buddy::BUDDY, order)) || i % order.pages() != 0 {
+                    return Err(format!(
+                        "zone {}: block {idx} on free_area[{o}] has state {s:?} or is misaligned",
+                        self.id.0
+                    ));
+                }
+                match free.get_mut(i..i + order.pages()) {
+                    Some(r) if !r.contains(&true) => r.fill(true),
+                    _ => return Err(format!("zone {}: free block {idx} of order {o} overlaps another", self.id.0)),
+                }
+                n += 1;
+            }
+            if n != l.area.nr_free(order) {
+                return Err(format!(
+                    "zone {}: free_area[{o}] counts {} but holds {n}",
+                    self.id.0,
+                    l.area.nr_free(order)
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks the zone's invariants given the frames its per-CPU lists hold (`on_pcp`, checked
     /// by the caller); returns the number of allocated frames. Call only while no allocation or
     /// free runs on this zone. O(frames).

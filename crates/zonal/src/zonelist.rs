@@ -42,7 +42,8 @@ pub fn node_orders(topo: &Topology) -> Vec<Vec<NodeId>> {
             let mut prev_distance = None;
             while let Some(next) = find_next_best_node(topo, local, &mut used, &node_load) {
                 // The first node of each distance group (not the local node) takes load.
-                let d = topo.distance(local, next);
+                // Both ids come from 0..nr_nodes; a miss (impossible) would only end a group.
+                let d = topo.distance(local, next).unwrap_or(u32::MAX);
                 if next != local && prev_distance != Some(d) {
                     node_load[next.0 as usize] += 1;
                 }
@@ -68,10 +69,11 @@ fn find_next_best_node(topo: &Topology, node: NodeId, used: &mut [bool], node_lo
             continue;
         }
         let cand = NodeId(i as u16);
-        let mut val = topo.distance(node, cand) as u64;
+        // `node` and `cand` are below nr_nodes; an impossible miss ranks the node last.
+        let mut val = topo.distance(node, cand).map_or(u64::from(u32::MAX), u64::from);
         // Penalise nodes numbered below the local one, so ties go to higher ids.
         val += (i < node.0 as usize) as u64;
-        if topo.has_cpus(cand) {
+        if topo.has_cpus(cand).unwrap_or(true) {
             val += PENALTY_FOR_NODE_WITH_CPUS;
         }
         // Slight preference for less loaded nodes.

@@ -91,7 +91,7 @@ fn out_of_memory_is_an_error_and_recoverable() {
         let fails = z.event(VmEvent::AllocFail);
         let (frames, e) = exhaust(&z, 1, Gfp::NO_WATERMARKS, 0);
         assert_eq!(frames.len(), 16, "NO_WATERMARKS takes every frame");
-        assert_eq!(e, Error::OutOfMemory { order: Order(0) });
+        assert_eq!(e, Error::OutOfMemory { order: Order::new(0).unwrap() });
         assert!(e.to_string().starts_with("out of memory"), "{e}");
         assert_eq!(e.errno(), libc::ENOMEM);
         assert_eq!(z.event(VmEvent::AllocFail), fails + 1);
@@ -99,7 +99,7 @@ fn out_of_memory_is_an_error_and_recoverable() {
         assert_eq!(z.nr_pcp_pages(NodeId(1)), Ok(0));
         // Another failure changes nothing, for every order.
         for order in 0..=3 {
-            refused(&z, Error::OutOfMemory { order: Order(order as u8) }, || {
+            refused(&z, Error::OutOfMemory { order: Order::new(order as u8).unwrap() }, || {
                 z.alloc_pages_node(NodeId(1), Gfp::THISNODE | Gfp::NO_WATERMARKS, order)
             });
         }
@@ -131,7 +131,7 @@ fn out_of_memory_is_an_error_and_recoverable() {
                 Err(e) => break e,
             }
         };
-        assert_eq!(e, Error::OutOfMemory { order: Order(0) });
+        assert_eq!(e, Error::OutOfMemory { order: Order::new(0).unwrap() });
         assert_eq!(all.len(), 32);
         assert_eq!(z.check_invariants(), Ok(32));
         for p in all {
@@ -181,7 +181,7 @@ fn invalid_node() {
 fn invalid_order() {
     let z = tiny(true);
     let held = z.alloc_pages_node(NodeId(1), Gfp::KERNEL, 2).unwrap();
-    let bad = |o: u32| Error::InvalidOrder { order: o, max_order: Order(3) };
+    let bad = |o: u32| Error::InvalidOrder { order: o, max_order: Order::new(3).unwrap() };
     for o in [4, 10, 16, 255, 256, u32::MAX] {
         refused(&z, bad(o), || z.alloc_pages(Gfp::KERNEL, o));
         refused(&z, bad(o), || z.alloc_pages_node(NodeId(0), Gfp::NO_WATERMARKS, o));
@@ -250,7 +250,9 @@ fn misaligned() {
     let z = tiny(true);
     let a = z.alloc_pages_node(NodeId(0), Gfp::KERNEL, 0).unwrap().as_ptr() as usize;
     for off in [1, 8, 2048, PAGE_SIZE - 1] {
-        refused(&z, Error::Misaligned { addr: a + off, order: Order(0) }, || z.free_pages((a + off) as *mut u8, 0));
+        refused(&z, Error::Misaligned { addr: a + off, order: Order::new(0).unwrap() }, || {
+            z.free_pages((a + off) as *mut u8, 0)
+        });
     }
     // An order-1 free of an odd frame: misaligned whether the frame is live or free.
     let mut frames = vec![a];
@@ -258,19 +260,19 @@ fn misaligned() {
         frames.push(z.alloc_pages_node(NodeId(0), Gfp::KERNEL, 0).unwrap().as_ptr() as usize);
     }
     let odd = *frames.iter().find(|&&f| z.addr_to_pfn(f as *const u8).unwrap().0 % 2 == 1).unwrap();
-    refused(&z, Error::Misaligned { addr: odd, order: Order(1) }, || z.free_pages(odd as *mut u8, 1));
+    refused(&z, Error::Misaligned { addr: odd, order: Order::new(1).unwrap() }, || z.free_pages(odd as *mut u8, 1));
     // Every odd frame of the node, live or free.
     let node_start = odd & !(16 * PAGE_SIZE - 1);
     for f in (1..16).step_by(2) {
         let addr = node_start + f * PAGE_SIZE;
-        refused(&z, Error::Misaligned { addr, order: Order(1) }, || z.free_pages(addr as *mut u8, 1));
+        refused(&z, Error::Misaligned { addr, order: Order::new(1).unwrap() }, || z.free_pages(addr as *mut u8, 1));
     }
     // A frame aligned to order 2 but not 3, given with order 3.
     let b = z.alloc_pages_node(NodeId(1), Gfp::KERNEL, 3).unwrap().as_ptr() as usize;
-    refused(&z, Error::Misaligned { addr: b + 4 * PAGE_SIZE, order: Order(3) }, || {
+    refused(&z, Error::Misaligned { addr: b + 4 * PAGE_SIZE, order: Order::new(3).unwrap() }, || {
         z.free_pages((b + 4 * PAGE_SIZE) as *mut u8, 3)
     });
-    let e = Error::Misaligned { addr: 0x1001, order: Order(0) };
+    let e = Error::Misaligned { addr: 0x1001, order: Order::new(0).unwrap() };
     assert_eq!(e.errno(), libc::EINVAL);
     assert_eq!(e.to_string(), "address 0x1001 is not aligned to a block of order 0");
     for f in frames {
@@ -316,13 +318,14 @@ fn order_mismatch_bigger_and_smaller() {
     let mut spare = Vec::new();
     let p = loop {
         let p = z.alloc_pages_node(NodeId(0), Gfp::THISNODE | Gfp::NO_WATERMARKS, 2).unwrap();
-        if z.addr_to_pfn(p.as_ptr()).unwrap().is_aligned(Order(3)) {
+        if z.addr_to_pfn(p.as_ptr()).unwrap().is_aligned(Order::new(3).unwrap()) {
             break p;
         }
         spare.push(p);
     };
     let pfn = z.addr_to_pfn(p.as_ptr()).unwrap();
-    let mismatch = |freed| Error::OrderMismatch { pfn, allocated: Order(2), freed: Order(freed) };
+    let mismatch =
+        |freed| Error::OrderMismatch { pfn, allocated: Order::new(2).unwrap(), freed: Order::new(freed).unwrap() };
     refused(&z, mismatch(3), || z.free_pages(p.as_ptr(), 3));
     refused(&z, mismatch(1), || z.free_pages(p.as_ptr(), 1));
     refused(&z, mismatch(0), || z.free_pages(p.as_ptr(), 0));
@@ -330,15 +333,17 @@ fn order_mismatch_bigger_and_smaller() {
     let mut zeros = Vec::new();
     let q = loop {
         let q = z.alloc_pages_node(NodeId(1), Gfp::THISNODE | Gfp::NO_WATERMARKS, 0).unwrap();
-        if z.addr_to_pfn(q.as_ptr()).unwrap().is_aligned(Order(1)) {
+        if z.addr_to_pfn(q.as_ptr()).unwrap().is_aligned(Order::new(1).unwrap()) {
             break q;
         }
         zeros.push(q);
     };
     let qpfn = z.addr_to_pfn(q.as_ptr()).unwrap();
-    refused(&z, Error::OrderMismatch { pfn: qpfn, allocated: Order(0), freed: Order(1) }, || {
-        z.free_pages(q.as_ptr(), 1)
-    });
+    refused(
+        &z,
+        Error::OrderMismatch { pfn: qpfn, allocated: Order::new(0).unwrap(), freed: Order::new(1).unwrap() },
+        || z.free_pages(q.as_ptr(), 1),
+    );
 
     let e = mismatch(3);
     assert_eq!(e.errno(), libc::ERANGE);
@@ -362,10 +367,10 @@ fn interior_frame() {
     let block = z.addr_to_pfn(p.as_ptr()).unwrap();
     for (k, order) in [(1usize, 0u32), (2, 1), (3, 0), (4, 2), (6, 1), (7, 0)] {
         let addr = (p.as_ptr() as usize + k * PAGE_SIZE) as *mut u8;
-        let want = Error::InteriorFrame { pfn: Pfn(block.0 + k), block, order: Order(3) };
+        let want = Error::InteriorFrame { pfn: Pfn(block.0 + k), block, order: Order::new(3).unwrap() };
         refused(&z, want, || z.free_pages(addr, order));
     }
-    let e = Error::InteriorFrame { pfn: Pfn(9), block: Pfn(8), order: Order(3) };
+    let e = Error::InteriorFrame { pfn: Pfn(9), block: Pfn(8), order: Order::new(3).unwrap() };
     assert_eq!(e.errno(), libc::ENOTBLK);
     assert_eq!(e.to_string(), "pfn 0x9 is inside the allocated block at pfn 0x8 (order 3), not its first frame");
     z.free_pages(p.as_ptr(), 3).unwrap();
@@ -375,14 +380,17 @@ fn interior_frame() {
 #[test]
 fn errno_mapping() {
     let cases = [
-        (Error::OutOfMemory { order: Order(0) }, libc::ENOMEM),
+        (Error::OutOfMemory { order: Order::new(0).unwrap() }, libc::ENOMEM),
         (Error::InvalidNode { node: NodeId(3), nr_nodes: 2 }, libc::ENODEV),
-        (Error::InvalidOrder { order: 11, max_order: Order(10) }, libc::EDOM),
+        (Error::InvalidOrder { order: 11, max_order: Order::new(10).unwrap() }, libc::EDOM),
         (Error::NotOwned { addr: 0 }, libc::EFAULT),
-        (Error::Misaligned { addr: 1, order: Order(0) }, libc::EINVAL),
+        (Error::Misaligned { addr: 1, order: Order::new(0).unwrap() }, libc::EINVAL),
         (Error::DoubleFree { pfn: Pfn(0) }, libc::EALREADY),
-        (Error::OrderMismatch { pfn: Pfn(0), allocated: Order(1), freed: Order(0) }, libc::ERANGE),
-        (Error::InteriorFrame { pfn: Pfn(1), block: Pfn(0), order: Order(1) }, libc::ENOTBLK),
+        (
+            Error::OrderMismatch { pfn: Pfn(0), allocated: Order::new(1).unwrap(), freed: Order::new(0).unwrap() },
+            libc::ERANGE,
+        ),
+        (Error::InteriorFrame { pfn: Pfn(1), block: Pfn(0), order: Order::new(1).unwrap() }, libc::ENOTBLK),
         (Error::InvalidConfig("x".into()), libc::EINVAL),
         (Error::Os { call: "mmap", errno: libc::EPERM }, libc::EPERM),
     ];
@@ -416,22 +424,24 @@ fn watermarks_bound_each_kind_of_allocation() {
         // GFP_KERNEL (with THISNODE so it cannot fall back) stops at min: the last frame it
         // takes leaves exactly min free (a frame may be taken while more than min are free).
         let (kernel, e) = exhaust(&z, 1, Gfp::KERNEL, 0);
-        assert_eq!(e, Error::OutOfMemory { order: Order(0) });
+        assert_eq!(e, Error::OutOfMemory { order: Order::new(0).unwrap() });
         assert_eq!(free(&z), min, "pcp {pcp}");
         assert_eq!(kernel.len(), managed - min);
         assert_eq!(z.nr_pcp_pages(NodeId(1)), Ok(0), "the failure drained the per-CPU lists");
         // Higher orders stop where taking the block would leave min or less.
-        refused(&z, Error::OutOfMemory { order: Order(2) }, || z.alloc_pages_node(NodeId(1), Gfp::THISNODE, 2));
+        refused(&z, Error::OutOfMemory { order: Order::new(2).unwrap() }, || {
+            z.alloc_pages_node(NodeId(1), Gfp::THISNODE, 2)
+        });
 
         // __GFP_HIGH may go down to half of min.
         let (high_prio, e) = exhaust(&z, 1, Gfp::HIGH, 0);
-        assert_eq!(e, Error::OutOfMemory { order: Order(0) });
+        assert_eq!(e, Error::OutOfMemory { order: Order::new(0).unwrap() });
         assert_eq!(free(&z), min - min / 2);
         assert_eq!(high_prio.len(), min / 2);
 
         // NO_WATERMARKS takes everything.
         let (reserve, e) = exhaust(&z, 1, Gfp::NO_WATERMARKS, 0);
-        assert_eq!(e, Error::OutOfMemory { order: Order(0) });
+        assert_eq!(e, Error::OutOfMemory { order: Order::new(0).unwrap() });
         assert_eq!(free(&z), 0);
         assert_eq!(reserve.len(), min - min / 2);
         assert_eq!(z.check_invariants(), Ok(managed));
@@ -480,7 +490,7 @@ fn low_watermark_first_then_min() {
                 held.push(p);
             }
             Err(e) => {
-                assert_eq!(e, Error::OutOfMemory { order: Order(0) });
+                assert_eq!(e, Error::OutOfMemory { order: Order::new(0).unwrap() });
                 break;
             }
         }
@@ -507,7 +517,7 @@ fn zonelist_fallback_by_distance() {
 
         // Exhaust node 0 entirely; the next plain allocation from node 0 lands on node 2.
         let (mut held, e) = exhaust(&z, 0, Gfp::NO_WATERMARKS, 0);
-        assert_eq!(e, Error::OutOfMemory { order: Order(0) });
+        assert_eq!(e, Error::OutOfMemory { order: Order::new(0).unwrap() });
         let first = z.alloc_pages_node(NodeId(0), Gfp::KERNEL, 0).unwrap();
         assert_eq!(z.page_to_nid(first.as_ptr()), Ok(NodeId(2)), "pcp {pcp}");
         held.push(first.as_ptr());
@@ -528,7 +538,7 @@ fn zonelist_fallback_by_distance() {
                 Err(e) => break e,
             }
         };
-        assert_eq!(e, Error::OutOfMemory { order: Order(0) });
+        assert_eq!(e, Error::OutOfMemory { order: Order::new(0).unwrap() });
         assert_eq!(seen[0], 0);
         assert!(seen[2] > 0 && seen[1] > 0, "{seen:?}");
         // Each fallback node was taken down to exactly its min.
@@ -570,7 +580,7 @@ fn bulk_free_reports_the_first_bad_entry() {
         let block = z.addr_to_pfn(big).unwrap();
         assert_eq!(
             z.free_pages_bulk(&[interior, frames[5]]),
-            Err((0, Error::InteriorFrame { pfn: interior_pfn, block, order: Order(2) }))
+            Err((0, Error::InteriorFrame { pfn: interior_pfn, block, order: Order::new(2).unwrap() }))
         );
         assert_eq!(z.check_invariants(), Ok(4));
         assert_eq!(z.free_pages_bulk(&[]), Ok(0));

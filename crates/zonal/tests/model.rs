@@ -450,8 +450,8 @@ impl Harness {
 
     fn alloc(&mut self, how: How, order: u32, gfp: Gfp) -> Result<(), TestCaseError> {
         let nodes = self.nodes();
-        let bad_order =
-            (order > MAX_ORDER as u32).then_some(Error::InvalidOrder { order, max_order: Order(MAX_ORDER) });
+        let bad_order = (order > MAX_ORDER as u32)
+            .then_some(Error::InvalidOrder { order, max_order: Order::new(MAX_ORDER).unwrap() });
         let bad_place = match &how {
             How::Thread => None,
             How::Node(raw) => {
@@ -520,7 +520,7 @@ impl Harness {
                 let addr = p.as_ptr() as usize;
                 let pfn = self.pfn(addr);
                 prop_assert_eq!(self.z.addr_to_pfn(p.as_ptr()), Ok(pfn));
-                prop_assert!(pfn.is_aligned(Order(order8)), "{:?} not aligned to order {}", pfn, order);
+                prop_assert!(pfn.is_aligned(Order::new(order8).unwrap()), "{:?} not aligned to order {}", pfn, order);
                 let node = self.z.page_to_nid(p.as_ptr()).unwrap().0;
                 prop_assert!(allowed.contains(&node), "{:?}: node {} outside {:?}", how, node, allowed);
                 if gfp.contains(Gfp::THISNODE) {
@@ -539,7 +539,7 @@ impl Harness {
                 prop_assert!(self.live.insert(addr, (order8, node)).is_none(), "{:#x} handed out twice", addr);
             }
             Err(Error::OutOfMemory { order: o }) => {
-                prop_assert_eq!(o, Order(order8));
+                prop_assert_eq!(o, Order::new(order8).unwrap());
                 prop_assert_eq!(first_wins, None, "{:?} {:?}: OOM with the first zone able to serve", how, gfp);
                 if self.pcp {
                     // The slow path drained every list before giving up; after that no allowed
@@ -687,12 +687,15 @@ impl Harness {
                 1 if pos > 0 => (ptrs[pos - 1] as usize, Error::DoubleFree { pfn: self.pfn(ptrs[pos - 1] as usize) }),
                 2 if !ptrs.is_empty() => {
                     let a = ptrs[pos % ptrs.len()] as usize + 8;
-                    (a, Error::Misaligned { addr: a, order: Order(0) })
+                    (a, Error::Misaligned { addr: a, order: Order::new(0).unwrap() })
                 }
                 _ => {
                     let (&a, &(o, _)) = self.live.iter().find(|(_, &(o, _))| o > 0)?;
                     let q = self.pfn(a).0 + (1 << o) - 1;
-                    (self.addr(q) as usize, Error::InteriorFrame { pfn: Pfn(q), block: self.pfn(a), order: Order(o) })
+                    (
+                        self.addr(q) as usize,
+                        Error::InteriorFrame { pfn: Pfn(q), block: self.pfn(a), order: Order::new(o).unwrap() },
+                    )
                 }
             };
             ptrs.insert(pos, addr as *mut u8);
@@ -741,11 +744,15 @@ impl Harness {
                     if w != o as u32 {
                         let pfn = self.pfn(a);
                         let want = if w > MAX_ORDER as u32 {
-                            Error::InvalidOrder { order: w, max_order: Order(MAX_ORDER) }
-                        } else if !pfn.is_aligned(Order(w as u8)) {
-                            Error::Misaligned { addr: a, order: Order(w as u8) }
+                            Error::InvalidOrder { order: w, max_order: Order::new(MAX_ORDER).unwrap() }
+                        } else if !pfn.is_aligned(Order::new(w as u8).unwrap()) {
+                            Error::Misaligned { addr: a, order: Order::new(w as u8).unwrap() }
                         } else {
-                            Error::OrderMismatch { pfn, allocated: Order(o), freed: Order(w as u8) }
+                            Error::OrderMismatch {
+                                pfn,
+                                allocated: Order::new(o).unwrap(),
+                                freed: Order::new(w as u8).unwrap(),
+                            }
                         };
                         self.refused(a as *mut u8, w, want)?;
                     }
@@ -758,11 +765,11 @@ impl Harness {
                         let q = Pfn(block.0 + 1 + k % ((1 << o) - 1));
                         let addr = self.addr(q.0);
                         let want = if x > MAX_ORDER as u32 {
-                            Error::InvalidOrder { order: x, max_order: Order(MAX_ORDER) }
-                        } else if !q.is_aligned(Order(x as u8)) {
-                            Error::Misaligned { addr: addr as usize, order: Order(x as u8) }
+                            Error::InvalidOrder { order: x, max_order: Order::new(MAX_ORDER).unwrap() }
+                        } else if !q.is_aligned(Order::new(x as u8).unwrap()) {
+                            Error::Misaligned { addr: addr as usize, order: Order::new(x as u8).unwrap() }
                         } else {
-                            Error::InteriorFrame { pfn: q, block, order: Order(o) }
+                            Error::InteriorFrame { pfn: q, block, order: Order::new(o).unwrap() }
                         };
                         self.refused(addr, x, want)?;
                     }
@@ -771,7 +778,7 @@ impl Harness {
             Op::Misaligned(i, off) => {
                 if let Some((a, o, _)) = self.pick(i) {
                     let addr = a + 1 + off % (PAGE_SIZE - 1);
-                    self.refused(addr as *mut u8, o as u32, Error::Misaligned { addr, order: Order(o) })?;
+                    self.refused(addr as *mut u8, o as u32, Error::Misaligned { addr, order: Order::new(o).unwrap() })?;
                 }
             }
             Op::OddFrame(k) => {
@@ -783,7 +790,7 @@ impl Harness {
                 } else {
                     let rel = ((k / self.nodes() as usize) % (z.spanned / 2)) * 2 + 1;
                     let addr = self.addr(z.start_pfn.0 + rel);
-                    self.refused(addr, 1, Error::Misaligned { addr: addr as usize, order: Order(1) })?;
+                    self.refused(addr, 1, Error::Misaligned { addr: addr as usize, order: Order::new(1).unwrap() })?;
                 }
             }
             Op::FreeFree(k) => {

@@ -168,7 +168,7 @@ fn run(ops: Vec<Op>, pcp: bool) -> Result<(), TestCaseError> {
                         prop_assert!(order <= MAX_ORDER && !bad_node);
                         let addr = p.as_ptr() as usize;
                         let pfn = z.addr_to_pfn(p.as_ptr()).unwrap();
-                        prop_assert!(pfn.is_aligned(zonal::Order(order)));
+                        prop_assert!(pfn.is_aligned(zonal::Order::new(order).unwrap()));
                         let nid = z.page_to_nid(p.as_ptr()).unwrap().0;
                         prop_assert!(allowed.contains(&nid), "node {nid} outside {allowed:?}");
                         if g.contains(Gfp::THISNODE) && !matches!(place, Place::Thread | Place::Policy(_)) {
@@ -212,7 +212,7 @@ fn run(ops: Vec<Op>, pcp: bool) -> Result<(), TestCaseError> {
                 if let Some((a, o, _)) = pick(&live, i) {
                     if w != o {
                         let r = z.free_pages(a as *mut u8, w as u32);
-                        let aligned = z.addr_to_pfn(a as *const u8).unwrap().is_aligned(zonal::Order(w));
+                        let aligned = z.addr_to_pfn(a as *const u8).unwrap().is_aligned(zonal::Order::new(w).unwrap());
                         if aligned {
                             prop_assert!(matches!(r, Err(Error::OrderMismatch { .. })), "{r:?}");
                         } else {

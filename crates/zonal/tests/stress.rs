@@ -256,7 +256,7 @@ fn worker(
                     Ok(p) => {
                         let node = z.page_to_nid(p.as_ptr()).unwrap();
                         let addr = p.as_ptr() as usize;
-                        assert!(z.addr_to_pfn(p.as_ptr()).unwrap().is_aligned(Order(order as u8)));
+                        assert!(z.addr_to_pfn(p.as_ptr()).unwrap().is_aligned(Order::new(order as u8).unwrap()));
                         if let Some(n) = thisnode {
                             assert_eq!(node, n, "THISNODE allocation on another node");
                         }
@@ -266,7 +266,7 @@ fn worker(
                         live.insert(addr, order, node.0);
                         mine.push((addr, order));
                     }
-                    Err(Error::OutOfMemory { order: o }) => assert_eq!(o, Order(order as u8)),
+                    Err(Error::OutOfMemory { order: o }) => assert_eq!(o, Order::new(order as u8).unwrap()),
                     Err(e) => panic!("thread {t}: unexpected {e:?}"),
                 }
             }
@@ -428,13 +428,20 @@ fn racing_frees(spec: &str, pcp: bool) {
                             let q = pfn.0 + 1 + rng.below((1 << o) - 1);
                             let qa = a + (q - pfn.0) * PAGE_SIZE;
                             let e = z.free_pages(qa as *mut u8, 0).unwrap_err();
-                            let interior =
-                                Error::InteriorFrame { pfn: zonal::Pfn(q), block: pfn, order: Order(o as u8) };
+                            let interior = Error::InteriorFrame {
+                                pfn: zonal::Pfn(q),
+                                block: pfn,
+                                order: Order::new(o as u8).unwrap(),
+                            };
                             assert!(e == interior || e == Error::DoubleFree { pfn: zonal::Pfn(q) }, "{e:?}");
                         } else {
                             let e = z.free_pages(a as *mut u8, 1).unwrap_err();
                             let ok = matches!(e, Error::Misaligned { .. })
-                                || e == Error::OrderMismatch { pfn, allocated: Order(0), freed: Order(1) }
+                                || e == Error::OrderMismatch {
+                                    pfn,
+                                    allocated: Order::new(0).unwrap(),
+                                    freed: Order::new(1).unwrap(),
+                                }
                                 || e == Error::DoubleFree { pfn };
                             assert!(ok, "{e:?}");
                         }

@@ -31,13 +31,15 @@ fn truth(z: &Zonal, zone: ZoneId) -> (usize, usize, Vec<usize>) {
 
 fn snapshot(z: &Zonal, zone: ZoneId) -> (usize, usize, Vec<usize>) {
     let s = |i| z.zone_page_state_snapshot(zone, i).unwrap();
-    let blocks = (0..=z.max_order().0).map(|o| s(ZoneStatItem::NrFreeOrder(zonal::Order(o)))).collect();
+    let blocks =
+        (0..=z.max_order().get()).map(|o| s(ZoneStatItem::NrFreeOrder(zonal::Order::new(o).unwrap()))).collect();
     (s(ZoneStatItem::NrFreePages), s(ZoneStatItem::NrPcpPages), blocks)
 }
 
 fn folded(z: &Zonal, zone: ZoneId) -> (usize, usize, Vec<usize>) {
     let s = |i| z.zone_page_state(zone, i).unwrap();
-    let blocks = (0..=z.max_order().0).map(|o| s(ZoneStatItem::NrFreeOrder(zonal::Order(o)))).collect();
+    let blocks =
+        (0..=z.max_order().get()).map(|o| s(ZoneStatItem::NrFreeOrder(zonal::Order::new(o).unwrap()))).collect();
     (s(ZoneStatItem::NrFreePages), s(ZoneStatItem::NrPcpPages), blocks)
 }
 
@@ -133,22 +135,49 @@ fn snapshots_are_exact_after_quiescence_and_a_refresh_folds_everything() {
     assert_eq!(z.global_page_state_snapshot(ZoneStatItem::NrFreePages), global_free);
 }
 
-/// The worker folds every `stat_interval`: no refresh needed.
+/// The worker folds every `stat_interval`: no refresh needed. One allocation's changes stay
+/// in a CPU's diffs (each below the threshold), so the folded counts differ from the
+/// snapshot until a fold; a handle whose worker runs every second folds them, and one whose
+/// worker waits an hour, built at the same time, does not.
 #[test]
 fn the_worker_folds_on_its_own() {
-    let t = Topology::parse_for("nodes=1,size=8M", Machine { nr_cpus: 2, mem_total: 1 << 34 }).unwrap();
-    let z = Zonal::new(Config::new(t)).unwrap();
-    z.set_stat_interval(Duration::from_millis(5));
-    let held: Vec<_> = (0..3).map(|_| z.alloc_pages(Gfp::KERNEL, 3).unwrap()).collect();
-    let want = truth(&z, ZoneId(0));
-    // Wait for the worker, not for a time: the folded count reaches the truth once it ran.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while folded(&z, ZoneId(0)) != want {
-        assert!(Instant::now() < deadline, "the worker never folded: {:?} vs {want:?}", folded(&z, ZoneId(0)));
-        std::thread::yield_now();
-    }
-    for p in held {
-        z.free_pages(p.as_ptr(), 3).unwrap();
+    let build = |interval| {
+        // 1 GiB on 2 CPUs: a threshold of 20, above any one counter's change below.
+        let t = Topology::parse_for("nodes=1,size=1G", Machine { nr_cpus: 2, mem_total: 1 << 34 }).unwrap();
+        let mut c = Config::new(t).pcp(false);
+        c.stat_interval = interval;
+        Zonal::new(c).unwrap()
+    };
+    let (interval, idle) = (Duration::from_secs(1), Duration::from_secs(3600));
+    for attempt in 0.. {
+        let built = Instant::now();
+        let (working, sleeping) = (build(interval), build(idle));
+        assert!(normal_threshold(2, working.zones()[0].managed) > 8);
+        // One order-3 block splits a largest block: -8 free frames, -1 free block of the
+        // largest order and +1 of each order from 3 below it, all within the threshold.
+        let held: Vec<_> = [&working, &sleeping].map(|z| z.alloc_pages(Gfp::KERNEL, 3).unwrap()).into();
+        let unfolded = [&working, &sleeping].map(|z| folded(z, ZoneId(0)) != snapshot(z, ZoneId(0)));
+        if built.elapsed() >= interval {
+            // Too slow to tell the worker's fold from the allocation's: try again.
+            assert!(attempt < 5, "the machine never let a test step finish within {interval:?}");
+            continue;
+        }
+        assert_eq!(unfolded, [true, true], "the allocation's changes were folded before any worker ran");
+        // Wait for the worker, not for a time: the folded counts reach the snapshot once it ran.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while folded(&working, ZoneId(0)) != snapshot(&working, ZoneId(0)) {
+            assert!(Instant::now() < deadline, "the worker never folded: {:?}", folded(&working, ZoneId(0)));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(folded(&working, ZoneId(0)), truth(&working, ZoneId(0)));
+        // The other handle lived as long, past the first handle's interval: its worker is
+        // still waiting, and nothing else folds.
+        assert!(built.elapsed() >= interval);
+        assert_ne!(folded(&sleeping, ZoneId(0)), snapshot(&sleeping, ZoneId(0)), "folded with no worker run");
+        for (z, p) in [&working, &sleeping].into_iter().zip(held) {
+            z.free_pages(p.as_ptr(), 3).unwrap();
+        }
+        break;
     }
 }
 
@@ -220,7 +249,7 @@ fn every_counter_moves() {
             z.free_pages(p.as_ptr(), 0).unwrap();
         }
         // alloc_fail: more than a node has.
-        assert!(z.alloc_pages_node(NodeId(0), Gfp::THISNODE, z.max_order().0 as u32).is_ok());
+        assert!(z.alloc_pages_node(NodeId(0), Gfp::THISNODE, z.max_order().get() as u32).is_ok());
         let big: Vec<_> = std::iter::from_fn(|| z.alloc_pages_node(NodeId(0), Gfp::THISNODE, 5).ok()).collect();
         for p in big {
             z.free_pages(p.as_ptr(), 5).unwrap();
@@ -378,7 +407,7 @@ fn reports_parse_back() {
 #[test]
 fn counter_apis_refuse_what_a_zone_does_not_have() {
     let z = zonal_on("nodes=2,size=4M", 2);
-    let bad_order = ZoneStatItem::NrFreeOrder(zonal::Order(15));
+    let bad_order = ZoneStatItem::NrFreeOrder(zonal::Order::new(15).unwrap());
     assert!(z.zone_page_state(ZoneId(0), bad_order).unwrap_err().to_string().contains("invalid order 15"));
     assert!(z.zone_page_state_snapshot(ZoneId(0), bad_order).is_err());
     assert!(z
@@ -387,7 +416,7 @@ fn counter_apis_refuse_what_a_zone_does_not_have() {
         .to_string()
         .contains("invalid zone 7"));
     assert_eq!(z.numa_stat(ZoneId(7), zonal::NumaStat::NumaHit), 0);
-    assert!(!z.zones()[0].watermark_ok(zonal::Order(10), usize::MAX, false));
+    assert!(!z.zones()[0].watermark_ok(zonal::Order::new(10).unwrap(), usize::MAX, false));
     // A bulk call asking for more than there is fills what it can.
     let mut list = Vec::new();
     let n = z.alloc_pages_bulk_list(Gfp::KERNEL, usize::MAX, &mut list);

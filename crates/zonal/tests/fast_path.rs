@@ -1,0 +1,132 @@
+//! The order-0 fast path (rseq cache): that it runs where rseq is available, and that a
+//! thread policy on one handle leaves the fast path of every other handle alone, while the
+//! handle lives and after it is dropped on another thread.
+//!
+//! Handles are built one at a time (`BUILD`), so the handles of one test get consecutive ids
+//! and the per-thread policy bits (`handle id % 64`) of two handles of a test never collide.
+
+use std::sync::{mpsc, Arc, Mutex};
+use zonal::pcp::rseq;
+use zonal::topology::Machine;
+use zonal::{sys, Config, Gfp, MemPolicy, NodeId, Topology, VmEvent, Zonal};
+
+static BUILD: Mutex<()> = Mutex::new(());
+
+/// Two handles with consecutive ids.
+fn two() -> (Zonal, Zonal) {
+    let _g = BUILD.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    (handle(), handle())
+}
+
+fn handle() -> Zonal {
+    let t = Topology::parse_for("nodes=1,size=16M", Machine { nr_cpus: 2, mem_total: 1 << 30 }).unwrap();
+    Zonal::new(Config::new(t)).unwrap()
+}
+
+/// Whether the rseq fast path must run in this process. Where it legitimately cannot, says
+/// why on stderr and checks that the allocator agrees; never skips silently.
+fn rseq_expected() -> bool {
+    let why_not = if std::env::var_os("ZONAL_NO_RSEQ").is_some() {
+        Some("ZONAL_NO_RSEQ is set")
+    } else if !cfg!(target_arch = "x86_64") {
+        Some("the rseq sections are x86-64 only")
+    } else if sys::rseq_offset().is_none() {
+        Some("glibc registered no rseq area (e.g. GLIBC_TUNABLES=glibc.pthread.rseq=0)")
+    } else if !sys::membarrier_rseq_registered() {
+        Some("the kernel has no membarrier PRIVATE_EXPEDITED_RSEQ")
+    } else {
+        None
+    };
+    match why_not {
+        Some(why) => {
+            eprintln!("SKIPPED (fast path legitimately off): {why}");
+            assert!(!rseq::enabled(), "rseq reported on although {why}");
+            false
+        }
+        None => {
+            assert!(rseq::enabled(), "rseq and membarrier are available, but the fast path is off");
+            true
+        }
+    }
+}
+
+/// Frames of `n` order-0 allocations (each freed at once) that took the fast path.
+fn fast_allocs(z: &Zonal, n: usize) -> u64 {
+    let before = z.fast_path_allocs();
+    for _ in 0..n {
+        let p = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+        z.free_pages(p.as_ptr(), 0).unwrap();
+    }
+    z.fast_path_allocs() - before
+}
+
+#[test]
+fn the_order0_fast_path_runs() {
+    let z = handle();
+    let expected = rseq_expected();
+    let before = z.event(VmEvent::PgallocNormal);
+    let fast = fast_allocs(&z, 256);
+    // Every allocation is counted once, whichever path took it.
+    assert_eq!(z.event(VmEvent::PgallocNormal) - before, 256);
+    if expected {
+        // The first allocation refills the cache through the locked path; after that a pop
+        // fails only when the thread is preempted or migrated inside the section.
+        assert!(fast >= 128, "only {fast} of 256 allocations took the fast path");
+    } else {
+        assert_eq!(fast, 0);
+    }
+    assert_eq!(z.check_invariants(), Ok(0));
+}
+
+#[test]
+fn a_policy_on_another_live_handle_leaves_the_fast_path_on() {
+    let expected = rseq_expected();
+    let (a, b) = two();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            a.set_thread_policy(MemPolicy::Preferred(NodeId(0))).unwrap();
+            let fast_b = fast_allocs(&b, 256);
+            // A's own allocations follow its policy: the general path.
+            assert_eq!(fast_allocs(&a, 64), 0);
+            if expected {
+                assert!(fast_b >= 128, "handle B: only {fast_b} of 256 allocations took the fast path");
+            } else {
+                assert_eq!(fast_b, 0);
+            }
+            // Cleared, A takes the fast path again.
+            a.set_thread_policy(MemPolicy::Local).unwrap();
+            let fast_a = fast_allocs(&a, 256);
+            assert_eq!(fast_a >= 128, expected, "handle A after clearing: {fast_a} of 256 fast");
+        });
+    });
+}
+
+#[test]
+fn a_policy_on_a_handle_dropped_elsewhere_leaves_the_fast_path_on() {
+    let expected = rseq_expected();
+    let (a, b) = two();
+    let a = Arc::new(a);
+    let (to_main, from_thread) = mpsc::channel();
+    let (to_thread, from_main) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let a2 = Arc::clone(&a);
+        let b = &b;
+        s.spawn(move || {
+            a2.set_thread_policy(MemPolicy::Preferred(NodeId(0))).unwrap();
+            drop(a2);
+            to_main.send(()).unwrap();
+            // The main thread drops A: this thread's entry for it is now stale.
+            from_main.recv().unwrap();
+            let fast_b = fast_allocs(b, 256);
+            if expected {
+                assert!(fast_b >= 128, "handle B: only {fast_b} of 256 allocations took the fast path");
+            } else {
+                assert_eq!(fast_b, 0);
+            }
+        });
+        from_thread.recv().unwrap();
+        let a = Arc::into_inner(a).expect("the thread let go of A");
+        drop(a);
+        to_thread.send(()).unwrap();
+    });
+}
