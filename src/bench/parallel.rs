@@ -9,15 +9,21 @@ use std::sync::Barrier;
 use std::time::Instant;
 use zonal::Zonal;
 
-/// Runs `n` pairs on each of `threads` threads started together; returns (mean ns per pair
-/// per thread, total pairs per µs).
+/// Runs `n` pairs on each of `threads` threads started together, thread `t` bound to CPU
+/// `t % nproc` as page_bench03 binds its threads (an unbound pair of threads is sometimes
+/// put on one CPU for a while, which the figure would then measure); returns (mean ns per
+/// pair per thread, total pairs per µs).
 pub fn cell<A: PageAlloc>(a: &A, threads: usize, n: u64) -> (f64, f64) {
     let barrier = Barrier::new(threads);
+    let nproc = zonal::sys::nr_cpus_online().max(1);
     let start = Instant::now();
     let per_thread: Vec<f64> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
+            .map(|t| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    // Best effort: a CPU the process may not use leaves the thread unbound.
+                    let _ = zonal::sys::set_affinity((t % nproc) as u32);
                     barrier.wait();
                     let t = Instant::now();
                     for _ in 0..n {
