@@ -10,11 +10,7 @@
 //! (compare-and-swap `ALLOCATED|order -> NONE`) before it takes any lock: that CAS is what
 //! makes a double free an error instead of a corruption, even from two threads at once.
 //!
-//! Frame state (the `mem_map`, one byte per frame, outside the frames):
-//! - `BUDDY|o`: first frame of a free block of order `o` on `free_area[o]` (`PageBuddy`);
-//! - `ALLOCATED|o`: first frame of a block of order `o` handed out;
-//! - `PCP|o`: first frame of a block on a per-CPU list (not mergeable, like Linux);
-//! - `NONE`: any other frame (inside a block, or a block in transit under a lock).
+//! The frame states and their tags are [`crate::mem_map`]'s.
 //!
 //! Invariant: `sum(nr_free[o] << o) == zone.nr_free`, each list holds exactly the frames in
 //! state `BUDDY|o`, and no two blocks (free or allocated) overlap.
@@ -23,28 +19,8 @@ use crate::mem_map::MemMap;
 use crate::sync::Ordering;
 use crate::types::{Order, Pfn, MAX_ORDER_LIMIT};
 
-/// State of a frame that heads no block.
-pub const NONE: u8 = 0;
-/// Tag of the head of a free block in the buddy lists.
-pub const BUDDY: u8 = 0x40;
-/// Tag of the head of an allocated block.
-pub const ALLOCATED: u8 = 0x80;
-/// Tag of the head of a block on a per-CPU list.
-pub const PCP: u8 = 0xC0;
-const TAG: u8 = 0xC0;
-const ORDER_MASK: u8 = 0x0F;
-
-/// Builds a state byte.
-#[inline]
-pub const fn state(tag: u8, order: Order) -> u8 {
-    tag | order.0
-}
-
-/// Splits a state byte into its tag and order.
-#[inline]
-pub const fn decode(s: u8) -> (u8, Order) {
-    (s & TAG, Order(s & ORDER_MASK))
-}
+// The state tags live with the frame entries; the buddy and the per-CPU lists share them.
+pub(crate) use crate::mem_map::{decode, state, ALLOCATED, BUDDY, NONE, PCP};
 
 const NIL: u32 = u32::MAX;
 /// `FreeArea::listed` of a frame on no list.

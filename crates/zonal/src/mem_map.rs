@@ -12,9 +12,48 @@
 //! (`NONE` is 0), so the OS backs only the pages of the map that are written: the heads of
 //! free blocks and the frames handed out.
 //!
-//! Locking: the state is an atomic; see [`crate::buddy`] for its protocol.
+//! Frame state (one byte at the start of each entry):
+//! - `BUDDY|o`: first frame of a free block of order `o` on `free_area[o]` (`PageBuddy`);
+//! - `ALLOCATED|o`: first frame of a block of order `o` handed out;
+//! - `PCP|o`: first frame of a block on a per-CPU list or cache (not mergeable, like Linux);
+//! - `NONE`: any other frame (inside a block, or a block in transit under a lock).
+//!
+//! Locking: the state is an atomic outside every lock, because a free *claims* its block
+//! (`ALLOCATED|o` to `NONE` or `PCP|0`) before it takes any lock: the claims below are what
+//! make a double free an error instead of a corruption. A claim that moves a frame into the
+//! locked lists or the buddy is one exactly one racer wins; the order-0 fast path's claim
+//! and pop are a load and a store (`free_check = sequential`), whose racing copies the
+//! locked paths drop.
+//!
+//! Invariant: each block has exactly one head whose tag says where the block is.
 
-use crate::sync::AtomicU8;
+use crate::error::{Error, Result};
+use crate::sync::{AtomicU8, Ordering};
+use crate::types::{Order, Pfn};
+use crate::zone::Zone;
+
+/// State of a frame that heads no block.
+pub const NONE: u8 = 0;
+/// Tag of the head of a free block in the buddy lists.
+pub const BUDDY: u8 = 0x40;
+/// Tag of the head of an allocated block.
+pub const ALLOCATED: u8 = 0x80;
+/// Tag of the head of a block on a per-CPU list.
+pub const PCP: u8 = 0xC0;
+const TAG: u8 = 0xC0;
+const ORDER_MASK: u8 = 0x0F;
+
+/// Builds a state byte.
+#[inline]
+pub const fn state(tag: u8, order: Order) -> u8 {
+    tag | order.0
+}
+
+/// Splits a state byte into its tag and order.
+#[inline]
+pub const fn decode(s: u8) -> (u8, Order) {
+    (s & TAG, Order(s & ORDER_MASK))
+}
 
 /// One frame's entry. The state is the only field today; the rest of the line is room for
 /// what later layers keep per frame (NUMA balancing's last CPU and node), as `struct page`
@@ -75,3 +114,98 @@ impl MemMap {
         self.entries.iter().map(|e| &e.state)
     }
 }
+
+/// Claims a live block for freeing: `ALLOCATED|order -> NONE` on its head, so exactly one of
+/// any number of racing frees wins and every other bad free is refused with its reason.
+#[inline]
+pub(crate) fn claim(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
+    match zone.state(pfn).compare_exchange(state(ALLOCATED, order), NONE, Ordering::Acquire, Ordering::Relaxed) {
+        Ok(_) => Ok(()),
+        Err(s) => Err(classify_bad_free(zone, pfn, order, s)),
+    }
+}
+
+/// Claims an order-0 frame for a free as `free_check` says, leaving its head state `to`
+/// (`NONE` for the locked paths, `PCP` for a push onto the cache). `atomic`: one CAS, so
+/// of two racing frees exactly one wins. `sequential`: a load and a store, so a free that
+/// happens after another free of this frame sees its tag and fails, while two frees racing
+/// on different CPUs (a data race in the caller) may both pass; the pops and drains drop
+/// the second copy (see [`take_cached`] and `pcp::free_pcppages_bulk`).
+#[inline(always)]
+pub(crate) fn claim_order0(z: &Zone, pfn: Pfn, to: u8, atomic: bool) -> Result<()> {
+    let live = state(ALLOCATED, Order(0));
+    let entry = z.state(pfn);
+    // Acquire: pairs with the Release of the allocation that handed the frame out.
+    let seen = if atomic {
+        match entry.compare_exchange(live, to, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => return Ok(()),
+            Err(s) => s,
+        }
+    } else {
+        let s = entry.load(Ordering::Acquire);
+        if s == live {
+            entry.store(to, Ordering::Relaxed);
+            return Ok(());
+        }
+        s
+    };
+    Err(classify_bad_free(z, pfn, Order(0), seen))
+}
+
+/// Takes back the claim of an order-0 frame claimed to the cache's tag (`PCP`) whose push
+/// failed, for the locked path: `PCP -> NONE` with a CAS, so that when a caller's racing
+/// frees under `free_check = sequential` both claimed it (and the other copy may already
+/// be in a cache, popped, or drained), at most one copy goes on. `false`: a racer's copy
+/// moved it on; this free leaves it alone. Off the fast path (the cache was full or locked,
+/// or the section was interrupted). `NONE` and not `PCP` for the locked path because the
+/// buddy must not find a stale per-CPU tag on a frame that merging leaves inside a block.
+#[inline]
+pub(crate) fn unpush(z: &Zone, pfn: Pfn) -> bool {
+    let pcp = state(PCP, Order(0));
+    z.state(pfn).compare_exchange(pcp, NONE, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+}
+
+/// Tags a frame just popped from a per-CPU cache allocated. `false` for a frame whose tag
+/// is not `PCP`: the second copy left by two racing frees under `free_check = sequential`,
+/// dropped here (the first copy is live or back in the lists).
+#[inline(always)]
+pub(crate) fn take_cached(z: &Zone, pfn: Pfn) -> bool {
+    let entry = z.state(pfn);
+    if entry.load(Ordering::Relaxed) != state(PCP, Order(0)) {
+        return false;
+    }
+    // Release: pairs with the Acquire of the claim in free_pages.
+    entry.store(state(ALLOCATED, Order(0)), Ordering::Release);
+    true
+}
+
+/// Says why a free of `order` at `pfn` was refused, given the head's state `s`. Reads other
+/// frames' states without a lock: this only chooses the error, it changes nothing.
+#[cold]
+pub(crate) fn classify_bad_free(z: &Zone, pfn: Pfn, order: Order, s: u8) -> Error {
+    let (tag, o) = decode(s);
+    match tag {
+        ALLOCATED => return Error::OrderMismatch { pfn, allocated: o, freed: order },
+        BUDDY | PCP => return Error::DoubleFree { pfn },
+        _ => {}
+    }
+    // A frame that heads nothing: find the block that covers it, if one is allocated.
+    for up in 1..=z.max_order.0 {
+        let head = pfn.align_down(Order(up));
+        if !z.contains(head) {
+            break;
+        }
+        let (tag, o) = decode(z.state(head).load(Ordering::Relaxed));
+        if tag != NONE && head.0 + o.pages() > pfn.0 {
+            return if tag == ALLOCATED {
+                Error::InteriorFrame { pfn, block: head, order: o }
+            } else {
+                Error::DoubleFree { pfn }
+            };
+        }
+    }
+    Error::DoubleFree { pfn }
+}
+
+// The handle is shared across threads: its zones are behind locks and atomics, the rest is
+// immutable after construction.

@@ -1,0 +1,305 @@
+//! Allocation (`__alloc_pages`, `get_page_from_freelist`, `rmqueue`,
+//! `__alloc_pages_slowpath`'s watermark steps, mm/page_alloc.c): the policy resolved to a
+//! zonelist, the walk with the zonelist cache (seed 003), per-CPU lists for small orders and
+//! the buddy for large ones.
+//!
+//! Locking: a pcp try-lock, then the zone lock inside it for refills; never two zone locks.
+//! A block leaves here tagged `ALLOCATED|order` with a Release store.
+
+use super::*;
+
+impl Zonal {
+    /// Allocates a block of 2^order frames under this thread's memory policy (local node by
+    /// default).
+    #[inline]
+    pub fn alloc_pages(&self, gfp: Gfp, order: u32) -> Result<NonNull<u8>> {
+        if order == 0 {
+            if let Some(p) = self.alloc_order0_fast() {
+                return Ok(p);
+            }
+        }
+        self.alloc_pages_general(gfp, order)
+    }
+
+    #[inline]
+    pub(super) fn alloc_pages_general(&self, gfp: Gfp, order: u32) -> Result<NonNull<u8>> {
+        let order = self.check_order(order)?;
+        let cpu = self.current_cpu();
+        let local = self.topo.cpu_to_node(CpuId(cpu as u32));
+        mempolicy::with_thread_policy(self.id, local, |r| self.alloc_resolved(cpu, gfp, order, r))
+    }
+
+    /// Allocates a block preferring node `nid` (`alloc_pages_node`); with [`Gfp::THISNODE`]
+    /// only from that node.
+    #[inline]
+    pub fn alloc_pages_node(&self, nid: NodeId, gfp: Gfp, order: u32) -> Result<NonNull<u8>> {
+        let order = self.check_order(order)?;
+        self.check_node(nid)?;
+        self.alloc_resolved(self.current_cpu(), gfp, order, Resolved::Node(nid))
+    }
+
+    /// Allocates a block under `policy` for this call only. A per-call interleave advances
+    /// this thread's interleave cursor for this handle, like the thread policy's.
+    pub fn alloc_pages_policy(&self, gfp: Gfp, order: u32, policy: &MemPolicy) -> Result<NonNull<u8>> {
+        let order = self.check_order(order)?;
+        policy.validate(self.topo.nr_nodes())?;
+        let cpu = self.current_cpu();
+        let local = self.topo.cpu_to_node(CpuId(cpu as u32));
+        match policy {
+            MemPolicy::Interleave(mask) => {
+                let nid = mempolicy::interleave_call(self.id, mask);
+                self.alloc_resolved(cpu, gfp, order, Resolved::Interleave(nid))
+            }
+            p => self.alloc_resolved(cpu, gfp, order, mempolicy::resolve(p, local)),
+        }
+    }
+
+    /// Sets this thread's memory policy for this handle (`set_mempolicy`); `Local` clears it.
+    pub fn set_thread_policy(&self, policy: MemPolicy) -> Result<()> {
+        policy.validate(self.topo.nr_nodes())?;
+        mempolicy::set_thread_policy(self.id, policy);
+        Ok(())
+    }
+
+    /// This thread's memory policy for this handle (`get_mempolicy`).
+    pub fn thread_policy(&self) -> MemPolicy {
+        mempolicy::thread_policy(self.id)
+    }
+
+    #[inline]
+    pub(super) fn context<'a>(&'a self, cpu: usize, gfp: Gfp, r: &Resolved<'a>) -> (NodeId, AllocContext<'a>) {
+        let (preferred, nodemask) = match *r {
+            Resolved::Node(n) | Resolved::Interleave(n) => (n, None),
+            // Bind prefers the local node when the mask has it, else the nearest node that the
+            // mask has, so `THISNODE` under a bind policy stays inside the policy.
+            Resolved::Masked(n, m) if !m.contains(n) => {
+                let near = self.zonelists[n.0 as usize]
+                    .fallback
+                    .iter()
+                    .map(|z| self.zones[z.0 as usize].node)
+                    .find(|nid| m.contains(*nid));
+                (near.unwrap_or(n), Some(m))
+            }
+            Resolved::Masked(n, m) => (n, Some(m)),
+        };
+        let lists = &self.zonelists[preferred.0 as usize];
+        let thisnode = gfp.contains(Gfp::THISNODE);
+        let ctx = AllocContext {
+            cpu,
+            zonelist: if thisnode { &lists.nofallback } else { &lists.fallback },
+            // `zlc_setup` only with more than one node; no cache for the one-node list.
+            zlc: (!thisnode && self.zones.len() > 1).then(|| &self.zlcs[preferred.0 as usize]),
+            nodemask,
+            high: gfp.contains(Gfp::HIGH),
+            no_watermarks: gfp.contains(Gfp::NO_WATERMARKS),
+        };
+        (preferred, ctx)
+    }
+
+    #[inline]
+    pub(super) fn alloc_resolved(&self, cpu: usize, gfp: Gfp, order: Order, r: Resolved<'_>) -> Result<NonNull<u8>> {
+        let (_, ctx) = self.context(cpu, gfp, &r);
+        let pfn = match self.get_page_from_freelist(&ctx, order, Watermark::Low) {
+            Some(p) => p,
+            None => self.alloc_pages_slowpath(&ctx, order)?,
+        };
+        self.count_event(cpu, VmEvent::PgallocNormal, order.pages() as u64);
+        // One predictable branch on a read-mostly flag when NUMA statistics are off.
+        if self.numa_key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+            let target = match r {
+                Resolved::Interleave(n) => Some(n),
+                _ => None,
+            };
+            self.zone_statistics(cpu, &ctx, self.zone_of(pfn), 1, target);
+        }
+        Ok(self.pfn_to_ptr(pfn))
+    }
+
+    /// The second pass: down to `min` (half of it with [`Gfp::HIGH`]); if that fails, drain
+    /// every CPU's lists (frames stranded there are free memory) and try again; then, with
+    /// [`Gfp::NO_WATERMARKS`], past every watermark. zonal has no reclaim to wait for, so what
+    /// remains after these is out of memory.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn alloc_pages_slowpath(&self, ctx: &AllocContext<'_>, order: Order) -> Result<Pfn> {
+        // Where Linux wakes kswapd for the nodes that are not balanced, which tightens the
+        // thresholds of their zones so the drift cannot hide the way down to `min`: here the
+        // zones below `low`. The worker loosens them again above `high`.
+        for id in ctx.zonelist {
+            let z = &self.zones[id.0 as usize];
+            if z.page_state_snapshot(ZoneStatItem::NrFreePages) < z.watermark(Watermark::Low) {
+                z.set_pressure(true);
+            }
+        }
+        if let Some(p) = self.get_page_from_freelist(ctx, order, Watermark::Min) {
+            return Ok(p);
+        }
+        if self.drain_all_pages() > 0 {
+            if let Some(p) = self.get_page_from_freelist(ctx, order, Watermark::Min) {
+                return Ok(p);
+            }
+        }
+        if ctx.no_watermarks {
+            if let Some(p) = self.walk(ctx, order, Level::None) {
+                return Ok(p);
+            }
+        }
+        self.count_event(ctx.cpu, VmEvent::AllocFail, 1);
+        Err(Error::OutOfMemory { order })
+    }
+
+    /// Walks the zonelist for a zone above `mark` with a block of `order`
+    /// (`get_page_from_freelist`).
+    #[inline]
+    pub(super) fn get_page_from_freelist(&self, ctx: &AllocContext<'_>, order: Order, mark: Watermark) -> Option<Pfn> {
+        let level = match mark {
+            Watermark::Min => Level::Min,
+            Watermark::Low => Level::Low,
+            Watermark::High | Watermark::Promo => Level::High,
+        };
+        self.walk(ctx, order, level)
+    }
+
+    /// Walks the zonelist for a zone that keeps above the `level` watermark with a block of
+    /// `order` taken, and takes it. With the zonelist cache on, the cache is set up after the
+    /// first zone failed (`did_zlc_setup`), zones it has full for this demand are skipped,
+    /// failing zones are marked, and if the walk found nothing while it skipped, it walks again
+    /// without skipping, so a stale cache never makes an allocation fail.
+    #[inline]
+    pub(super) fn walk(&self, ctx: &AllocContext<'_>, order: Order, level: Level) -> Option<Pfn> {
+        let demand = Demand { level, halved: ctx.high && level != Level::None, order };
+        let zlc = ctx.zlc.filter(|_| self.zlc_on.load(std::sync::atomic::Ordering::Relaxed));
+        let mut active = false;
+        let mut skipped = 0u64;
+        // The entries below 64 to skip, taken once the cache is set up.
+        let mut skip = 0u64;
+        for pass in 0..2 {
+            for (i, &zid) in ctx.zonelist.iter().enumerate() {
+                if let (true, Some(c)) = (active && pass == 0, zlc) {
+                    let full = if i < 64 { skip & (1 << i) != 0 } else { !c.worth_trying(i, demand) };
+                    if full {
+                        skipped += 1;
+                        continue;
+                    }
+                }
+                let z = &self.zones[zid.0 as usize];
+                if ctx.nodemask.is_some_and(|m| !m.contains(z.node)) {
+                    continue;
+                }
+                let fits = level == Level::None || z.watermark_ok_fast(order, z.watermark_of(level), ctx.high);
+                if fits {
+                    if let Some(p) = self.rmqueue(ctx.cpu, z, order) {
+                        if skipped > 0 {
+                            self.count_event(ctx.cpu, VmEvent::ZlcSkipped, skipped);
+                        }
+                        return Some(p);
+                    }
+                }
+                let Some(c) = zlc else { continue };
+                let first = !active;
+                if first {
+                    // `zlc_setup`, after the first zone failed.
+                    active = true;
+                    if self.zlc_clock_due() {
+                        let interval = self.zlc_interval_ms.load(std::sync::atomic::Ordering::Relaxed);
+                        if c.setup(self.zlc_now_ms(), interval) {
+                            self.count_event(ctx.cpu, VmEvent::ZlcZaps, 1);
+                        }
+                    }
+                }
+                // Full for this demand: by its count, or (it passed) for want of a block.
+                if c.mark_full(i, demand, fits) {
+                    self.count_event(ctx.cpu, VmEvent::ZlcFullMarks, 1);
+                }
+                if first && pass == 0 {
+                    skip = c.skip_mask(demand);
+                }
+            }
+            if skipped == 0 {
+                break;
+            }
+            self.count_event(ctx.cpu, VmEvent::ZlcSkipped, skipped);
+            skipped = 0;
+        }
+        None
+    }
+
+    /// Whether this set-up reads the clock to see if a zap is due: every time on an injected
+    /// clock; else every 16th set-up of a thread (a clock read is a fifth of a walk past many
+    /// full zones, and a zap a few walks late changes nothing a hint promises).
+    #[inline]
+    pub(super) fn zlc_clock_due(&self) -> bool {
+        thread_local! {
+            static SETUPS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+        }
+        self.zlc_clock.get().is_some()
+            || SETUPS.with(|n| {
+                let v = n.get();
+                n.set(v.wrapping_add(1));
+                v % 16 == 0
+            })
+    }
+
+    /// The zonelist caches' clock, in milliseconds.
+    pub(super) fn zlc_now_ms(&self) -> u64 {
+        match self.zlc_clock.get() {
+            Some(c) => c.load(std::sync::atomic::Ordering::Relaxed),
+            None => sys::coarse_now_ms().saturating_sub(self.epoch_ms),
+        }
+    }
+
+    /// Which entries of node `nid`'s fallback zonelist its cache has marked full now, as the
+    /// nodes of those entries, in zonelist order.
+    pub fn zonelist_cache_full_nodes(&self, nid: NodeId) -> Result<Vec<NodeId>> {
+        self.check_node(nid)?;
+        let c = &self.zlcs[nid.0 as usize];
+        Ok((0..c.len()).filter(|&i| c.is_marked(i)).map(|i| NodeId(c.node(i))).collect())
+    }
+
+    /// Takes a block from a zone (`rmqueue`): from this CPU's lists for small orders, from the
+    /// buddy lists for large ones or when the lists are busy (`pcp_spin_trylock` failed).
+    #[inline]
+    pub(super) fn rmqueue(&self, cpu: usize, z: &Zone, order: Order) -> Option<Pfn> {
+        if let (0, Some(area)) = (order.0, self.rseq_area()) {
+            if let Some(pfn) = self.pop_cached(area, z) {
+                return Some(pfn);
+            }
+        }
+        let pfn = if order.0 <= PCP_MAX_ORDER && self.pcp_enabled {
+            match self.pcp(cpu, z.id).try_lock(z) {
+                Some(mut g) => {
+                    let refills = g.with(|p| {
+                        let before = p.list_len(order);
+                        let pfn = pcp::rmqueue_pcplist(z, p, order);
+                        (pfn, before == 0)
+                    });
+                    drop(g);
+                    if refills.1 {
+                        self.count_event(cpu, VmEvent::PcpRefill, 1);
+                    }
+                    refills.0?
+                }
+                None => {
+                    self.count_event(cpu, VmEvent::PcpTrylockFail, 1);
+                    rmqueue_buddy(z, order)?
+                }
+            }
+        } else {
+            rmqueue_buddy(z, order)?
+        };
+        // Release: pairs with the Acquire of the CAS in free_pages, so the free sees the
+        // lists' state as of this allocation.
+        z.state(pfn).store(buddy::state(ALLOCATED, order), Ordering::Release);
+        Some(pfn)
+    }
+}
+
+/// Takes a block of `order` from a zone's buddy lists (`rmqueue_buddy`); the caller tags it.
+#[inline]
+pub(super) fn rmqueue_buddy(z: &Zone, order: Order) -> Option<Pfn> {
+    let mut l = z.lock();
+    let pfn = l.buddy().rmqueue_smallest(order)?;
+    drop(l);
+    debug_vm_check(z);
+    Some(pfn)
+}

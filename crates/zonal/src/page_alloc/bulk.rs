@@ -1,0 +1,227 @@
+//! The bulk allocator and bulk free (`__alloc_pages_bulk`, `free_pages_bulk`; seed 002): many
+//! order-0 frames per call through one critical section or one pcp lock, with the accounting
+//! done once per call.
+
+use super::*;
+
+impl Zonal {
+    /// Allocates order-0 frames into the empty (`None`) slots of `array`, leaving filled slots
+    /// alone, and returns how many slots are filled afterwards (`alloc_pages_bulk`, array
+    /// form). Under memory pressure it fills what it can: a partial fill is not an error.
+    /// Accounting is done once per call with the batch count (seed 002).
+    pub fn alloc_pages_bulk_array(&self, gfp: Gfp, array: &mut [Option<NonNull<u8>>]) -> usize {
+        let mut filled = array.iter().filter(|s| s.is_some()).count();
+        let want = array.len() - filled;
+        if want == 0 {
+            return filled;
+        }
+        let mut slots = array.iter_mut().filter(|s| s.is_none());
+        let got = self.alloc_bulk(gfp, want, |p| {
+            if let Some(s) = slots.next() {
+                *s = Some(p);
+            }
+        });
+        filled += got;
+        filled
+    }
+
+    /// Allocates `nr` order-0 frames and appends them to `list`; returns how many it appended
+    /// (`alloc_pages_bulk`, list form). Partial under memory pressure, never an error.
+    pub fn alloc_pages_bulk_list(&self, gfp: Gfp, nr: usize, list: &mut Vec<NonNull<u8>>) -> usize {
+        // No more room than there are frames: `nr` is the caller's, and may be anything.
+        list.reserve(nr.min(self.lowmem_pages));
+        self.alloc_bulk(gfp, nr, |p| list.push(p))
+    }
+
+    /// The bulk allocator (`__alloc_pages_bulk`): take up to `nr` frames from this CPU's
+    /// order-0 list of the first usable zone, under one pcp lock, with the accounting done
+    /// once. Falls back to the single-page path, as Linux does, when one frame is wanted, when
+    /// the first usable zone is on another node than the preferred one, when the lists are
+    /// busy, or when the zone had nothing for the lists.
+    pub(super) fn alloc_bulk(&self, gfp: Gfp, nr: usize, mut put: impl FnMut(NonNull<u8>)) -> usize {
+        if nr == 0 {
+            return 0;
+        }
+        let cpu = self.current_cpu();
+        self.count_event(cpu, VmEvent::AllocBulk, 1);
+        let local = self.topo.cpu_to_node(CpuId(cpu as u32));
+        // The bulk path interleaves per call, not per frame (Linux's bulk allocator takes the
+        // interleave node once per call too, for its preferred node).
+        let single = |put: &mut dyn FnMut(NonNull<u8>)| match self.alloc_pages(gfp, 0) {
+            Ok(p) => {
+                put(p);
+                1
+            }
+            Err(_) => 0,
+        };
+        if nr == 1 || !self.pcp_enabled {
+            return (0..nr).map(|_| single(&mut put)).take_while(|&n| n == 1).count();
+        }
+        let fast = self.alloc_bulk_cached(nr, &mut put);
+        if fast == nr {
+            return nr;
+        }
+        let nr = nr - fast;
+        let got = mempolicy::with_thread_policy(self.id, local, |r| {
+            let (preferred, ctx) = self.context(cpu, gfp, &r);
+            // The first zone that may serve the whole batch above `low`.
+            let zone = ctx.zonelist.iter().map(|z| &self.zones[z.0 as usize]).find(|z| {
+                ctx.nodemask.is_none_or(|m| m.contains(z.node))
+                    && (ctx.no_watermarks
+                        || z.watermark_ok_fast(Order(0), z.watermark(Watermark::Low).saturating_add(nr), ctx.high))
+            });
+            let zone = zone.filter(|z| z.node == preferred)?;
+            let mut g = self.pcp(cpu, zone.id).try_lock(zone)?;
+            let mut n = 0;
+            let mut refills = 0;
+            g.with(|p| {
+                while n < nr {
+                    if p.list_len(Order(0)) == 0 {
+                        refills += 1;
+                    }
+                    let Some(pfn) = pcp::rmqueue_pcplist(zone, p, Order(0)) else { break };
+                    zone.state(pfn).store(buddy::state(ALLOCATED, Order(0)), Ordering::Release);
+                    put(self.pfn_to_ptr(pfn));
+                    n += 1;
+                }
+            });
+            drop(g);
+            if refills > 0 {
+                self.count_event(cpu, VmEvent::PcpRefill, refills);
+            }
+            let target = match r {
+                Resolved::Interleave(node) => Some(node),
+                _ => None,
+            };
+            // Once with the batch count (seed 002), or page by page as before it.
+            let (calls, each) = if self.bulk_accounting_per_page() { (n, 1) } else { (1, n as u64) };
+            for _ in 0..calls.min(n) {
+                self.count_event(cpu, VmEvent::PgallocNormal, each);
+                if self.numa_key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+                    self.zone_statistics(cpu, &ctx, zone, each, target);
+                }
+            }
+            (n > 0).then_some(n)
+        });
+        fast + match got {
+            Some(n) if n == nr => n,
+            // Partial fill from the lists: top up through the single-page path, which may
+            // fall back to other zones, until it too fails.
+            Some(n) => n + (n..nr).map(|_| single(&mut put)).take_while(|&k| k == 1).count(),
+            None => (0..nr).map(|_| single(&mut put)).take_while(|&k| k == 1).count(),
+        }
+    }
+
+    /// The bulk allocator's first step with restartable sequences: as many frames as this
+    /// CPU's cache for the local zone holds (up to `nr`, at most 64), in one critical section,
+    /// under the same conditions as the single fast path (local policy, zone above `low` with
+    /// room for the batch). Accounting once for them. Returns how many it put.
+    pub(super) fn alloc_bulk_cached(&self, nr: usize, put: &mut impl FnMut(NonNull<u8>)) -> usize {
+        let Some(area) = self.rseq_area() else { return 0 };
+        let Some((cpu, z)) = self.local_fast_zone(area, nr) else { return 0 };
+        let table = self.rseq_table(area);
+        let mut buf = [const { MaybeUninit::uninit() }; BULK_CHUNK];
+        let mut n = 0;
+        let mut left = nr;
+        while left > 0 {
+            let want = left.min(BULK_CHUNK);
+            let popped = pcp::rseq::pop_many(&table, z.id.0 as usize, &mut buf[..want]);
+            let k = popped.len();
+            for pfn in popped.iter().map(|&p| Pfn(p)).filter(|&pfn| take_cached(z, pfn)) {
+                put(self.pfn_to_ptr(pfn));
+                n += 1;
+            }
+            left -= k;
+            if k < want {
+                break;
+            }
+        }
+        if n > 0 {
+            if self.bulk_accounting_per_page() {
+                (0..n).for_each(|_| self.account_local_alloc(cpu, z, 1));
+            } else {
+                self.account_local_alloc(cpu, z, n as u64);
+            }
+        }
+        n
+    }
+
+    /// Frees many order-0 frames; each is checked as by [`Zonal::free_pages`]. Every valid
+    /// frame is freed, under one pcp lock (or one critical section) per zone run, and the
+    /// accounting is done once. On error the others are still freed and the first bad entry
+    /// is reported with its index.
+    pub fn free_pages_bulk(&self, pages: &[*mut u8]) -> std::result::Result<usize, (usize, Error)> {
+        if let [p] = pages {
+            // One frame: the single-page path is the shorter one.
+            return self.free_pages(*p, 0).map(|_| 1).map_err(|e| (0, e));
+        }
+        let cpu = self.current_cpu();
+        let area = self.rseq_area();
+        // Frames bound for the rseq cache are claimed straight to its tag.
+        let to = if area.is_some() { buddy::state(buddy::PCP, Order(0)) } else { buddy::NONE };
+        // A claim to `NONE` goes straight to the locked lists or the buddy, which must never
+        // get a frame twice: a CAS, whatever `free_check` says (this is the locked path, where
+        // the CAS is a small part of the cost). Only the claim to the cache's tag may be a
+        // load and a store: every way out of the cache claims again (`unpush`, the drain).
+        let atomic = self.free_check_atomic() || area.is_none();
+        let mut first_err = None;
+        let mut freed = 0usize;
+        // Runs of frames of one zone, freed together.
+        let mut run = ArrayVec::<usize, FREE_RUN>::new();
+        let mut i = 0;
+        while i < pages.len() {
+            // A run starts at a frame checked in full.
+            let addr = pages[i] as usize;
+            i += 1;
+            let checked = self.addr_to_zone(addr, Order(0));
+            let (z, pfn) = match checked.and_then(|(z, pfn)| claim_order0(z, pfn, to, atomic).map(|_| (z, pfn))) {
+                Ok(v) => v,
+                Err(e) => {
+                    first_err.get_or_insert((i - 1, e));
+                    continue;
+                }
+            };
+            run.push(pfn.0);
+            // The frames after it that lie in the same zone need only its range check. Any
+            // other entry ends the run and starts the next step (a failed claim changed
+            // nothing, so checking it again there is harmless).
+            let base = self.arena.pfn_to_addr(z.start_pfn);
+            let bytes = z.spanned << PAGE_SHIFT;
+            while let Some(&p) = pages.get(i).filter(|_| !run.is_full()) {
+                let off = (p as usize).wrapping_sub(base);
+                if off >= bytes || off % PAGE_SIZE != 0 {
+                    break;
+                }
+                let pfn = Pfn(z.start_pfn.0 + (off >> PAGE_SHIFT));
+                if claim_order0(z, pfn, to, atomic).is_err() {
+                    break;
+                }
+                run.push(pfn.0);
+                i += 1;
+            }
+            freed += run.len();
+            self.free_run(cpu, area, z, &run);
+            run.clear();
+        }
+        self.count_event(cpu, VmEvent::Pgfree, freed as u64);
+        match first_err {
+            None => Ok(freed),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Frees claimed order-0 frames of one zone: as many as fit onto this CPU's rseq cache in
+    /// one critical section (with `area`, they were claimed to the cache's tag), the rest
+    /// onto the lists under one lock, or to the buddy when the lists are off or busy.
+    pub(super) fn free_run(&self, cpu: usize, area: Option<*mut u8>, z: &Zone, pfns: &[usize]) {
+        let k = area.map_or(0, |area| pcp::rseq::push_many(&self.rseq_table(area), z.id.0 as usize, pfns));
+        if k == pfns.len() {
+            return;
+        }
+        // With `area`, the frames were claimed to the cache's tag: back to "claimed" for the
+        // locked path, as in free_order0_fast, keeping those no racer took meanwhile.
+        let rest: ArrayVec<Pfn, FREE_RUN> =
+            pfns[k..].iter().map(|&p| Pfn(p)).filter(|&pfn| area.is_none() || unpush(z, pfn)).collect();
+        self.free_claimed(cpu, z, &rest, Order(0));
+    }
+}

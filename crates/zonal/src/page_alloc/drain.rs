@@ -1,0 +1,131 @@
+//! Draining and housekeeping (`drain_local_pages`, `drain_all_pages`, `decay_pcp_high`,
+//! `vmstat_update`/`refresh_cpu_vm_stats`): per-CPU lists returned to the buddy, and the
+//! worker that decays idle lists and folds counters, skipping what has nothing to do.
+//!
+//! Locking: a pcp lock, then the zone lock; reports and folds take the lists' lock without
+//! touching the rseq cache, so they never fence a CPU.
+
+use super::*;
+
+impl Zonal {
+    /// Returns one CPU's lists, for every zone, to the buddy lists (`drain_local_pages` of that
+    /// CPU). Returns the frames moved.
+    pub fn drain_cpu_pages(&self, cpu: usize) -> usize {
+        if cpu >= self.nr_cpus || !self.pcp_enabled {
+            return 0;
+        }
+        let mut n = 0;
+        for z in self.zones.iter() {
+            let pcp = self.pcp(cpu, z.id);
+            if !pcp.looks_empty() {
+                n += pcp.lock(z).with(|p| pcp::drain(z, p));
+            }
+        }
+        if n > 0 {
+            self.count_event(self.current_cpu(), VmEvent::PcpDrain, 1);
+        }
+        n
+    }
+
+    /// Returns every CPU's lists to the buddy lists (`drain_all_pages`). Returns the frames
+    /// moved.
+    pub fn drain_all_pages(&self) -> usize {
+        (0..self.nr_cpus).map(|c| self.drain_cpu_pages(c)).sum()
+    }
+
+    /// Runs one `decay_pcp_high` pass over every CPU's lists (the background worker does this
+    /// every `stat_interval`). Returns the frames drained.
+    pub fn decay_pcp_high(&self) -> usize {
+        decay_all(&self.zones, &self.pcps)
+    }
+
+    /// `vm.stat_refresh`: folds every CPU's zone-counter diffs now (the worker does it every
+    /// `stat_interval`), so the folded counters equal the snapshots once allocation stops.
+    pub fn refresh_vm_stats(&self) {
+        fold_all(&self.zones, &self.pcps);
+    }
+}
+
+/// `decay_pcp_high` over every CPU's lists, skipping those a decay would not change (a
+/// lock-free hint from their last unlock): on an idle handle the worker then takes no pcp
+/// lock and fences no CPU, however many CPUs there are.
+pub(super) fn decay_all(zones: &[Zone], pcps: &[PerCpuPages]) -> usize {
+    pcps.iter()
+        .enumerate()
+        .filter(|(_, p)| p.needs_decay())
+        .map(|(i, p)| {
+            let z = &zones[i % zones.len()];
+            p.lock(z).with(|inner| pcp::decay_high(z, inner))
+        })
+        .sum()
+}
+
+/// `refresh_cpu_vm_stats` for every CPU, and `vm.stat_refresh`: folds every zone-counter diff
+/// into the zone and global counters, each under the lock that guards it, and gives a zone
+/// under pressure its normal threshold back once its free frames are at or above `high`
+/// (where kswapd would go back to sleep).
+///
+/// As Linux's `refresh_cpu_vm_stats`, a CPU's lists with nothing to fold (a zero diff and no
+/// cache churn, read without the lock) are skipped; the others are locked lists-only, which
+/// never fences: folding touches no cache.
+pub(super) fn fold_all(zones: &[Zone], pcps: &[PerCpuPages]) {
+    for z in zones {
+        z.lock().fold_diffs();
+        if z.under_pressure() && z.page_state_snapshot(ZoneStatItem::NrFreePages) >= z.watermark(Watermark::High) {
+            z.set_pressure(false);
+        }
+    }
+    for (i, p) in pcps.iter().enumerate() {
+        let z = &zones[i % zones.len()];
+        if p.unsettled() != 0 || z.diff(p.cpu(), ZoneStatItem::NrPcpPages) != 0 {
+            p.lock_lists(z).fold_diff();
+        }
+    }
+}
+
+/// The background worker (`vmstat_update`): every interval, decays idle pcps' `high` and
+/// folds the zone counters. Stopped and joined when the handle drops.
+pub(super) struct Worker {
+    stop: Arc<(std::sync::Mutex<bool>, Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Worker {
+    pub(super) fn start(
+        zones: Arc<[Zone]>,
+        pcps: Arc<[PerCpuPages]>,
+        interval_ms: Arc<std::sync::atomic::AtomicU64>,
+    ) -> Worker {
+        let stop = Arc::new((std::sync::Mutex::new(false), Condvar::new()));
+        let s = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("zonal-vmstat".into())
+            .spawn(move || {
+                let (m, cv) = &*s;
+                let mut stopped = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                while !*stopped {
+                    let interval = Duration::from_millis(interval_ms.load(std::sync::atomic::Ordering::Relaxed));
+                    let (g, timeout) =
+                        cv.wait_timeout(stopped, interval).unwrap_or_else(std::sync::PoisonError::into_inner);
+                    stopped = g;
+                    if !*stopped && timeout.timed_out() {
+                        decay_all(&zones, &pcps);
+                        fold_all(&zones, &pcps);
+                    }
+                }
+            })
+            .ok();
+        Worker { stop, thread }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let (m, cv) = &*self.stop;
+        *m.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+        cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

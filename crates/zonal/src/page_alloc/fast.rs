@@ -1,0 +1,72 @@
+//! The order-0 fast paths: allocation and free through this CPU's rseq cache with no lock
+//! and no atomic read-modify-write, under the local policy and above the `low` watermark
+//! (Linux's `rmqueue_pcplist` / `free_unref_page` with preemption off). Anything else returns
+//! to the general paths in `alloc` and `free`, with the same semantics.
+
+use super::*;
+
+impl Zonal {
+    /// The order-0 fast path. Under the local policy an allocation tries the first zone of
+    /// the local node's zonelist first; when that zone is above its low watermark (the
+    /// strictest test any gfp flag asks for) the frame comes from this CPU's cache in a
+    /// restartable sequence, with no lock and no atomic read-modify-write. Anything else (no
+    /// rseq, a thread policy, a zone near its watermarks, an empty cache, an interrupted
+    /// section) returns `None`, and the general path runs with the same semantics.
+    #[inline(always)]
+    pub(super) fn alloc_order0_fast(&self) -> Option<NonNull<u8>> {
+        let area = self.rseq_area()?;
+        let (cpu, z) = self.local_fast_zone(area, 0)?;
+        let pfn = self.pop_cached(area, z)?;
+        self.account_local_alloc(cpu, z, 1);
+        Some(self.pfn_to_ptr(pfn))
+    }
+
+    /// The zone the order-0 fast paths (single and bulk) take from, with this thread's CPU:
+    /// under the local policy, the first zone of the local node's zonelist, when it is above
+    /// `low` with `extra` frames to spare. `None` sends the caller to the general path.
+    #[inline(always)]
+    pub(super) fn local_fast_zone(&self, area: *mut u8, extra: usize) -> Option<(usize, &Zone)> {
+        if mempolicy::thread_has_policy(self.id) {
+            return None;
+        }
+        let cpu = self.rseq_cpu(area);
+        let z = self.zones.get(*self.local_zone.get(cpu)? as usize)?;
+        z.watermark_ok_fast(Order(0), z.watermark(Watermark::Low).saturating_add(extra), false).then_some((cpu, z))
+    }
+
+    /// Accounts `n` frames the fast paths took from `local_fast_zone` (the preferred zone,
+    /// so a hit, and local when on the CPU's node). One per-CPU count serves as the
+    /// `pgalloc_normal` event and, under the per-CPU strategy, as the NUMA hit and local: with
+    /// that strategy, counting costs the fast path nothing but the key's load and branch.
+    #[inline(always)]
+    pub(super) fn account_local_alloc(&self, cpu: usize, z: &Zone, n: u64) {
+        // `local_zone[cpu]` is on the CPU's node (see `Zonal::new`): a hit and local.
+        self.events[cpu].add_local_first(n);
+        if self.numa_key.load(std::sync::atomic::Ordering::Relaxed) > NUMA_ON_PERCPU {
+            self.numa_charge(cpu, z, z, n, None);
+        }
+    }
+
+    /// Pops an order-0 frame from this CPU's cache for `z` and tags it allocated; `None` when
+    /// the cache has nothing (see [`take_cached`]).
+    #[inline(always)]
+    pub(super) fn pop_cached(&self, area: *mut u8, z: &Zone) -> Option<Pfn> {
+        let pfn = Pfn(pcp::rseq::pop(&self.rseq_table(area), z.id.0 as usize)?);
+        take_cached(z, pfn).then_some(pfn)
+    }
+
+    /// The order-0 fast path of free: the same checks, a claim that tags the frame for the
+    /// per-CPU cache in the same CAS, and a push in a restartable sequence; the locked path
+    /// when the cache is full, locked, or the section was interrupted.
+    #[inline(always)]
+    pub(super) fn free_order0_fast(&self, area: *mut u8, addr: usize) -> Result<()> {
+        let (zone, pfn) = self.addr_to_zone(addr, Order(0))?;
+        claim_order0(zone, pfn, buddy::state(buddy::PCP, Order(0)), self.free_check_atomic())?;
+        let cpu = self.rseq_cpu(area);
+        if !pcp::rseq::push(&self.rseq_table(area), zone.id.0 as usize, pfn.0) && unpush(zone, pfn) {
+            self.free_claimed(cpu, zone, &[pfn], Order(0));
+        }
+        self.count_event(cpu, VmEvent::Pgfree, 1);
+        Ok(())
+    }
+}

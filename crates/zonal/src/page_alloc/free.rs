@@ -1,0 +1,75 @@
+//! Free (`free_pages`, `free_unref_page`, `free_one_page`, mm/page_alloc.c): the block is
+//! checked and claimed (`crate::mem_map`), then returned to this CPU's lists or the buddy.
+//!
+//! Locking: a pcp try-lock, or the zone lock alone; a claim exactly one racer wins precedes
+//! every move into the lists or the buddy, so they never hold a frame twice.
+
+use super::*;
+
+impl Zonal {
+    /// Frees a block given its address and order (`free_pages`). Checks, in order: the order,
+    /// that zonal owns the address, its alignment, and that a live block of exactly this order
+    /// starts there. Any failure leaves everything as it was.
+    #[inline]
+    pub fn free_pages(&self, addr: *mut u8, order: u32) -> Result<()> {
+        if let (0, Some(area)) = (order, self.rseq_area()) {
+            return self.free_order0_fast(area, addr as usize);
+        }
+        self.free_pages_general(addr, order)
+    }
+
+    #[inline]
+    pub(super) fn free_pages_general(&self, addr: *mut u8, order: u32) -> Result<()> {
+        let order = self.check_order(order)?;
+        let (zone, pfn) = self.addr_to_zone(addr as usize, order)?;
+        claim(zone, pfn, order)?;
+        let cpu = self.current_cpu();
+        self.free_claimed(cpu, zone, &[pfn], order);
+        self.count_event(cpu, VmEvent::Pgfree, order.pages() as u64);
+        Ok(())
+    }
+
+    /// Returns claimed blocks of one zone and order (head state `NONE`) to this CPU's lists
+    /// under one lock, or to the buddy lists for a large order or when the lists are off or
+    /// busy (`free_unref_page` / `free_one_page`). The order-0 cache is for the callers that
+    /// can use a restartable sequence (`free_order0_fast`, `free_run`).
+    #[inline]
+    pub(super) fn free_claimed(&self, cpu: usize, zone: &Zone, pfns: &[Pfn], order: Order) {
+        if order.0 <= PCP_MAX_ORDER && self.pcp_enabled {
+            if let Some(mut g) = self.pcp(cpu, zone.id).try_lock(zone) {
+                let drained: usize = g.with(|p| pfns.iter().map(|&pfn| pcp::free_to_pcp(zone, p, pfn, order)).sum());
+                drop(g);
+                if drained > 0 {
+                    self.count_event(cpu, VmEvent::PcpDrain, 1);
+                }
+                return;
+            }
+            self.count_event(cpu, VmEvent::PcpTrylockFail, 1);
+        }
+        for &pfn in pfns {
+            free_one_page(zone, pfn, order);
+        }
+    }
+}
+
+/// Returns a claimed block (head state `NONE`) to its zone's buddy lists; the buddy refuses
+/// a block that is already free (see `Buddy::free_one`).
+#[inline]
+pub(super) fn free_one_page(z: &Zone, pfn: Pfn, order: Order) {
+    let mut l = z.lock();
+    l.buddy().free_one(pfn, order);
+    drop(l);
+    debug_vm_check(z);
+}
+
+/// With the `debug-vm` feature, checks the zone's free lists after a buddy operation
+/// ([`Zone::debug_check_free_area`], O(free blocks)) and stops at the first broken invariant,
+/// as `VM_BUG_ON` does: a corrupted free list must not hand out memory. Nothing without it.
+#[inline(always)]
+pub(super) fn debug_vm_check(z: &Zone) {
+    #[cfg(feature = "debug-vm")]
+    if let Err(e) = z.debug_check_free_area() {
+        panic!("debug-vm: {e}");
+    }
+    let _ = z;
+}

@@ -1,0 +1,159 @@
+//! Reading the zone counters and the per-CPU lists' figures (`zone_page_state`,
+//! `zone_page_state_snapshot`, `global_zone_page_state`), and the invariant walk.
+//!
+//! Invariant, per zone and quiescent: `nr_free + pcp + allocated == managed`
+//! ([`Zonal::check_invariants`]).
+
+use super::*;
+
+impl Zonal {
+    /// One CPU's pcp figures for a zone: (count, high, batch, high_min, high_max).
+    pub fn pcp_info(&self, cpu: usize, zone: ZoneId) -> Option<PcpInfo> {
+        if cpu >= self.nr_cpus || zone.0 as usize >= self.zones.len() {
+            return None;
+        }
+        // Lists only, no fence: the count is the lists' plus the cache's length as read.
+        let pcp = self.pcp(cpu, zone);
+        Some(pcp.lock_lists(&self.zones[zone.0 as usize]).with(|p| PcpInfo {
+            count: p.count + pcp.cache_len(),
+            high: p.high,
+            batch: p.batch,
+            high_min: p.high_min,
+            high_max: p.high_max,
+        }))
+    }
+
+    /// Free frames of a node in its buddy lists (`NR_FREE_PAGES`: frames on per-CPU lists are
+    /// not counted, as in Linux; [`Zonal::nr_pcp_pages`] counts those).
+    pub fn nr_free_pages(&self, nid: NodeId) -> Result<usize> {
+        Ok(self
+            .node_zones(nid)?
+            .iter()
+            .map(|z| self.zones[z.0 as usize].page_state_snapshot(ZoneStatItem::NrFreePages))
+            .sum())
+    }
+
+    /// A zone counter as folded (`zone_page_state`): what the fast paths read, behind the
+    /// truth by at most `nr_cpus * stat_threshold` (and, for the pages on per-CPU lists, the
+    /// caches' churn since their last lock).
+    pub fn zone_page_state(&self, zone: ZoneId, item: ZoneStatItem) -> Result<usize> {
+        Ok(self.zone_item(zone, item)?.page_state(item))
+    }
+
+    /// A zone, checked to have the item (a free-block count of an order it has).
+    pub(super) fn zone_item(&self, zone: ZoneId, item: ZoneStatItem) -> Result<&Zone> {
+        let z = self.zone(zone)?;
+        match item {
+            ZoneStatItem::NrFreeOrder(o) if o.0 > z.max_order.0 => {
+                Err(Error::InvalidOrder { order: o.0 as u32, max_order: z.max_order })
+            }
+            _ => Ok(z),
+        }
+    }
+
+    /// A zone counter with every CPU's unfolded part added (`zone_page_state_snapshot`):
+    /// exact once allocation stops.
+    pub fn zone_page_state_snapshot(&self, zone: ZoneId, item: ZoneStatItem) -> Result<usize> {
+        let z = self.zone_item(zone, item)?;
+        let v = z.page_state_snapshot(item);
+        if item != ZoneStatItem::NrPcpPages {
+            return Ok(v);
+        }
+        let churn: isize = (0..self.nr_cpus).map(|c| self.pcp(c, zone).unsettled()).sum();
+        Ok((v as isize + churn).max(0) as usize)
+    }
+
+    /// Frames handed out from a zone (`managed - free - on per-CPU lists`, from snapshots).
+    pub fn zone_allocated_pages(&self, zone: ZoneId) -> Result<usize> {
+        let free = self.zone_page_state_snapshot(zone, ZoneStatItem::NrFreePages)?;
+        let pcp = self.zone_page_state_snapshot(zone, ZoneStatItem::NrPcpPages)?;
+        Ok(self.zone(zone)?.managed.saturating_sub(free + pcp))
+    }
+
+    /// A zone counter over every zone as folded (`global_zone_page_state`).
+    pub fn global_page_state(&self, item: ZoneStatItem) -> usize {
+        self.vm_zone_stat.get(item)
+    }
+
+    /// A zone counter over every zone, exact once allocation stops.
+    pub fn global_page_state_snapshot(&self, item: ZoneStatItem) -> usize {
+        self.zones.iter().map(|z| self.zone_page_state_snapshot(z.id, item).unwrap_or(0)).sum()
+    }
+
+    /// `stat_threshold` of a zone as CPU `cpu` applies it (`vm stats threshold`), and whether
+    /// it is the pressure threshold.
+    pub fn zone_stat_threshold(&self, zone: ZoneId, cpu: usize) -> Result<(usize, bool)> {
+        let z = self.zone(zone)?;
+        Ok((z.stat_threshold(cpu), z.under_pressure()))
+    }
+
+    /// `percpu_drift_mark` of a zone (0: the drift never decides a watermark check).
+    pub fn zone_percpu_drift_mark(&self, zone: ZoneId) -> Result<usize> {
+        Ok(self.zone(zone)?.percpu_drift_mark())
+    }
+
+    /// Frames on every CPU's lists for a node's zones.
+    pub fn nr_pcp_pages(&self, nid: NodeId) -> Result<usize> {
+        let zones = self.node_zones(nid)?;
+        Ok((0..self.nr_cpus)
+            .flat_map(|c| zones.iter().map(move |z| (c, *z)))
+            .map(|(c, z)| {
+                let pcp = self.pcp(c, z);
+                pcp.lock_lists(&self.zones[z.0 as usize]).with(|p| p.count + pcp.cache_len())
+            })
+            .sum())
+    }
+
+    /// Free blocks of one order on a node, over its zones.
+    pub fn nr_free_blocks(&self, nid: NodeId, order: u32) -> Result<usize> {
+        let order = self.check_order(order)?;
+        Ok(self.node_zones(nid)?.iter().map(|z| self.zones[z.0 as usize].free_blocks()[order.0 as usize]).sum())
+    }
+
+    /// Checks every zone's and every per-CPU list's invariants: `free + pcp + allocated ==
+    /// managed` per zone, pcp counts match their lists and stay within `high + batch`, and no
+    /// frame is in two places. Returns the allocated frames. Call while no other thread
+    /// allocates or frees.
+    pub fn check_invariants(&self) -> std::result::Result<usize, String> {
+        let mut allocated = 0;
+        for z in self.zones.iter() {
+            let mut on_pcp = 0;
+            for c in 0..self.nr_cpus {
+                // Lists only, no fence: the caller keeps every section out, so the cache can
+                // be read as it stands.
+                let pcp = self.pcp(c, z.id);
+                on_pcp += pcp.lock_lists(z).with(|p| -> std::result::Result<usize, String> {
+                    let cached = pcp.check_cache(z)?;
+                    if p.count + cached > p.high + p.batch {
+                        return Err(format!(
+                            "zone {}: cpu {c} holds {} + {cached} cached above high {} + batch {}",
+                            z.id.0, p.count, p.high, p.batch
+                        ));
+                    }
+                    Ok(pcp::check(z, p)? + cached)
+                })?;
+            }
+            let counted = self.zone_page_state_snapshot(z.id, ZoneStatItem::NrPcpPages).unwrap_or(usize::MAX);
+            if counted != on_pcp {
+                return Err(format!("zone {}: nr_zone_pcp_pages {counted} but the lists hold {on_pcp}", z.id.0));
+            }
+            allocated += z.check_invariants(on_pcp)?;
+        }
+        Ok(allocated)
+    }
+}
+
+/// One CPU's pcp figures for one zone (the `pagesets` of `/proc/zoneinfo`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PcpInfo {
+    /// Frames on the lists.
+    pub count: usize,
+    /// Drain threshold.
+    pub high: usize,
+    /// Refill and drain unit.
+    pub batch: usize,
+    /// Lower bound of `high`.
+    pub high_min: usize,
+    /// Upper bound of `high`.
+    pub high_max: usize,
+}
