@@ -73,22 +73,22 @@ impl Zonal {
             // Bind prefers the local node when the mask has it, else the nearest node that the
             // mask has, so `THISNODE` under a bind policy stays inside the policy.
             Resolved::Masked(n, m) if !m.contains(n) => {
-                let near = self.zonelists[n.0 as usize]
+                let near = self.mem.zonelists[n.0 as usize]
                     .fallback
                     .iter()
-                    .map(|z| self.zones[z.0 as usize].node)
+                    .map(|z| self.mem.zones[z.0 as usize].node)
                     .find(|nid| m.contains(*nid));
                 (near.unwrap_or(n), Some(m))
             }
             Resolved::Masked(n, m) => (n, Some(m)),
         };
-        let lists = &self.zonelists[preferred.0 as usize];
+        let lists = &self.mem.zonelists[preferred.0 as usize];
         let thisnode = gfp.contains(Gfp::THISNODE);
         let ctx = AllocContext {
             cpu,
             zonelist: if thisnode { &lists.nofallback } else { &lists.fallback },
             // `zlc_setup` only with more than one node; no cache for the one-node list.
-            zlc: (!thisnode && self.zones.len() > 1).then(|| &self.zlcs[preferred.0 as usize]),
+            zlc: (!thisnode && self.mem.zones.len() > 1).then(|| &self.mem.zlcs[preferred.0 as usize]),
             nodemask,
             high: gfp.contains(Gfp::HIGH),
             no_watermarks: gfp.contains(Gfp::NO_WATERMARKS),
@@ -105,7 +105,7 @@ impl Zonal {
         };
         self.count_event(cpu, VmEvent::PgallocNormal, order.pages() as u64);
         // One predictable branch on a read-mostly flag when NUMA statistics are off.
-        if self.numa_key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+        if self.numa.key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
             let target = match r {
                 Resolved::Interleave(n) => Some(n),
                 _ => None,
@@ -126,7 +126,7 @@ impl Zonal {
         // thresholds of their zones so the drift cannot hide the way down to `min`: here the
         // zones below `low`. The worker loosens them again above `high`.
         for id in ctx.zonelist {
-            let z = &self.zones[id.0 as usize];
+            let z = &self.mem.zones[id.0 as usize];
             if z.page_state_snapshot(ZoneStatItem::NrFreePages) < z.watermark(Watermark::Low) {
                 z.set_pressure(true);
             }
@@ -168,7 +168,7 @@ impl Zonal {
     #[inline]
     pub(super) fn walk(&self, ctx: &AllocContext<'_>, order: Order, level: Level) -> Option<Pfn> {
         let demand = Demand { level, halved: ctx.high && level != Level::None, order };
-        let zlc = ctx.zlc.filter(|_| self.zlc_on.load(std::sync::atomic::Ordering::Relaxed));
+        let zlc = ctx.zlc.filter(|_| self.tun.zlc_on.load(std::sync::atomic::Ordering::Relaxed));
         let mut active = false;
         let mut skipped = 0u64;
         // The entries below 64 to skip, taken once the cache is set up.
@@ -182,7 +182,7 @@ impl Zonal {
                         continue;
                     }
                 }
-                let z = &self.zones[zid.0 as usize];
+                let z = &self.mem.zones[zid.0 as usize];
                 if ctx.nodemask.is_some_and(|m| !m.contains(z.node)) {
                     continue;
                 }
@@ -201,7 +201,7 @@ impl Zonal {
                     // `zlc_setup`, after the first zone failed.
                     active = true;
                     if self.zlc_clock_due() {
-                        let interval = self.zlc_interval_ms.load(std::sync::atomic::Ordering::Relaxed);
+                        let interval = self.tun.zlc_interval_ms.load(std::sync::atomic::Ordering::Relaxed);
                         if c.setup(self.zlc_now_ms(), interval) {
                             self.count_event(ctx.cpu, VmEvent::ZlcZaps, 1);
                         }
@@ -232,7 +232,7 @@ impl Zonal {
         thread_local! {
             static SETUPS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
         }
-        self.zlc_clock.get().is_some()
+        self.mem.zlc_clock.get().is_some()
             || SETUPS.with(|n| {
                 let v = n.get();
                 n.set(v.wrapping_add(1));
@@ -242,9 +242,9 @@ impl Zonal {
 
     /// The zonelist caches' clock, in milliseconds.
     pub(super) fn zlc_now_ms(&self) -> u64 {
-        match self.zlc_clock.get() {
+        match self.mem.zlc_clock.get() {
             Some(c) => c.load(std::sync::atomic::Ordering::Relaxed),
-            None => sys::coarse_now_ms().saturating_sub(self.epoch_ms),
+            None => sys::coarse_now_ms().saturating_sub(self.mem.zlc_epoch_ms),
         }
     }
 
@@ -252,7 +252,7 @@ impl Zonal {
     /// nodes of those entries, in zonelist order.
     pub fn zonelist_cache_full_nodes(&self, nid: NodeId) -> Result<Vec<NodeId>> {
         self.check_node(nid)?;
-        let c = &self.zlcs[nid.0 as usize];
+        let c = &self.mem.zlcs[nid.0 as usize];
         Ok((0..c.len()).filter(|&i| c.is_marked(i)).map(|i| NodeId(c.node(i))).collect())
     }
 
@@ -265,7 +265,7 @@ impl Zonal {
                 return Some(pfn);
             }
         }
-        let pfn = if order.0 <= PCP_MAX_ORDER && self.pcp_enabled {
+        let pfn = if order.0 <= PCP_MAX_ORDER && self.cpus.pcp_enabled {
             match self.pcp(cpu, z.id).try_lock(z) {
                 Some(mut g) => {
                     let refills = g.with(|p| {

@@ -29,7 +29,7 @@ impl Zonal {
     /// (`alloc_pages_bulk`, list form). Partial under memory pressure, never an error.
     pub fn alloc_pages_bulk_list(&self, gfp: Gfp, nr: usize, list: &mut Vec<NonNull<u8>>) -> usize {
         // No more room than there are frames: `nr` is the caller's, and may be anything.
-        list.reserve(nr.min(self.lowmem_pages));
+        list.reserve(nr.min(self.mem.lowmem_pages));
         self.alloc_bulk(gfp, nr, |p| list.push(p))
     }
 
@@ -54,7 +54,7 @@ impl Zonal {
             }
             Err(_) => 0,
         };
-        if nr == 1 || !self.pcp_enabled {
+        if nr == 1 || !self.cpus.pcp_enabled {
             return (0..nr).map(|_| single(&mut put)).take_while(|&n| n == 1).count();
         }
         let fast = self.alloc_bulk_cached(nr, &mut put);
@@ -65,7 +65,7 @@ impl Zonal {
         let got = mempolicy::with_thread_policy(self.id, local, |r| {
             let (preferred, ctx) = self.context(cpu, gfp, &r);
             // The first zone that may serve the whole batch above `low`.
-            let zone = ctx.zonelist.iter().map(|z| &self.zones[z.0 as usize]).find(|z| {
+            let zone = ctx.zonelist.iter().map(|z| &self.mem.zones[z.0 as usize]).find(|z| {
                 ctx.nodemask.is_none_or(|m| m.contains(z.node))
                     && (ctx.no_watermarks
                         || z.watermark_ok_fast(Order(0), z.watermark(Watermark::Low).saturating_add(nr), ctx.high))
@@ -97,7 +97,7 @@ impl Zonal {
             let (calls, each) = if self.bulk_accounting_per_page() { (n, 1) } else { (1, n as u64) };
             for _ in 0..calls.min(n) {
                 self.count_event(cpu, VmEvent::PgallocNormal, each);
-                if self.numa_key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+                if self.numa.key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
                     self.zone_statistics(cpu, &ctx, zone, each, target);
                 }
             }
@@ -185,7 +185,7 @@ impl Zonal {
             // The frames after it that lie in the same zone need only its range check. Any
             // other entry ends the run and starts the next step (a failed claim changed
             // nothing, so checking it again there is harmless).
-            let base = self.arena.pfn_to_addr(z.start_pfn);
+            let base = self.mem.arena.pfn_to_addr(z.start_pfn);
             let bytes = z.spanned << PAGE_SHIFT;
             while let Some(&p) = pages.get(i).filter(|_| !run.is_full()) {
                 let off = (p as usize).wrapping_sub(base);

@@ -11,11 +11,11 @@ impl Zonal {
     /// Returns one CPU's lists, for every zone, to the buddy lists (`drain_local_pages` of that
     /// CPU). Returns the frames moved.
     pub fn drain_cpu_pages(&self, cpu: usize) -> usize {
-        if cpu >= self.nr_cpus || !self.pcp_enabled {
+        if cpu >= self.cpus.nr_cpus || !self.cpus.pcp_enabled {
             return 0;
         }
         let mut n = 0;
-        for z in self.zones.iter() {
+        for z in self.mem.zones.iter() {
             let pcp = self.pcp(cpu, z.id);
             if !pcp.looks_empty() {
                 n += pcp.lock(z).with(|p| pcp::drain(z, p));
@@ -30,19 +30,19 @@ impl Zonal {
     /// Returns every CPU's lists to the buddy lists (`drain_all_pages`). Returns the frames
     /// moved.
     pub fn drain_all_pages(&self) -> usize {
-        (0..self.nr_cpus).map(|c| self.drain_cpu_pages(c)).sum()
+        (0..self.cpus.nr_cpus).map(|c| self.drain_cpu_pages(c)).sum()
     }
 
     /// Runs one `decay_pcp_high` pass over every CPU's lists (the background worker does this
     /// every `stat_interval`). Returns the frames drained.
     pub fn decay_pcp_high(&self) -> usize {
-        decay_all(&self.zones, &self.pcps)
+        decay_all(&self.mem.zones, &self.cpus.pcps)
     }
 
     /// `vm.stat_refresh`: folds every CPU's zone-counter diffs now (the worker does it every
     /// `stat_interval`), so the folded counters equal the snapshots once allocation stops.
     pub fn refresh_vm_stats(&self) {
-        fold_all(&self.zones, &self.pcps);
+        fold_all(&self.mem.zones, &self.cpus.pcps);
     }
 }
 

@@ -30,7 +30,7 @@ impl Zonal {
             return None;
         }
         let cpu = self.rseq_cpu(area);
-        let z = self.zones.get(*self.local_zone.get(cpu)? as usize)?;
+        let z = self.mem.zones.get(*self.cpus.local_zone.get(cpu)? as usize)?;
         z.watermark_ok_fast(Order(0), z.watermark(Watermark::Low).saturating_add(extra), false).then_some((cpu, z))
     }
 
@@ -41,8 +41,8 @@ impl Zonal {
     #[inline(always)]
     pub(super) fn account_local_alloc(&self, cpu: usize, z: &Zone, n: u64) {
         // `local_zone[cpu]` is on the CPU's node (see `Zonal::new`): a hit and local.
-        self.events[cpu].add_local_first(n);
-        if self.numa_key.load(std::sync::atomic::Ordering::Relaxed) > NUMA_ON_PERCPU {
+        self.cpus.events[cpu].add_local_first(n);
+        if self.numa.key.load(std::sync::atomic::Ordering::Relaxed) > NUMA_ON_PERCPU {
             self.numa_charge(cpu, z, z, n, None);
         }
     }

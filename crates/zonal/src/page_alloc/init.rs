@@ -87,43 +87,51 @@ impl Zonal {
         let z = Zonal {
             id: NEXT_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             topo,
-            zones,
-            pcps,
-            events: (0..nr_cpus).map(|_| PerCpuEvents::default()).collect(),
-            vm_zone_stat,
-            nr_cpus,
-            pcp_enabled: config.pcp,
-            rseq_off,
-            local_zone,
-            numa_fast_base: (0..nr_cpus).map(|_| AtomicU64::new(0)).collect(),
-            numa_fast_frozen: (0..nr_cpus).map(|_| AtomicU64::new(0)).collect(),
-            bulk_per_page: std::sync::atomic::AtomicBool::new(false),
-            free_check_atomic: std::sync::atomic::AtomicBool::new(false),
-            percpu_pagelist_high_fraction: AtomicU32::new(fraction),
+            mem: Memory {
+                zones,
+                node_zones,
+                zonelists,
+                zlcs,
+                zlc_clock: std::sync::OnceLock::new(),
+                zlc_epoch_ms: sys::coarse_now_ms(),
+                vm_zone_stat,
+                block_zone,
+                max_order,
+                lowmem_pages,
+                arena,
+            },
+            cpus: PerCpuSets {
+                nr_cpus,
+                pcps,
+                events: (0..nr_cpus).map(|_| PerCpuEvents::default()).collect(),
+                pcp_enabled: config.pcp,
+                rseq_off,
+                local_zone,
+            },
+            numa: NumaCounting {
+                zone_stats: (0..nr_zone_stats).map(|_| PerCpuZoneStat::default()).collect(),
+                shared: (0..nz).map(|_| ZoneNumaShared::default()).collect(),
+                strategy: std::sync::atomic::AtomicU8::new(0),
+                threshold: std::sync::atomic::AtomicU16::new(vmstat::NUMA_STATS_THRESHOLD),
+                key: std::sync::atomic::AtomicU8::new(0),
+                mode: std::sync::Mutex::new(NumaStatsMode::Auto),
+                fast_base: (0..nr_cpus).map(|_| AtomicU64::new(0)).collect(),
+                fast_frozen: (0..nr_cpus).map(|_| AtomicU64::new(0)).collect(),
+            },
+            tun: Tunables {
+                bulk_per_page: std::sync::atomic::AtomicBool::new(false),
+                free_check_atomic: std::sync::atomic::AtomicBool::new(false),
+                percpu_pagelist_high_fraction: AtomicU32::new(fraction),
+                stat_interval_ms,
+                min_free_kbytes: AtomicU64::new(min_free),
+                watermark_scale_factor: AtomicU64::new(config.watermark_scale_factor as u64),
+                zlc_on: std::sync::atomic::AtomicBool::new(true),
+                zlc_interval_ms: AtomicU64::new(1000),
+                log: std::sync::Mutex::new(TunableLog::new(
+                    "vmstat: NUMA stat updates are skipped unless they have been used",
+                )),
+            },
             worker: Some(worker),
-            zone_stats: (0..nr_zone_stats).map(|_| PerCpuZoneStat::default()).collect(),
-            numa_shared: (0..nz).map(|_| ZoneNumaShared::default()).collect(),
-            numa_strategy: std::sync::atomic::AtomicU8::new(0),
-            numa_threshold: std::sync::atomic::AtomicU16::new(vmstat::NUMA_STATS_THRESHOLD),
-            numa_key: std::sync::atomic::AtomicU8::new(0),
-            numa_mode: std::sync::Mutex::new(NumaStatsMode::Auto),
-            log: std::sync::Mutex::new(TunableLog::new(
-                "vmstat: NUMA stat updates are skipped unless they have been used",
-            )),
-            stat_interval_ms,
-            node_zones,
-            zonelists,
-            zlcs,
-            zlc_on: std::sync::atomic::AtomicBool::new(true),
-            zlc_interval_ms: AtomicU64::new(1000),
-            zlc_clock: std::sync::OnceLock::new(),
-            epoch_ms: sys::coarse_now_ms(),
-            block_zone,
-            max_order,
-            min_free_kbytes: AtomicU64::new(min_free),
-            watermark_scale_factor: AtomicU64::new(config.watermark_scale_factor as u64),
-            lowmem_pages,
-            arena,
         };
         mempolicy::register_handle(z.id);
         z.sysctl_from_env()?;
@@ -132,10 +140,10 @@ impl Zonal {
 
     /// Recomputes every zone's watermarks from `min_free_kbytes` and `watermark_scale_factor`.
     pub(super) fn setup_per_zone_wmarks(&self) {
-        let mfk = self.min_free_kbytes.load(Ordering::Relaxed);
-        let wsf = self.watermark_scale_factor.load(Ordering::Relaxed) as u32;
-        for z in self.zones.iter() {
-            z.setup_watermarks(mfk, self.lowmem_pages, wsf);
+        let mfk = self.tun.min_free_kbytes.load(Ordering::Relaxed);
+        let wsf = self.tun.watermark_scale_factor.load(Ordering::Relaxed) as u32;
+        for z in self.mem.zones.iter() {
+            z.setup_watermarks(mfk, self.mem.lowmem_pages, wsf);
         }
         // high follows the low watermark when the fraction is 0.
         self.update_pcp_sizes();
@@ -144,12 +152,12 @@ impl Zonal {
     /// Recomputes every pcp's batch and high bounds from the zones and the fraction
     /// (`zone_pcp_update`).
     pub(super) fn update_pcp_sizes(&self) {
-        if !self.pcp_enabled {
+        if !self.cpus.pcp_enabled {
             return;
         }
-        let fraction = self.percpu_pagelist_high_fraction.load(Ordering::Relaxed);
-        for (i, p) in self.pcps.iter().enumerate() {
-            let z = &self.zones[i % self.zones.len()];
+        let fraction = self.tun.percpu_pagelist_high_fraction.load(Ordering::Relaxed);
+        for (i, p) in self.cpus.pcps.iter().enumerate() {
+            let z = &self.mem.zones[i % self.mem.zones.len()];
             let (batch, high_min, high_max) = pcp_sizes(&self.topo, z, fraction);
             p.lock(z).with(|inner| pcp::set_high_and_batch(z, inner, batch, high_min, high_max));
         }

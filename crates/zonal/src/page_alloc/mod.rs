@@ -67,16 +67,50 @@ static NEXT_HANDLE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64:
 pub struct Zonal {
     id: u64,
     topo: Topology,
+    /// The memory and its zones.
+    mem: Memory,
+    /// What each CPU has of its own.
+    cpus: PerCpuSets,
+    /// NUMA event counting (seeds 000, 001, 002).
+    numa: NumaCounting,
+    /// The run-time tunables.
+    tun: Tunables,
+    worker: Option<Worker>,
+}
+
+/// The handle's memory: the arena, its zones and how allocations find them.
+struct Memory {
     // Zones before the arena: fields drop in order, and the zones hold no pointers into the
     // arena, but keeping the memory last mirrors that nothing outlives it.
     zones: Arc<[Zone]>,
+    /// The zones of each node, `[node]`.
+    node_zones: Vec<Vec<ZoneId>>,
+    /// Each node's zonelists, `[node]`.
+    zonelists: Vec<Zonelists>,
+    /// The zonelist cache of each node's fallback zonelist (seed 003), `[node]`.
+    zlcs: Box<[ZonelistCache]>,
+    /// A clock for the caches that tests set and move by hand; unset, the caches read
+    /// milliseconds of the coarse monotonic clock since `zlc_epoch_ms`.
+    zlc_clock: std::sync::OnceLock<Arc<AtomicU64>>,
+    zlc_epoch_ms: u64,
+    /// The zone counters of every zone folded together (`vm_zone_stat`).
+    vm_zone_stat: Arc<ZoneCounters>,
+    /// Zone of each largest-order block of the arena (`u16::MAX`: a gap).
+    block_zone: Vec<u16>,
+    max_order: Order,
+    /// Frames of every zone (`lowmem_pages`, what `min_free_kbytes` is shared over).
+    lowmem_pages: usize,
+    arena: Arena,
+}
+
+/// What each CPU has of its own: its page lists (and rseq caches) per zone and its event
+/// counters, each on lines of their own (seed 002).
+struct PerCpuSets {
+    nr_cpus: usize,
     /// Per-CPU page lists, `[cpu * nr_zones + zone]`.
     pcps: Arc<[PerCpuPages]>,
     /// Per-CPU event counters, `[cpu]`, apart from the lists (seed 002).
     events: Box<[PerCpuEvents]>,
-    /// The zone counters of every zone folded together (`vm_zone_stat`).
-    vm_zone_stat: Arc<ZoneCounters>,
-    nr_cpus: usize,
     pcp_enabled: bool,
     /// glibc's `__rseq_offset` when the order-0 restartable sequences run (lists on, rseq
     /// and membarrier available); `None` sends every call down the locked path.
@@ -85,57 +119,51 @@ pub struct Zonal {
     /// local policy looks first, and what the order-0 fast path takes from; `NO_ZONE` for a
     /// CPU whose first zone is off its node, whose allocations must each be charged.
     local_zone: Box<[u16]>,
+}
+
+/// NUMA event counting: the counters of the three strategies, the static key and the mode.
+struct NumaCounting {
+    /// Per-CPU NUMA counters, `[cpu * nr_zones + zone]`, apart from the lists (seed 002).
+    zone_stats: Box<[PerCpuZoneStat]>,
+    /// Per-zone shared NUMA counters that seed 000's per-CPU diffs fold into.
+    shared: Box<[ZoneNumaShared]>,
+    /// The counting strategy: the index of a [`NumaStrategy`] in `NumaStrategy::ALL`.
+    strategy: std::sync::atomic::AtomicU8,
+    /// `numa_stat_threshold`.
+    threshold: std::sync::atomic::AtomicU16,
+    /// The user-space static key of `numa_stats_mode`: whether allocations count NUMA events.
+    /// 0: off; [`NUMA_ON_PERCPU`], [`NUMA_ON_THRESHOLD`] or [`NUMA_ON_SHARED`]: on, counting
+    /// that way (so the fast path learns both with one load).
+    key: std::sync::atomic::AtomicU8,
+    /// The mode; its mutex serialises writers, as `vm_numa_stats_mode_lock` does.
+    mode: std::sync::Mutex<NumaStatsMode>,
     /// Per CPU, `local_first` when the per-CPU strategy last began counting (`[cpu]`), and
     /// what it counted before it last stopped: the NUMA hits and locals of the fast paths are
     /// `frozen + (local_first - base)` while it counts, `frozen` while not. Written under the
     /// mode lock.
-    numa_fast_base: Box<[AtomicU64]>,
-    numa_fast_frozen: Box<[AtomicU64]>,
+    fast_base: Box<[AtomicU64]>,
+    fast_frozen: Box<[AtomicU64]>,
+}
+
+/// The run-time tunables that live in the handle (`/proc/sys/vm/*`), and their log.
+struct Tunables {
     /// `bulk_accounting`: `true` accounts a bulk call page by page (the seeds' "before").
     bulk_per_page: std::sync::atomic::AtomicBool,
     /// `free_check`: whether an order-0 free on the rseq path claims its frame with a CAS
     /// (`true`) or a load and a store (`false`, the default).
     free_check_atomic: std::sync::atomic::AtomicBool,
     percpu_pagelist_high_fraction: AtomicU32,
-    worker: Option<Worker>,
-    /// Per-CPU NUMA counters, `[cpu * nr_zones + zone]`, apart from the lists (seed 002).
-    zone_stats: Box<[PerCpuZoneStat]>,
-    /// Per-zone shared NUMA counters that seed 000's per-CPU diffs fold into.
-    numa_shared: Box<[ZoneNumaShared]>,
-    /// The counting strategy: the index of a [`NumaStrategy`] in `NumaStrategy::ALL`.
-    numa_strategy: std::sync::atomic::AtomicU8,
-    /// `numa_stat_threshold`.
-    numa_threshold: std::sync::atomic::AtomicU16,
-    /// The user-space static key of `numa_stats_mode`: whether allocations count NUMA events.
-    /// 0: off; [`NUMA_ON_PERCPU`] or [`NUMA_ON_THRESHOLD`]: on, counting that way (so the
-    /// fast path learns both with one load).
-    numa_key: std::sync::atomic::AtomicU8,
-    /// The mode; its mutex serialises writers, as `vm_numa_stats_mode_lock` does.
-    numa_mode: std::sync::Mutex<NumaStatsMode>,
-    /// Messages about tunable changes (`pr_info` in the kernel): the last [`LOG_LINES`],
-    /// oldest first, and how many older ones were dropped.
-    log: std::sync::Mutex<TunableLog>,
     /// `stat_interval` in milliseconds, read by the worker at every wake-up.
     stat_interval_ms: Arc<std::sync::atomic::AtomicU64>,
-    node_zones: Vec<Vec<ZoneId>>,
-    zonelists: Vec<Zonelists>,
-    /// The zonelist cache of each node's fallback zonelist (seed 003), `[node]`.
-    zlcs: Box<[ZonelistCache]>,
+    min_free_kbytes: AtomicU64,
+    watermark_scale_factor: AtomicU64,
     /// `zonelist_cache`: whether walks use the caches.
     zlc_on: std::sync::atomic::AtomicBool,
     /// `zonelist_cache_interval_ms`: how long a zone stays marked full at most.
     zlc_interval_ms: AtomicU64,
-    /// A clock for the caches that tests set and move by hand; unset, the caches read
-    /// milliseconds of the coarse monotonic clock since `epoch_ms`.
-    zlc_clock: std::sync::OnceLock<Arc<AtomicU64>>,
-    epoch_ms: u64,
-    /// Zone of each largest-order block of the arena (`u16::MAX`: a gap).
-    block_zone: Vec<u16>,
-    max_order: Order,
-    min_free_kbytes: AtomicU64,
-    watermark_scale_factor: AtomicU64,
-    lowmem_pages: usize,
-    arena: Arena,
+    /// Messages about tunable changes (`pr_info` in the kernel): the last [`LOG_LINES`],
+    /// oldest first, and how many older ones were dropped.
+    log: std::sync::Mutex<TunableLog>,
 }
 
 /// `numa_key` when counting with per-CPU event counters.
@@ -174,24 +202,24 @@ impl Zonal {
 
     /// Every zone, by id.
     pub fn zones(&self) -> &[Zone] {
-        &self.zones
+        &self.mem.zones
     }
 
     /// The zones of a node.
     pub fn node_zones(&self, nid: NodeId) -> Result<&[ZoneId]> {
         self.check_node(nid)?;
-        Ok(&self.node_zones[nid.0 as usize])
+        Ok(&self.mem.node_zones[nid.0 as usize])
     }
 
     /// A node's zonelists.
     pub fn zonelists(&self, nid: NodeId) -> Result<&Zonelists> {
         self.check_node(nid)?;
-        Ok(&self.zonelists[nid.0 as usize])
+        Ok(&self.mem.zonelists[nid.0 as usize])
     }
 
     /// Largest order.
     pub fn max_order(&self) -> Order {
-        self.max_order
+        self.mem.max_order
     }
 
     /// The CPU this thread runs on now, as an index into the per-CPU tables. Only a hint:
@@ -199,10 +227,10 @@ impl Zonal {
     #[inline]
     pub fn current_cpu(&self) -> usize {
         let c = sys::current_cpu() as usize;
-        if c < self.nr_cpus {
+        if c < self.cpus.nr_cpus {
             c
         } else {
-            c % self.nr_cpus
+            c % self.cpus.nr_cpus
         }
     }
 
@@ -214,8 +242,8 @@ impl Zonal {
 
     #[inline]
     fn check_order(&self, order: u32) -> Result<Order> {
-        if order > self.max_order.0 as u32 {
-            return Err(Error::InvalidOrder { order, max_order: self.max_order });
+        if order > self.mem.max_order.0 as u32 {
+            return Err(Error::InvalidOrder { order, max_order: self.mem.max_order });
         }
         Ok(Order(order as u8))
     }
@@ -231,7 +259,7 @@ impl Zonal {
     /// This thread's rseq area, when the restartable sequences run.
     #[inline]
     fn rseq_area(&self) -> Option<*mut u8> {
-        self.rseq_off.map(|off| (sys::thread_pointer() as isize + off) as *mut u8)
+        self.cpus.rseq_off.map(|off| (sys::thread_pointer() as isize + off) as *mut u8)
     }
 
     /// The CPU the kernel last wrote into this thread's rseq area, as an index of this
@@ -242,7 +270,7 @@ impl Zonal {
         // `cpu_id` (a u32 at byte 4) the kernel keeps current; a volatile read sees it.
         let id = unsafe { std::ptr::read_volatile(area.add(4) as *const i32) };
         match usize::try_from(id) {
-            Ok(c) if c < self.nr_cpus => c,
+            Ok(c) if c < self.cpus.nr_cpus => c,
             _ => self.current_cpu(),
         }
     }
@@ -250,26 +278,31 @@ impl Zonal {
     /// Where the rseq critical sections of this thread find the per-CPU lists.
     #[inline]
     fn rseq_table(&self, area: *mut u8) -> pcp::rseq::Table {
-        pcp::rseq::Table { area, base: self.pcps.as_ptr(), nr_cpus: self.nr_cpus, nr_zones: self.zones.len() }
+        pcp::rseq::Table {
+            area,
+            base: self.cpus.pcps.as_ptr(),
+            nr_cpus: self.cpus.nr_cpus,
+            nr_zones: self.mem.zones.len(),
+        }
     }
 
     #[inline]
     fn pcp(&self, cpu: usize, zone: ZoneId) -> &PerCpuPages {
-        &self.pcps[cpu * self.zones.len() + zone.0 as usize]
+        &self.cpus.pcps[cpu * self.mem.zones.len() + zone.0 as usize]
     }
 
     #[inline]
     fn count_event(&self, cpu: usize, ev: VmEvent, n: u64) {
-        self.events[cpu].add(ev, n);
+        self.cpus.events[cpu].add(ev, n);
     }
 
     /// An event counter summed over CPUs.
     pub fn event(&self, ev: VmEvent) -> u64 {
-        let n = vmstat::sum_events(&self.events, ev);
+        let n = vmstat::sum_events(&self.cpus.events, ev);
         match ev {
             // Counted by the lists fenced, under their lock: the worker that fences too has
             // no event counters of its own.
-            VmEvent::PcpFence => self.pcps.iter().map(PerCpuPages::fences).fold(n, u64::wrapping_add),
+            VmEvent::PcpFence => self.cpus.pcps.iter().map(PerCpuPages::fences).fold(n, u64::wrapping_add),
             _ => n,
         }
     }
@@ -279,25 +312,25 @@ impl Zonal {
     /// `local_first` count those paths keep anyway, so it costs them nothing; 0 where the
     /// fast paths do not run (no rseq, `ZONAL_NO_RSEQ`, lists off).
     pub fn fast_path_allocs(&self) -> u64 {
-        self.events.iter().map(PerCpuEvents::local_first).fold(0, u64::wrapping_add)
+        self.cpus.events.iter().map(PerCpuEvents::local_first).fold(0, u64::wrapping_add)
     }
 
     /// The zone of a frame zonal handed out.
     #[inline]
     fn zone_of(&self, pfn: Pfn) -> &Zone {
-        &self.zones[self.block_zone[pfn.0 >> self.max_order.0] as usize]
+        &self.mem.zones[self.mem.block_zone[pfn.0 >> self.mem.max_order.0] as usize]
     }
 
     #[inline]
     fn pfn_to_ptr(&self, pfn: Pfn) -> NonNull<u8> {
-        let addr = self.arena.pfn_to_addr(pfn);
+        let addr = self.mem.arena.pfn_to_addr(pfn);
         // The arena never maps address 0, so a frame's address is never null.
         NonNull::new(addr as *mut u8).expect("arena addresses are non-null")
     }
 
     /// Number of CPUs the per-CPU tables cover.
     pub fn nr_cpus(&self) -> usize {
-        self.nr_cpus
+        self.cpus.nr_cpus
     }
 
     /// The zone and frame of an address that must start a block of `order`.
@@ -313,12 +346,12 @@ impl Zonal {
     /// The zone that owns an address (any byte of a frame), and that frame.
     #[inline]
     fn owning_zone(&self, addr: usize) -> Result<(&Zone, Pfn)> {
-        let pfn = self.arena.addr_to_pfn(addr).ok_or(Error::NotOwned { addr })?;
-        let zid = self.block_zone[pfn.0 >> self.max_order.0];
-        if zid == NO_ZONE || !self.zones[zid as usize].contains(pfn) {
+        let pfn = self.mem.arena.addr_to_pfn(addr).ok_or(Error::NotOwned { addr })?;
+        let zid = self.mem.block_zone[pfn.0 >> self.mem.max_order.0];
+        if zid == NO_ZONE || !self.mem.zones[zid as usize].contains(pfn) {
             return Err(Error::NotOwned { addr });
         }
-        Ok((&self.zones[zid as usize], pfn))
+        Ok((&self.mem.zones[zid as usize], pfn))
     }
 
     /// The node a frame of zonal belongs to (`page_to_nid`).
@@ -332,7 +365,7 @@ impl Zonal {
     }
 
     fn zone(&self, zone: ZoneId) -> Result<&Zone> {
-        self.zones.get(zone.0 as usize).ok_or(Error::InvalidZone { zone, nr_zones: self.zones.len() })
+        self.mem.zones.get(zone.0 as usize).ok_or(Error::InvalidZone { zone, nr_zones: self.mem.zones.len() })
     }
 }
 
@@ -382,7 +415,7 @@ mod tests {
     fn a_late_claim_never_puts_a_free_frame_on_the_buddy_twice() {
         let t = Topology::parse("nodes=1,size=16M").unwrap();
         let z = Zonal::new(Config::new(t)).unwrap();
-        let zone = &z.zones[0];
+        let zone = &z.mem.zones[0];
         z.drain_all_pages();
         for pfn in [zone.start_pfn, Pfn(zone.start_pfn.0 + 5)] {
             z.pcp(0, zone.id).lock(zone).with(|p| pcp::free_to_pcp(zone, p, pfn, Order(0)));
@@ -443,6 +476,6 @@ mod tests {
         });
         z.drain_all_pages();
         assert_eq!(z.check_invariants(), Ok(0));
-        assert_eq!(z.nr_free_pages(NodeId(0)).unwrap(), z.zones[0].managed);
+        assert_eq!(z.nr_free_pages(NodeId(0)).unwrap(), z.mem.zones[0].managed);
     }
 }

@@ -22,9 +22,9 @@ impl Zonal {
     ) {
         // Linux's preferred_zoneref: the first zone of the zonelist the nodemask allows.
         let preferred = match ctx.nodemask {
-            None => ctx.zonelist.first().map_or(z, |id| &self.zones[id.0 as usize]),
+            None => ctx.zonelist.first().map_or(z, |id| &self.mem.zones[id.0 as usize]),
             Some(m) => {
-                ctx.zonelist.iter().map(|id| &self.zones[id.0 as usize]).find(|pz| m.contains(pz.node)).unwrap_or(z)
+                ctx.zonelist.iter().map(|id| &self.mem.zones[id.0 as usize]).find(|pz| m.contains(pz.node)).unwrap_or(z)
             }
         };
         self.numa_charge(cpu, z, preferred, nr, interleave);
@@ -33,12 +33,12 @@ impl Zonal {
     /// Charges `nr` frames allocated from `z` for an allocation that preferred `preferred`.
     #[inline(never)]
     pub(super) fn numa_charge(&self, cpu: usize, z: &Zone, preferred: &Zone, nr: u64, interleave: Option<NodeId>) {
-        let nz = self.zones.len();
+        let nz = self.mem.zones.len();
         let strategy = self.numa_strategy();
-        let threshold = self.numa_threshold.load(std::sync::atomic::Ordering::Relaxed);
+        let threshold = self.numa.threshold.load(std::sync::atomic::Ordering::Relaxed);
         let count = |zone: &Zone, s: NumaStat, n: u64| {
-            let pcpu = &self.zone_stats[cpu * nz + zone.id.0 as usize];
-            let shared = &self.numa_shared[zone.id.0 as usize];
+            let pcpu = &self.numa.zone_stats[cpu * nz + zone.id.0 as usize];
+            let shared = &self.numa.shared[zone.id.0 as usize];
             match strategy {
                 NumaStrategy::PerCpu => pcpu.add(s, n),
                 NumaStrategy::Threshold => pcpu.add_diff(s, n, threshold, shared),
@@ -63,11 +63,11 @@ impl Zonal {
     pub(super) fn numa_read_hook(&self) {
         // Already counting: nothing to turn on (reports read every counter of every zone,
         // so this runs often; the mode lock is for the one read that flips the key).
-        if self.numa_key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+        if self.numa.key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
             return;
         }
-        let mode = self.numa_mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if *mode == NumaStatsMode::Auto && self.numa_key.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        let mode = self.numa.mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *mode == NumaStatsMode::Auto && self.numa.key.load(std::sync::atomic::Ordering::Relaxed) == 0 {
             self.set_numa_key(&mode, self.numa_on());
             self.log_line("numa stats: counters read in auto mode, updates enabled".into());
         }
@@ -79,26 +79,27 @@ impl Zonal {
         self.numa_read_hook();
         // A zone the allocator does not have counted nothing ([`Zonal::node_numa_stats`]
         // and the reports only ask for real zones).
-        if zone.0 as usize >= self.zones.len() {
+        if zone.0 as usize >= self.mem.zones.len() {
             return 0;
         }
-        let nz = self.zones.len();
-        let shared = self.numa_shared.get(zone.0 as usize).map_or(0, |sh| sh.get(s));
-        let counted =
-            (0..self.nr_cpus).map(|c| self.zone_stats[c * nz + zone.0 as usize].get(s)).fold(shared, u64::wrapping_add);
+        let nz = self.mem.zones.len();
+        let shared = self.numa.shared.get(zone.0 as usize).map_or(0, |sh| sh.get(s));
+        let counted = (0..self.cpus.nr_cpus)
+            .map(|c| self.numa.zone_stats[c * nz + zone.0 as usize].get(s))
+            .fold(shared, u64::wrapping_add);
         if !matches!(s, NumaStat::NumaHit | NumaStat::NumaLocal) {
             return counted;
         }
         // The fast paths' local hits, counted as `pgalloc` on the CPUs whose local zone this
         // is (`local_zone` is set only where that zone is on the CPU's node).
-        let fast_on = self.numa_key.load(std::sync::atomic::Ordering::Relaxed) == NUMA_ON_PERCPU;
-        (0..self.nr_cpus)
-            .filter(|&c| self.local_zone[c] == zone.0)
+        let fast_on = self.numa.key.load(std::sync::atomic::Ordering::Relaxed) == NUMA_ON_PERCPU;
+        (0..self.cpus.nr_cpus)
+            .filter(|&c| self.cpus.local_zone[c] == zone.0)
             .map(|c| {
-                let frozen = self.numa_fast_frozen[c].load(std::sync::atomic::Ordering::Relaxed);
+                let frozen = self.numa.fast_frozen[c].load(std::sync::atomic::Ordering::Relaxed);
                 if fast_on {
-                    let base = self.numa_fast_base[c].load(std::sync::atomic::Ordering::Relaxed);
-                    let since = counted_since(self.events[c].local_first(), base);
+                    let base = self.numa.fast_base[c].load(std::sync::atomic::Ordering::Relaxed);
+                    let since = counted_since(self.cpus.events[c].local_first(), base);
                     frozen.wrapping_add(since)
                 } else {
                     frozen
@@ -113,38 +114,38 @@ impl Zonal {
     /// and keep what it counted when it stops.
     pub(super) fn set_numa_key(&self, _mode: &std::sync::MutexGuard<'_, NumaStatsMode>, key: u8) {
         use std::sync::atomic::Ordering::Relaxed;
-        let old = self.numa_key.load(Relaxed);
+        let old = self.numa.key.load(Relaxed);
         if old == key {
             return;
         }
-        for c in 0..self.nr_cpus {
-            let now = self.events[c].local_first();
+        for c in 0..self.cpus.nr_cpus {
+            let now = self.cpus.events[c].local_first();
             if old == NUMA_ON_PERCPU {
-                let since = counted_since(now, self.numa_fast_base[c].load(Relaxed));
-                self.numa_fast_frozen[c].fetch_add(since, Relaxed);
+                let since = counted_since(now, self.numa.fast_base[c].load(Relaxed));
+                self.numa.fast_frozen[c].fetch_add(since, Relaxed);
             }
             if key == NUMA_ON_PERCPU {
-                self.numa_fast_base[c].store(now, Relaxed);
+                self.numa.fast_base[c].store(now, Relaxed);
             }
         }
-        self.numa_key.store(key, Relaxed);
+        self.numa.key.store(key, Relaxed);
     }
 
     /// How NUMA events are counted now.
     #[inline]
     pub fn numa_strategy(&self) -> NumaStrategy {
-        let i = self.numa_strategy.load(std::sync::atomic::Ordering::Relaxed) as usize;
+        let i = self.numa.strategy.load(std::sync::atomic::Ordering::Relaxed) as usize;
         NumaStrategy::ALL[i.min(NumaStrategy::ALL.len() - 1)]
     }
 
     /// Switches how NUMA events are counted; counts so far stay (readers add both forms).
     pub fn set_numa_strategy(&self, s: NumaStrategy) {
-        let mode = self.numa_mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mode = self.numa.mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let i = NumaStrategy::ALL.iter().position(|&x| x == s).unwrap_or(0) as u8;
-        if self.numa_strategy.swap(i, std::sync::atomic::Ordering::Relaxed) == i {
+        if self.numa.strategy.swap(i, std::sync::atomic::Ordering::Relaxed) == i {
             return;
         }
-        if self.numa_key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+        if self.numa.key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
             self.set_numa_key(&mode, self.numa_on());
         }
         drop(mode);
@@ -153,7 +154,7 @@ impl Zonal {
 
     /// `numa_stat_threshold` (seed 000's strategy).
     pub fn numa_stat_threshold(&self) -> u16 {
-        self.numa_threshold.load(std::sync::atomic::Ordering::Relaxed)
+        self.numa.threshold.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Sets `numa_stat_threshold`, 1..=65533 (the diff is a u16 and must hold threshold + 1).
@@ -164,7 +165,7 @@ impl Zonal {
                 vmstat::NUMA_STATS_THRESHOLD
             )));
         }
-        self.numa_threshold.store(t as u16, std::sync::atomic::Ordering::Relaxed);
+        self.numa.threshold.store(t as u16, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -180,12 +181,12 @@ impl Zonal {
 
     /// The current `numa_stats_mode`.
     pub fn numa_stats_mode(&self) -> NumaStatsMode {
-        *self.numa_mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        *self.numa.mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Whether allocations count NUMA events now (the static key).
     pub fn numa_stats_counting(&self) -> bool {
-        self.numa_key.load(std::sync::atomic::Ordering::Relaxed) != 0
+        self.numa.key.load(std::sync::atomic::Ordering::Relaxed) != 0
     }
 
     /// The value of `numa_key` that turns counting on with the current strategy.
@@ -207,7 +208,7 @@ impl Zonal {
             self.log_line(format!("Ignoring {e}"));
             Error::InvalidConfig(e)
         })?;
-        let mut mode = self.numa_mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut mode = self.numa.mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let old = *mode;
         if old == new {
             return Ok(());
@@ -219,13 +220,13 @@ impl Zonal {
                 // on another CPU can write its old value back, so a counter may read a few
                 // events above zero after the switch. Nothing is counted after that.
                 self.set_numa_key(&mode, 0);
-                for s in self.zone_stats.iter() {
+                for s in self.numa.zone_stats.iter() {
                     s.zero();
                 }
-                for f in self.numa_fast_frozen.iter() {
+                for f in self.numa.fast_frozen.iter() {
                     f.store(0, std::sync::atomic::Ordering::Relaxed);
                 }
-                for s in self.numa_shared.iter() {
+                for s in self.numa.shared.iter() {
                     s.zero();
                 }
             }

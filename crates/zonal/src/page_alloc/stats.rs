@@ -9,12 +9,12 @@ use super::*;
 impl Zonal {
     /// One CPU's pcp figures for a zone: (count, high, batch, high_min, high_max).
     pub fn pcp_info(&self, cpu: usize, zone: ZoneId) -> Option<PcpInfo> {
-        if cpu >= self.nr_cpus || zone.0 as usize >= self.zones.len() {
+        if cpu >= self.cpus.nr_cpus || zone.0 as usize >= self.mem.zones.len() {
             return None;
         }
         // Lists only, no fence: the count is the lists' plus the cache's length as read.
         let pcp = self.pcp(cpu, zone);
-        Some(pcp.lock_lists(&self.zones[zone.0 as usize]).with(|p| PcpInfo {
+        Some(pcp.lock_lists(&self.mem.zones[zone.0 as usize]).with(|p| PcpInfo {
             count: p.count + pcp.cache_len(),
             high: p.high,
             batch: p.batch,
@@ -29,7 +29,7 @@ impl Zonal {
         Ok(self
             .node_zones(nid)?
             .iter()
-            .map(|z| self.zones[z.0 as usize].page_state_snapshot(ZoneStatItem::NrFreePages))
+            .map(|z| self.mem.zones[z.0 as usize].page_state_snapshot(ZoneStatItem::NrFreePages))
             .sum())
     }
 
@@ -59,7 +59,7 @@ impl Zonal {
         if item != ZoneStatItem::NrPcpPages {
             return Ok(v);
         }
-        let churn: isize = (0..self.nr_cpus).map(|c| self.pcp(c, zone).unsettled()).sum();
+        let churn: isize = (0..self.cpus.nr_cpus).map(|c| self.pcp(c, zone).unsettled()).sum();
         Ok((v as isize + churn).max(0) as usize)
     }
 
@@ -72,12 +72,12 @@ impl Zonal {
 
     /// A zone counter over every zone as folded (`global_zone_page_state`).
     pub fn global_page_state(&self, item: ZoneStatItem) -> usize {
-        self.vm_zone_stat.get(item)
+        self.mem.vm_zone_stat.get(item)
     }
 
     /// A zone counter over every zone, exact once allocation stops.
     pub fn global_page_state_snapshot(&self, item: ZoneStatItem) -> usize {
-        self.zones.iter().map(|z| self.zone_page_state_snapshot(z.id, item).unwrap_or(0)).sum()
+        self.mem.zones.iter().map(|z| self.zone_page_state_snapshot(z.id, item).unwrap_or(0)).sum()
     }
 
     /// `stat_threshold` of a zone as CPU `cpu` applies it (`vm stats threshold`), and whether
@@ -95,11 +95,11 @@ impl Zonal {
     /// Frames on every CPU's lists for a node's zones.
     pub fn nr_pcp_pages(&self, nid: NodeId) -> Result<usize> {
         let zones = self.node_zones(nid)?;
-        Ok((0..self.nr_cpus)
+        Ok((0..self.cpus.nr_cpus)
             .flat_map(|c| zones.iter().map(move |z| (c, *z)))
             .map(|(c, z)| {
                 let pcp = self.pcp(c, z);
-                pcp.lock_lists(&self.zones[z.0 as usize]).with(|p| p.count + pcp.cache_len())
+                pcp.lock_lists(&self.mem.zones[z.0 as usize]).with(|p| p.count + pcp.cache_len())
             })
             .sum())
     }
@@ -107,7 +107,7 @@ impl Zonal {
     /// Free blocks of one order on a node, over its zones.
     pub fn nr_free_blocks(&self, nid: NodeId, order: u32) -> Result<usize> {
         let order = self.check_order(order)?;
-        Ok(self.node_zones(nid)?.iter().map(|z| self.zones[z.0 as usize].free_blocks()[order.0 as usize]).sum())
+        Ok(self.node_zones(nid)?.iter().map(|z| self.mem.zones[z.0 as usize].free_blocks()[order.0 as usize]).sum())
     }
 
     /// Checks every zone's and every per-CPU list's invariants: `free + pcp + allocated ==
@@ -116,9 +116,9 @@ impl Zonal {
     /// allocates or frees.
     pub fn check_invariants(&self) -> std::result::Result<usize, String> {
         let mut allocated = 0;
-        for z in self.zones.iter() {
+        for z in self.mem.zones.iter() {
             let mut on_pcp = 0;
-            for c in 0..self.nr_cpus {
+            for c in 0..self.cpus.nr_cpus {
                 // Lists only, no fence: the caller keeps every section out, so the cache can
                 // be read as it stands.
                 let pcp = self.pcp(c, z.id);

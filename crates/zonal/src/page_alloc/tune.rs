@@ -44,14 +44,14 @@ pub(super) fn check_min_free_kbytes(kb: u64, lowmem_pages: usize) -> Result<u64>
 impl Zonal {
     /// `stat_interval`: how often the background worker runs.
     pub fn stat_interval(&self) -> Duration {
-        Duration::from_millis(self.stat_interval_ms.load(std::sync::atomic::Ordering::Relaxed))
+        Duration::from_millis(self.tun.stat_interval_ms.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Sets `stat_interval`, clamped to the tunable's bounds (1 ms to an hour: a longer
     /// `Duration` is an hour, not its milliseconds cut to 64 bits); the worker takes it from
     /// its next wake-up.
     pub fn set_stat_interval(&self, d: Duration) {
-        self.stat_interval_ms.store(stat_interval_ms(d), std::sync::atomic::Ordering::Relaxed);
+        self.tun.stat_interval_ms.store(stat_interval_ms(d), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Sets `percpu_pagelist_high_fraction`: 0 lets `high` tune itself between the low
@@ -60,21 +60,21 @@ impl Zonal {
     /// old value kept.
     pub fn set_percpu_pagelist_high_fraction(&self, fraction: u32) -> Result<()> {
         crate::tunables::check("percpu_pagelist_high_fraction", fraction as u64)?;
-        self.percpu_pagelist_high_fraction.store(fraction, Ordering::Relaxed);
+        self.tun.percpu_pagelist_high_fraction.store(fraction, Ordering::Relaxed);
         self.update_pcp_sizes();
         Ok(())
     }
 
     /// Current `percpu_pagelist_high_fraction`.
     pub fn percpu_pagelist_high_fraction(&self) -> u32 {
-        self.percpu_pagelist_high_fraction.load(Ordering::Relaxed)
+        self.tun.percpu_pagelist_high_fraction.load(Ordering::Relaxed)
     }
 
     /// Sets `min_free_kbytes` and recomputes the watermarks. Rejects 0 and values that would
     /// reserve more than the memory there is, keeping the old value.
     pub fn set_min_free_kbytes(&self, kb: u64) -> Result<()> {
-        check_min_free_kbytes(kb, self.lowmem_pages)?;
-        self.min_free_kbytes.store(kb, Ordering::Relaxed);
+        check_min_free_kbytes(kb, self.mem.lowmem_pages)?;
+        self.tun.min_free_kbytes.store(kb, Ordering::Relaxed);
         self.setup_per_zone_wmarks();
         Ok(())
     }
@@ -82,75 +82,78 @@ impl Zonal {
     /// Sets `watermark_scale_factor` (1..=3000) and recomputes the watermarks.
     pub fn set_watermark_scale_factor(&self, wsf: u32) -> Result<()> {
         crate::tunables::check("watermark_scale_factor", wsf as u64)?;
-        self.watermark_scale_factor.store(wsf as u64, Ordering::Relaxed);
+        self.tun.watermark_scale_factor.store(wsf as u64, Ordering::Relaxed);
         self.setup_per_zone_wmarks();
         Ok(())
     }
 
     /// Current `min_free_kbytes`.
     pub fn min_free_kbytes(&self) -> u64 {
-        self.min_free_kbytes.load(Ordering::Relaxed)
+        self.tun.min_free_kbytes.load(Ordering::Relaxed)
     }
 
     /// Current `watermark_scale_factor`.
     pub fn watermark_scale_factor(&self) -> u32 {
-        self.watermark_scale_factor.load(Ordering::Relaxed) as u32
+        self.tun.watermark_scale_factor.load(Ordering::Relaxed) as u32
     }
 
     pub(super) fn log_line(&self, line: String) {
-        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(line);
+        self.tun.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(line);
     }
 
     /// Messages about tunable changes, oldest first (the kernel's `pr_info`s): the last
     /// [`LOG_LINES`] of them; [`Zonal::log_dropped`] counts the older ones.
     pub fn log(&self) -> Vec<String> {
-        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).lines.iter().cloned().collect()
+        self.tun.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).lines.iter().cloned().collect()
     }
 
     /// How many messages left the log to keep it at [`LOG_LINES`] (as the kernel's ring
     /// buffer overwrites its oldest records).
     pub fn log_dropped(&self) -> u64 {
-        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).dropped
+        self.tun.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).dropped
     }
 
     /// `zonelist_cache`: whether zonelist walks use the caches.
     pub fn zonelist_cache(&self) -> bool {
-        self.zlc_on.load(std::sync::atomic::Ordering::Relaxed)
+        self.tun.zlc_on.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Turns the zonelist caches on or off.
     pub fn set_zonelist_cache(&self, on: bool) {
-        if self.zlc_on.swap(on, std::sync::atomic::Ordering::Relaxed) != on {
+        if self.tun.zlc_on.swap(on, std::sync::atomic::Ordering::Relaxed) != on {
             self.log_line(format!("zonelist_cache: {}", on as u8));
         }
     }
 
     /// `zonelist_cache_interval_ms`.
     pub fn zonelist_cache_interval_ms(&self) -> u64 {
-        self.zlc_interval_ms.load(std::sync::atomic::Ordering::Relaxed)
+        self.tun.zlc_interval_ms.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Sets `zonelist_cache_interval_ms` (1 ..= 3600000).
     pub fn set_zonelist_cache_interval_ms(&self, ms: u64) -> Result<()> {
         crate::tunables::check("zonelist_cache_interval_ms", ms)?;
-        self.zlc_interval_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+        self.tun.zlc_interval_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
     /// Drives the zonelist caches' clock by hand (milliseconds in `clock`), for tests of the
     /// zap; once per handle, before any allocation that may set a cache up.
     pub fn set_zonelist_cache_clock(&self, clock: Arc<AtomicU64>) -> Result<()> {
-        self.zlc_clock.set(clock).map_err(|_| Error::InvalidConfig("the zonelist cache clock is already set".into()))
+        self.mem
+            .zlc_clock
+            .set(clock)
+            .map_err(|_| Error::InvalidConfig("the zonelist cache clock is already set".into()))
     }
 
     /// `free_check`: `true` when order-0 frees on the fast path claim with a CAS.
     pub fn free_check_atomic(&self) -> bool {
-        self.free_check_atomic.load(std::sync::atomic::Ordering::Relaxed)
+        self.tun.free_check_atomic.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Sets `free_check` (see [`crate::tunables::TUNABLES`]).
     pub fn set_free_check_atomic(&self, atomic: bool) {
-        if self.free_check_atomic.swap(atomic, std::sync::atomic::Ordering::Relaxed) == atomic {
+        if self.tun.free_check_atomic.swap(atomic, std::sync::atomic::Ordering::Relaxed) == atomic {
             return;
         }
         self.log_line(format!("free_check: {}", if atomic { "atomic" } else { "sequential" }));
@@ -159,12 +162,12 @@ impl Zonal {
     /// `bulk_accounting`: whether bulk calls account page by page (`true`) or once per call
     /// with the batch count (`false`, the default; seed 002).
     pub fn bulk_accounting_per_page(&self) -> bool {
-        self.bulk_per_page.load(std::sync::atomic::Ordering::Relaxed)
+        self.tun.bulk_per_page.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Sets `bulk_accounting` (see [`crate::tunables::TUNABLES`]).
     pub fn set_bulk_accounting_per_page(&self, per_page: bool) {
-        if self.bulk_per_page.swap(per_page, std::sync::atomic::Ordering::Relaxed) != per_page {
+        if self.tun.bulk_per_page.swap(per_page, std::sync::atomic::Ordering::Relaxed) != per_page {
             self.log_line(format!("bulk_accounting: {}", if per_page { "per_page" } else { "batch" }));
         }
     }
