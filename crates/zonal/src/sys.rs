@@ -172,10 +172,22 @@ pub fn current_cpu_known() -> Option<u32> {
 #[inline]
 pub fn rseq_cpu_id() -> Option<u32> {
     let area = rseq_area()?;
-    // SAFETY: glibc registered an rseq area for every thread at `thread pointer + offset`
-    // (it published `__rseq_offset` with a non-zero `__rseq_size`), and the kernel keeps
-    // `cpu_id` (an i32 at byte 4 of `struct rseq`) current; a volatile read sees its latest
-    // value.
+    // SAFETY: `rseq_area` is this thread's registered area: glibc registered one for every
+    // thread at `thread pointer + offset` (it published `__rseq_offset` with a non-zero
+    // `__rseq_size`).
+    unsafe { rseq_area_cpu_id(area) }
+}
+
+/// The `cpu_id` the kernel keeps in an rseq area (an i32 at byte 4 of `struct rseq`; negative
+/// until the kernel has set it), read with a volatile load so that each call sees its latest
+/// value: the fast paths read it from the area they already hold.
+///
+/// # Safety
+/// `area` is the calling thread's registered `struct rseq` (see [`rseq_area`]).
+#[inline(always)]
+pub unsafe fn rseq_area_cpu_id(area: *mut u8) -> Option<u32> {
+    // SAFETY: the caller passes this thread's live rseq area, at least 16 bytes long
+    // (`rseq_offset` requires it), so byte 4..8 is its `cpu_id`.
     let id = unsafe { std::ptr::read_volatile(area.add(4) as *const i32) };
     u32::try_from(id).ok()
 }

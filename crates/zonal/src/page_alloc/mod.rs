@@ -266,11 +266,10 @@ impl Zonal {
     /// handle's per-CPU arrays (see [`Zonal::current_cpu`]).
     #[inline]
     fn rseq_cpu(&self, area: *mut u8) -> usize {
-        // SAFETY: `area` is this thread's registered `struct rseq` (from `rseq_area`), whose
-        // `cpu_id` (a u32 at byte 4) the kernel keeps current; a volatile read sees it.
-        let id = unsafe { std::ptr::read_volatile(area.add(4) as *const i32) };
-        match usize::try_from(id) {
-            Ok(c) if c < self.cpus.nr_cpus => c,
+        // SAFETY: `area` is this thread's registered `struct rseq` (from `rseq_area`).
+        let id = unsafe { sys::rseq_area_cpu_id(area) };
+        match id.map(|c| c as usize) {
+            Some(c) if c < self.cpus.nr_cpus => c,
             _ => self.current_cpu(),
         }
     }
