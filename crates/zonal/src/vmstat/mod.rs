@@ -25,6 +25,78 @@ use crate::sync::{AtomicI8, AtomicIsize, AtomicU64, AtomicU8, Ordering};
 use crate::types::{Order, MAX_ORDER_LIMIT};
 use std::sync::atomic::AtomicU16;
 
+/// Declares a counter enum once: each variant with its doc comment and its names, one per
+/// name function, in the order the functions are listed. Generates the `#[repr(usize)]` enum
+/// (variants numbered in declaration order, which is report order and the index into the
+/// per-CPU arrays), the `NR_*` count, `ALL` (every variant in declaration order) and one
+/// `fn(self) -> &'static str` per name function. A variant with too few or too many names
+/// does not compile.
+///
+/// ```text
+/// counters! {
+///     /// The enum's doc.
+///     pub enum Counter;
+///     /// The count's doc.
+///     pub const NR_COUNTERS;
+///     /// `ALL`'s doc.
+///     const ALL;
+///     /// The first name function's doc.
+///     fn name;
+///     /// The second's.
+///     fn other_name;
+///     {
+///         /// A variant's doc.
+///         First => ["first", "first_other"],
+///     }
+/// }
+/// ```
+macro_rules! counters {
+    // One name function per step: each variant's first remaining name.
+    (@names $Enum:ident { $( $Variant:ident [$first:literal $(, $rest:literal)*] ),+ }
+        $(#[$fn_meta:meta])* fn $name_fn:ident; $($more:tt)*) => {
+        impl $Enum {
+            $(#[$fn_meta])*
+            pub fn $name_fn(self) -> &'static str {
+                match self {
+                    $( $Enum::$Variant => $first, )+
+                }
+            }
+        }
+
+        counters!(@names $Enum { $( $Variant [$($rest),*] ),+ } $($more)*);
+    };
+    (@names $Enum:ident { $( $Variant:ident [] ),+ }) => {};
+    (
+        $(#[$enum_meta:meta])*
+        $vis:vis enum $Enum:ident;
+        $(#[$nr_meta:meta])*
+        $nr_vis:vis const $NR:ident;
+        $(#[$all_meta:meta])*
+        const ALL;
+        $( $(#[$fn_meta:meta])* fn $name_fn:ident; )+
+        {
+            $( $(#[$variant_meta:meta])* $Variant:ident => [$($name:literal),+ $(,)?] ),+ $(,)?
+        }
+    ) => {
+        $(#[$enum_meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr(usize)]
+        $vis enum $Enum {
+            $( $(#[$variant_meta])* $Variant, )+
+        }
+
+        $(#[$nr_meta])*
+        $nr_vis const $NR: usize = [$(stringify!($Variant)),+].len();
+
+        impl $Enum {
+            $(#[$all_meta])*
+            pub const ALL: [$Enum; $NR] = [$($Enum::$Variant),+];
+        }
+
+        counters!(@names $Enum { $( $Variant [$($name),+] ),+ } $( $(#[$fn_meta])* fn $name_fn; )+);
+    };
+}
+
 /// The zone counters (`enum zone_stat_item`) that mean something in zonal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ZoneStatItem {
@@ -208,69 +280,39 @@ impl PerCpuZoneDiffs {
     }
 }
 
-/// The event counters, in report order, with their stable names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(usize)]
-pub enum VmEvent {
-    /// Frames allocated from a `Normal` zone (`pgalloc_normal`).
-    PgallocNormal,
-    /// Frames freed (`pgfree`).
-    Pgfree,
-    /// Refills of a per-CPU list from the buddy lists.
-    PcpRefill,
-    /// Drains of per-CPU lists to the buddy lists (on `high`, on demand, on decay).
-    PcpDrain,
-    /// Calls of the bulk allocator.
-    AllocBulk,
-    /// Allocations that failed for lack of memory.
-    AllocFail,
-    /// Allocations that found their per-CPU list busy and took the buddy path.
-    PcpTrylockFail,
-    /// `membarrier` calls a pcp lock holder made to restart another CPU's rseq sections
-    /// (zonal's own: the cost of touching a remote cache, one IPI each).
-    PcpFence,
-    /// Zones a zonelist walk skipped because the zonelist cache had them full.
-    ZlcSkipped,
-    /// Zones the zonelist cache marked full.
-    ZlcFullMarks,
-    /// Zaps of a zonelist cache's bitmap.
-    ZlcZaps,
-}
-
-/// Number of [`VmEvent`]s.
-pub const NR_VM_EVENTS: usize = 11;
-
-impl VmEvent {
+counters! {
+    /// The event counters, in report order, with their stable names.
+    pub enum VmEvent;
+    /// Number of [`VmEvent`]s.
+    pub const NR_VM_EVENTS;
     /// Every event, in report order.
-    pub const ALL: [VmEvent; NR_VM_EVENTS] = [
-        VmEvent::PgallocNormal,
-        VmEvent::Pgfree,
-        VmEvent::PcpRefill,
-        VmEvent::PcpDrain,
-        VmEvent::AllocBulk,
-        VmEvent::AllocFail,
-        VmEvent::PcpTrylockFail,
-        VmEvent::PcpFence,
-        VmEvent::ZlcSkipped,
-        VmEvent::ZlcFullMarks,
-        VmEvent::ZlcZaps,
-    ];
-
+    const ALL;
     /// The counter's name in `/proc/vmstat` style.
-    pub fn name(self) -> &'static str {
-        match self {
-            VmEvent::PgallocNormal => "pgalloc_normal",
-            VmEvent::Pgfree => "pgfree",
-            VmEvent::PcpRefill => "pcp_refill",
-            VmEvent::PcpDrain => "pcp_drain",
-            VmEvent::AllocBulk => "alloc_bulk",
-            VmEvent::AllocFail => "alloc_fail",
-            VmEvent::PcpTrylockFail => "pcp_trylock_fail",
-            VmEvent::PcpFence => "pcp_fence",
-            VmEvent::ZlcSkipped => "zlc_zones_skipped",
-            VmEvent::ZlcFullMarks => "zlc_full_marks",
-            VmEvent::ZlcZaps => "zlc_zaps",
-        }
+    fn name;
+    {
+        /// Frames allocated from a `Normal` zone (`pgalloc_normal`).
+        PgallocNormal => ["pgalloc_normal"],
+        /// Frames freed (`pgfree`).
+        Pgfree => ["pgfree"],
+        /// Refills of a per-CPU list from the buddy lists.
+        PcpRefill => ["pcp_refill"],
+        /// Drains of per-CPU lists to the buddy lists (on `high`, on demand, on decay).
+        PcpDrain => ["pcp_drain"],
+        /// Calls of the bulk allocator.
+        AllocBulk => ["alloc_bulk"],
+        /// Allocations that failed for lack of memory.
+        AllocFail => ["alloc_fail"],
+        /// Allocations that found their per-CPU list busy and took the buddy path.
+        PcpTrylockFail => ["pcp_trylock_fail"],
+        /// `membarrier` calls a pcp lock holder made to restart another CPU's rseq sections
+        /// (zonal's own: the cost of touching a remote cache, one IPI each).
+        PcpFence => ["pcp_fence"],
+        /// Zones a zonelist walk skipped because the zonelist cache had them full.
+        ZlcSkipped => ["zlc_zones_skipped"],
+        /// Zones the zonelist cache marked full.
+        ZlcFullMarks => ["zlc_full_marks"],
+        /// Zaps of a zonelist cache's bitmap.
+        ZlcZaps => ["zlc_zaps"],
     }
 }
 
@@ -340,62 +382,61 @@ mod tests {
             assert_eq!(*e as usize, i);
         }
     }
-}
 
-/// The NUMA counters (`enum numa_stat_item`), kept apart from the zone counters (seed 000).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(usize)]
-pub enum NumaStat {
-    /// Allocated on the preferred zone's node.
-    NumaHit,
-    /// Allocated here although another node was preferred.
-    NumaMiss,
-    /// Preferred here but allocated on another node (charged to the preferred zone).
-    NumaForeign,
-    /// The interleave policy got the node it asked for.
-    NumaInterleaveHit,
-    /// Allocated on the allocating CPU's node.
-    NumaLocal,
-    /// Allocated on another node than the allocating CPU's.
-    NumaOther,
-}
-
-/// Number of [`NumaStat`]s.
-pub const NR_NUMA_STATS: usize = 6;
-
-impl NumaStat {
-    /// Every counter, in the kernel's order.
-    pub const ALL: [NumaStat; NR_NUMA_STATS] = [
-        NumaStat::NumaHit,
-        NumaStat::NumaMiss,
-        NumaStat::NumaForeign,
-        NumaStat::NumaInterleaveHit,
-        NumaStat::NumaLocal,
-        NumaStat::NumaOther,
-    ];
-
-    /// The name in `/proc/zoneinfo` and `/proc/vmstat`.
-    pub fn name(self) -> &'static str {
-        match self {
-            NumaStat::NumaHit => "numa_hit",
-            NumaStat::NumaMiss => "numa_miss",
-            NumaStat::NumaForeign => "numa_foreign",
-            NumaStat::NumaInterleaveHit => "numa_interleave",
-            NumaStat::NumaLocal => "numa_local",
-            NumaStat::NumaOther => "numa_other",
+    /// What `counters!` generates: `ALL` holds every variant once, in declaration order (the
+    /// discriminant is the position: the index into the per-CPU arrays), `NR_*` counts them,
+    /// and each name function gives every variant its own name. Event, NUMA and zone counter
+    /// names share `/proc/vmstat`, so they are unique across all three.
+    #[test]
+    fn counters_are_in_declaration_order_with_unique_names() {
+        use std::collections::HashSet;
+        assert_eq!(VmEvent::ALL.len(), NR_VM_EVENTS);
+        assert_eq!(NumaStat::ALL.len(), NR_NUMA_STATS);
+        assert_eq!((VmEvent::ALL[0], VmEvent::ALL[NR_VM_EVENTS - 1]), (VmEvent::PgallocNormal, VmEvent::ZlcZaps));
+        assert_eq!((NumaStat::ALL[0], NumaStat::ALL[NR_NUMA_STATS - 1]), (NumaStat::NumaHit, NumaStat::NumaOther));
+        for (i, e) in VmEvent::ALL.iter().enumerate() {
+            assert_eq!(*e as usize, i, "{e:?}");
         }
+        for (i, s) in NumaStat::ALL.iter().enumerate() {
+            assert_eq!(*s as usize, i, "{s:?}");
+        }
+        let numastat: HashSet<&str> = NumaStat::ALL.iter().map(|s| s.numastat_name()).collect();
+        assert_eq!(numastat.len(), NR_NUMA_STATS, "numastat names repeat");
+        let mut vmstat = HashSet::new();
+        let zone_items = ZoneStatItem::all(Order(MAX_ORDER_LIMIT)).map(ZoneStatItem::name);
+        let names = VmEvent::ALL.iter().map(|e| e.name()).chain(NumaStat::ALL.iter().map(|s| s.name()));
+        for name in names.map(String::from).chain(zone_items).chain([NR_ALLOCATED_NAME.to_string()]) {
+            assert!(vmstat.insert(name.clone()), "{name} names two counters");
+        }
+        assert_eq!(vmstat.len(), NR_VM_EVENTS + NR_NUMA_STATS + NR_ZONE_STAT_ITEMS + 1);
     }
+}
 
+counters! {
+    /// The NUMA counters (`enum numa_stat_item`), kept apart from the zone counters (seed 000).
+    pub enum NumaStat;
+    /// Number of [`NumaStat`]s.
+    pub const NR_NUMA_STATS;
+    /// Every counter, in the kernel's order.
+    const ALL;
+    /// The name in `/proc/zoneinfo` and `/proc/vmstat`.
+    fn name;
     /// The name in `/sys/devices/system/node/nodeN/numastat`.
-    pub fn numastat_name(self) -> &'static str {
-        match self {
-            NumaStat::NumaHit => "numa_hit",
-            NumaStat::NumaMiss => "numa_miss",
-            NumaStat::NumaForeign => "numa_foreign",
-            NumaStat::NumaInterleaveHit => "interleave_hit",
-            NumaStat::NumaLocal => "local_node",
-            NumaStat::NumaOther => "other_node",
-        }
+    fn numastat_name;
+    {
+        // Variant => [name(), numastat_name()]
+        /// Allocated on the preferred zone's node.
+        NumaHit => ["numa_hit", "numa_hit"],
+        /// Allocated here although another node was preferred.
+        NumaMiss => ["numa_miss", "numa_miss"],
+        /// Preferred here but allocated on another node (charged to the preferred zone).
+        NumaForeign => ["numa_foreign", "numa_foreign"],
+        /// The interleave policy got the node it asked for.
+        NumaInterleaveHit => ["numa_interleave", "interleave_hit"],
+        /// Allocated on the allocating CPU's node.
+        NumaLocal => ["numa_local", "local_node"],
+        /// Allocated on another node than the allocating CPU's.
+        NumaOther => ["numa_other", "other_node"],
     }
 }
 
