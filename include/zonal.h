@@ -77,10 +77,6 @@ typedef struct zonal_t zonal_t;
 
 
 
-
-
-
-
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus

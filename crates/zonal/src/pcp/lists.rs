@@ -1,0 +1,438 @@
+//! The list algorithms of the per-CPU page lists, run under a [`PcpGuard`](super::PcpGuard)
+//! on the [`PcpInner`] it protects: take a block (`rmqueue_pcplist`), refill from the buddy
+//! lists in a batch (`rmqueue_bulk`), free onto the lists and drain past `high`
+//! (`free_to_pcp`, `nr_pcp_high`, `nr_pcp_free`, `free_pcppages_bulk`, `drain`), decay an idle
+//! `high` (`decay_high`), size `batch` and `high` from the zone (`zone_batchsize`,
+//! `zone_highsize`, `set_high_and_batch`) and check the invariant (`check`).
+//!
+//! Kernel counterpart: `__rmqueue_pcplist`, `rmqueue_bulk`, `free_unref_page_commit`,
+//! `nr_pcp_high`, `nr_pcp_free`, `free_pcppages_bulk`, `drain_pages_zone`, `decay_pcp_high`,
+//! `zone_batchsize`, `zone_highsize` (mm/page_alloc.c, Linux 6.7+).
+//!
+//! Locking: every function here takes `&mut PcpInner`, which only a guard hands out, so the
+//! lists' lock is held; those that move blocks to or from the buddy lists take the zone lock
+//! inside it, once per batch (lock order: pcp lock, then zone lock). None of them sees the
+//! rseq cache: the guard has flushed it into the order-0 list before and refills it after.
+//!
+//! Invariant (checked by [`check`]): `count == sum(len(lists[o]) << o)`, every block on
+//! `lists[o]` has head state `PCP|o`, and `count <= high + batch`.
+
+use super::{PcpInner, NR_PCP_LISTS, PCP_BATCH_SCALE_MAX};
+use crate::buddy::{self, PCP};
+use crate::sync::Ordering;
+use crate::types::{Order, Pfn, PAGE_SIZE};
+use crate::zone::{Watermark, Zone};
+
+/// `zone_batchsize`: a quarter of the zone's 1/1024 share capped at 1 MiB, clamped to
+/// `2^n - 1` (so batches do not alias in caches), at least 1: 63 for zones of 1 GiB and more.
+pub fn zone_batchsize(managed: usize) -> usize {
+    let batch = ((managed >> 10).min((1 << 20) / PAGE_SIZE) / 4).max(1);
+    let b = batch + batch / 2;
+    let pow = 1usize << (usize::BITS - 1 - b.leading_zeros());
+    (pow - 1).max(1)
+}
+
+/// `zone_highsize`: the zone's low watermark (or `managed / fraction` when the fraction is
+/// set) split over the CPUs of the zone's node (all CPUs for a memory-only node), at least
+/// four batches.
+pub fn zone_highsize(
+    low_wmark: usize,
+    managed: usize,
+    batch: usize,
+    node_cpus: usize,
+    nr_cpus: usize,
+    fraction: u32,
+) -> usize {
+    let total = if fraction == 0 { low_wmark } else { managed / fraction as usize };
+    let split = if node_cpus == 0 { nr_cpus.max(1) } else { node_cpus };
+    (total / split).max(batch << 2)
+}
+
+/// Takes a block of `order` from the lists, refilling them from the buddy lists first if the
+/// list is empty (`__rmqueue_pcplist`). The block's head state is still `PCP|order`: the
+/// caller tags it allocated before anyone else can see it. `None` if the zone has no block of
+/// the order either.
+#[inline]
+pub fn rmqueue_pcplist(zone: &Zone, pcp: &mut PcpInner, order: Order) -> Option<Pfn> {
+    let o = order.0 as usize;
+    pcp.free_factor >>= 1;
+    loop {
+        if pcp.lists[o].is_empty() && rmqueue_bulk(zone, pcp, order) == 0 {
+            return None;
+        }
+        let pfn = Pfn(pcp.lists[o].pop()?);
+        pcp.count -= order.pages();
+        pcp.count_min = pcp.count_min.min(pcp.count);
+        // A second copy of a frame put on the lists by two racing frees (see `free_check`)
+        // no longer carries the tag: drop it.
+        if zone.state(pfn).load(Ordering::Relaxed) == buddy::state(PCP, order) {
+            return Some(pfn);
+        }
+    }
+}
+
+/// Moves `nr_pcp_alloc` blocks of `order` from the buddy lists to the pcp list under one
+/// acquisition of the zone lock (`rmqueue_bulk`); grows `high` by a batch on the way when
+/// `high` is auto-tuned and the zone is above its high watermark (Linux 6.7). Returns the
+/// number of blocks moved.
+#[cold]
+pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
+    if pcp.high_min != pcp.high_max && zone.nr_free() >= zone.watermark(Watermark::High) {
+        pcp.high = (pcp.high + pcp.batch).min(pcp.high_max);
+    }
+    pcp.free_count = 0;
+    // nr_pcp_alloc: order 0 takes `batch << alloc_factor` frames, at most what keeps the lists
+    // a batch below high, doubling while allocations run without frees; larger orders take
+    // max(batch >> order, 2) blocks. zonal also keeps the lists within high + batch once the
+    // caller has taken its block, which only binds for tiny batches.
+    let want = if order.0 == 0 {
+        let scaled = pcp.batch << pcp.alloc_factor;
+        let max_nr_alloc = (pcp.high.saturating_sub(pcp.count + pcp.batch)).max(pcp.batch);
+        if scaled <= max_nr_alloc && pcp.alloc_factor < PCP_BATCH_SCALE_MAX {
+            pcp.alloc_factor += 1;
+        }
+        scaled.min(max_nr_alloc).max(2)
+    } else {
+        (pcp.batch >> order.0).max(2)
+    };
+    let room = 1 + ((pcp.high + pcp.batch).saturating_sub(pcp.count) >> order.0);
+    let want = want.min(room);
+    let mut l = zone.lock();
+    let mut b = l.buddy();
+    let list = &mut pcp.lists[order.0 as usize];
+    let mut n = 0;
+    while n < want {
+        let Some(pfn) = b.rmqueue_smallest(order) else { break };
+        zone.state(pfn).store(buddy::state(PCP, order), Ordering::Relaxed);
+        list.push(pfn.0);
+        n += 1;
+    }
+    drop(l);
+    pcp.count += n << order.0;
+    n
+}
+
+/// Puts a claimed block (head state `NONE`) on the lists and drains to the buddy when the
+/// lists reach `high` (`free_unref_page_commit`). Returns the frames drained.
+#[inline]
+pub fn free_to_pcp(zone: &Zone, pcp: &mut PcpInner, pfn: Pfn, order: Order) -> usize {
+    zone.state(pfn).store(buddy::state(PCP, order), Ordering::Relaxed);
+    pcp.lists[order.0 as usize].push(pfn.0);
+    pcp.count += order.pages();
+    pcp.free_count += order.pages();
+    pcp.alloc_factor >>= 1;
+    let high = nr_pcp_high(zone, pcp);
+    if pcp.count >= high {
+        // At least what brings the lists back within high + batch (a large block, or a high
+        // that just shrank, can overshoot by more than one drain).
+        let n = nr_pcp_free(pcp).max(pcp.count.saturating_sub(high + pcp.batch));
+        return free_pcppages_bulk(zone, pcp, n);
+    }
+    0
+}
+
+/// `nr_pcp_high`: the current `high`, tuned first. Shrinks toward `high_min` while the zone is
+/// below its high watermark (memory is short: keep less on pcp lists); grows by a batch under
+/// sustained frees (`free_count` past `batch + high_min / 2` since the last refill).
+#[inline]
+fn nr_pcp_high(zone: &Zone, pcp: &mut PcpInner) -> usize {
+    if pcp.high_min != pcp.high_max {
+        if zone.nr_free() < zone.watermark(Watermark::High) {
+            pcp.high = pcp.high.saturating_sub(pcp.batch << pcp.free_factor).max(pcp.high_min);
+        } else if pcp.free_count >= pcp.batch + pcp.high_min / 2 {
+            pcp.high = (pcp.high + pcp.batch).min(pcp.high_max);
+        }
+    }
+    pcp.high
+}
+
+/// `nr_pcp_free`: how many frames to drain, `batch << free_factor` clamped to
+/// `[batch, high - batch]`, raising `free_factor` while the scaled batch is below the cap.
+#[inline]
+fn nr_pcp_free(pcp: &mut PcpInner) -> usize {
+    let (high, batch) = (pcp.high, pcp.batch);
+    if high < batch {
+        return 1;
+    }
+    let max_nr_free = high - batch;
+    let scaled = batch << pcp.free_factor;
+    if scaled < max_nr_free && pcp.free_factor < PCP_BATCH_SCALE_MAX {
+        pcp.free_factor += 1;
+    }
+    scaled.clamp(batch, max_nr_free.max(batch))
+}
+
+/// Returns at least `nr` frames (or all there are) from the lists to the buddy lists under
+/// one acquisition of the zone lock, oldest blocks first, lowest order first
+/// (`free_pcppages_bulk`). Returns the frames freed.
+pub fn free_pcppages_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
+    let mut freed = 0;
+    let mut l = zone.lock();
+    let mut b = l.buddy();
+    for o in 0..NR_PCP_LISTS {
+        if freed >= nr {
+            break;
+        }
+        let pages = 1usize << o;
+        let list = &mut pcp.lists[o];
+        let take = (nr - freed).div_ceil(pages).min(list.len());
+        for pfn in list.drain(..take) {
+            // A claim exactly one copy wins: two racing frees under `free_check =
+            // sequential` can leave copies of a frame on two CPUs' lists, and a pop on
+            // another CPU takes no zone lock. A copy that loses (the first copy already
+            // left with the tag) is dropped; `free_one` refuses a block already free.
+            let claimed = zone.state(Pfn(pfn)).compare_exchange(
+                buddy::state(PCP, Order(o as u8)),
+                buddy::NONE,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            );
+            if claimed.is_ok() {
+                b.free_one(Pfn(pfn), Order(o as u8));
+            }
+        }
+        freed += take * pages;
+    }
+    drop(l);
+    pcp.count -= freed;
+    pcp.count_min = pcp.count_min.min(pcp.count);
+    freed
+}
+
+/// Returns everything on the lists to the buddy (`drain_pages_zone`).
+pub fn drain(zone: &Zone, pcp: &mut PcpInner) -> usize {
+    let n = pcp.count;
+    if n == 0 {
+        return 0;
+    }
+    free_pcppages_bulk(zone, pcp, n)
+}
+
+/// `decay_pcp_high`: lowers an auto-tuned `high` of lists that have sat idle, to
+/// `max(count - (batch << PCP_BATCH_SCALE_MAX), high - min(count_min, high / 5), high_min)`,
+/// and drains what is above it. Returns the frames drained.
+pub fn decay_high(zone: &Zone, pcp: &mut PcpInner) -> usize {
+    let mut drained = 0;
+    if pcp.high_min != pcp.high_max {
+        pcp.high = decayed_high(pcp, pcp.count);
+        if pcp.count > pcp.high {
+            let n = pcp.count - pcp.high;
+            drained = free_pcppages_bulk(zone, pcp, n);
+        }
+    }
+    pcp.count_min = pcp.count;
+    drained
+}
+
+/// The `high` a decay sets for lists holding `count` frames (auto-tuned `high` only).
+fn decayed_high(pcp: &PcpInner, count: usize) -> usize {
+    let by_count = count.saturating_sub(pcp.batch << PCP_BATCH_SCALE_MAX);
+    let by_idle = pcp.high - pcp.count_min.min(pcp.high / 5);
+    by_count.max(by_idle).max(pcp.high_min)
+}
+
+/// Whether [`decay_high`] on these lists, with `cache` blocks flushed into them first, would
+/// change nothing: no new `high`, nothing to drain, `count_min` already the count. Computed
+/// at every unlock so that the worker can skip idle lists without locking them.
+pub fn decay_is_noop(pcp: &PcpInner, cache: usize) -> bool {
+    let count = pcp.count + cache;
+    pcp.count_min == count
+        && (pcp.high_min == pcp.high_max || (decayed_high(pcp, count) == pcp.high && count <= pcp.high))
+}
+
+/// Sets `batch`, `high_min` and `high_max` (a change of tunables or of the zone's size);
+/// `high` is clamped into the new bounds and the lists drained down to it.
+pub fn set_high_and_batch(zone: &Zone, pcp: &mut PcpInner, batch: usize, high_min: usize, high_max: usize) {
+    pcp.batch = batch;
+    pcp.high_min = high_min;
+    pcp.high_max = high_max;
+    pcp.high = pcp.high.clamp(high_min, high_max);
+    if pcp.count >= pcp.high {
+        let n = pcp.count - pcp.high;
+        free_pcppages_bulk(zone, pcp, n.max(1));
+    }
+}
+
+/// Checks the pcp invariants of one CPU's lists for `zone`; returns the frames on them.
+pub fn check(zone: &Zone, pcp: &PcpInner) -> Result<usize, String> {
+    let mut pages = 0;
+    for (o, list) in pcp.lists.iter().enumerate() {
+        for &pfn in list {
+            let s = zone.state(Pfn(pfn)).load(Ordering::Relaxed);
+            if s != buddy::state(PCP, Order(o as u8)) {
+                return Err(format!("zone {}: pcp block {pfn:#x} on list {o} has state {s:#x}", zone.id.0));
+            }
+        }
+        pages += list.len() << o;
+    }
+    if pages != pcp.count {
+        return Err(format!("zone {}: pcp count {} but the lists hold {pages} frames", zone.id.0, pcp.count));
+    }
+    if pcp.count > pcp.high + pcp.batch {
+        return Err(format!(
+            "zone {}: pcp count {} above high {} + batch {}",
+            zone.id.0, pcp.count, pcp.high, pcp.batch
+        ));
+    }
+    Ok(pages)
+}
+
+/// The blocks on the lists (for invariant walks).
+pub fn blocks(pcp: &PcpInner) -> impl Iterator<Item = (Pfn, Order)> + '_ {
+    pcp.lists.iter().enumerate().flat_map(|(o, l)| l.iter().map(move |&p| (Pfn(p), Order(o as u8))))
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::pcp::{PcpGuard, PerCpuPages};
+    use crate::types::{NodeId, ZoneId};
+    use crate::vmstat::ZoneStatItem;
+
+    #[test]
+    fn batch_and_high_follow_linux() {
+        // 1 GiB and above: 63.
+        assert_eq!(zone_batchsize(1 << 18), 63);
+        assert_eq!(zone_batchsize(1 << 22), 63);
+        // 64 MiB: min(16, 256) / 4 = 4, 4 + 2 = 6 -> 4 - 1 = 3.
+        assert_eq!(zone_batchsize(1 << 14), 3);
+        // Tiny zones still get a batch of 1.
+        assert_eq!(zone_batchsize(16), 1);
+        assert_eq!(zone_highsize(1000, 1 << 20, 63, 4, 8, 0), 252);
+        assert_eq!(zone_highsize(1000, 1 << 20, 63, 4, 8, 8), (1 << 17) / 4);
+        assert_eq!(zone_highsize(1000, 1 << 20, 63, 0, 8, 0), 252);
+        assert_eq!(zone_highsize(10, 1 << 20, 63, 1, 8, 0), 252);
+    }
+
+    fn zone() -> Zone {
+        let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 256, Order(3));
+        z.setup_watermarks(128, 256, 10);
+        z
+    }
+
+    #[test]
+    fn refill_alloc_free_drain() {
+        let z = zone();
+        let pcp = PerCpuPages::new(0, 2, 8, 8);
+        let mut g = pcp.try_lock(&z).unwrap();
+        assert!(pcp.try_lock(&z).is_none(), "the lock excludes a second taker");
+        let p = g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap();
+        // Refilled max(batch, 2) = 2 blocks, took one.
+        g.with(|i| assert_eq!((i.count, i.list_len(Order(0))), (1, 1)));
+        assert_eq!(z.page_state_snapshot(ZoneStatItem::NrFreePages), 254);
+        g.with(|i| check(&z, i)).unwrap();
+        let mut blocks = vec![p];
+        for _ in 0..10 {
+            blocks.push(g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap());
+        }
+        for &b in &blocks {
+            g.with(|i| free_to_pcp(&z, i, b, Order(0)));
+            g.with(|i| {
+                assert!(i.count < i.high, "count {} high {}", i.count, i.high);
+                check(&z, i).unwrap();
+            });
+        }
+        let drained = g.with(|i| drain(&z, i));
+        assert!(drained > 0);
+        g.with(|i| assert_eq!(i.count, 0));
+        assert_eq!(z.page_state_snapshot(ZoneStatItem::NrFreePages), 256);
+        drop(g);
+        assert_eq!(z.check_invariants(0), Ok(0));
+        assert!(pcp.try_lock(&z).is_some(), "dropping the guard unlocks");
+    }
+
+    #[test]
+    fn high_grows_under_sustained_frees_and_decays_when_idle() {
+        let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 4096, Order(3));
+        z.setup_watermarks(128, 4096, 10);
+        let pcp = PerCpuPages::new(0, 4, 16, 256);
+        let mut g = pcp.lock(&z);
+        let blocks: Vec<Pfn> = (0..200).map(|_| g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap()).collect();
+        let grown_by_refills = g.with(|i| i.high);
+        assert!(grown_by_refills > 16, "refills from a zone above high grow high");
+        for b in blocks {
+            g.with(|i| free_to_pcp(&z, i, b, Order(0)));
+        }
+        let high = g.with(|i| i.high);
+        assert!(high <= 256);
+        // Idle: each decay lowers high toward high_min and drains above it.
+        for _ in 0..40 {
+            g.with(|i| decay_high(&z, i));
+        }
+        g.with(|i| {
+            assert_eq!(i.high, 16);
+            assert!(i.count <= 16);
+            check(&z, i).unwrap();
+        });
+    }
+
+    #[test]
+    fn refills_double_under_sustained_allocation_and_shrink_on_free() {
+        let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 4096, Order(3));
+        z.setup_watermarks(128, 4096, 10);
+        let pcp = PerCpuPages::new(0, 4, 512, 512);
+        let mut g = pcp.lock(&z);
+        let mut sizes = Vec::new();
+        let mut taken = Vec::new();
+        for _ in 0..4 {
+            // Empty the order-0 list, then one more allocation refills it.
+            while g.with(|i| i.list_len(Order(0))) > 0 {
+                taken.push(g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap());
+            }
+            let before = z.page_state_snapshot(ZoneStatItem::NrFreePages);
+            taken.push(g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap());
+            sizes.push(before - z.page_state_snapshot(ZoneStatItem::NrFreePages));
+        }
+        assert_eq!(sizes, vec![4, 8, 16, 32], "batch << alloc_factor, doubling");
+        g.with(|i| free_to_pcp(&z, i, taken.pop().unwrap(), Order(0)));
+        assert_eq!(g.with(|i| i.alloc_factor), 2, "a free halves alloc_factor");
+        for p in taken {
+            g.with(|i| free_to_pcp(&z, i, p, Order(0)));
+        }
+        g.with(|i| drain(&z, i));
+        drop(g);
+        assert_eq!(z.check_invariants(0), Ok(0));
+    }
+
+    /// The worker's hint: after decays have settled, `decay_is_noop` holds and one more
+    /// decay changes nothing; right after activity it does not hold.
+    #[test]
+    fn decay_hint_says_when_a_decay_changes_nothing() {
+        let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 4096, Order(3));
+        z.setup_watermarks(128, 4096, 10);
+        let pcp = PerCpuPages::new(0, 4, 16, 256);
+        let mut g = pcp.lock(&z);
+        let blocks: Vec<Pfn> = (0..200).map(|_| g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap()).collect();
+        for b in blocks {
+            g.with(|i| free_to_pcp(&z, i, b, Order(0)));
+        }
+        drop(g);
+        assert!(pcp.needs_decay(), "activity leaves work for the decay");
+        let mut rounds = 0;
+        while pcp.needs_decay() {
+            pcp.lock(&z).with(|i| decay_high(&z, i));
+            rounds += 1;
+            assert!(rounds < 100, "the decay never settles");
+        }
+        let state = |g: &mut PcpGuard<'_>| g.with(|i| (i.high, i.count, i.count_min));
+        let mut g = pcp.lock(&z);
+        let before = state(&mut g);
+        assert!(before.1 > 0, "frames stay on the lists");
+        assert_eq!(g.with(|i| decay_high(&z, i)), 0);
+        assert_eq!(state(&mut g), before, "a decay the hint skips changes nothing");
+        g.with(|i| check(&z, i)).unwrap();
+    }
+
+    #[test]
+    fn fixed_high_does_not_tune() {
+        let z = zone();
+        let pcp = PerCpuPages::new(0, 2, 8, 8);
+        let mut g = pcp.lock(&z);
+        let b: Vec<Pfn> = (0..30).map(|_| g.with(|i| rmqueue_pcplist(&z, i, Order(1))).unwrap()).collect();
+        for p in b {
+            g.with(|i| free_to_pcp(&z, i, p, Order(1)));
+        }
+        g.with(|i| decay_high(&z, i));
+        g.with(|i| assert_eq!(i.high, 8));
+    }
+}

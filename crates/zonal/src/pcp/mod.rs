@@ -1,0 +1,398 @@
+//! Per-CPU page lists (pcp): per CPU and per zone, stacks of free blocks of orders
+//! `0..=PAGE_ALLOC_COSTLY_ORDER`, refilled from and drained to the buddy lists in batches, so
+//! that most allocations and frees take no zone lock.
+//!
+//! Kernel counterpart: `struct per_cpu_pages`, `rmqueue_pcplist`, `rmqueue_bulk`,
+//! `free_unref_page_commit`, `free_pcppages_bulk`, `nr_pcp_free`, `nr_pcp_alloc`,
+//! `decay_pcp_high`, `zone_batchsize`, `zone_highsize`, `drain_pages_zone` (mm/page_alloc.c,
+//! Linux 6.7+ for the auto-tuned `high`).
+//!
+//! Locking: each `PerCpuPages` has its own lock, taken with a *try*-lock on the allocation and
+//! free paths as Linux 6.x's `pcp_spin_trylock`: a thread that finds it held (another thread
+//! on the same CPU, or a thread preempted or migrated mid-operation) does not wait but goes to
+//! the zone's buddy path. Drains take it blocking (spin, yielding). Lock order: pcp lock, then
+//! zone lock; never the reverse. Correctness never depends on which CPU a thread is on: the
+//! CPU number only chooses which lists to try.
+//!
+//! The critical section is shaped for a restartable sequence: pop or push on one list plus a
+//! count update, with refills and drains outside the common case, so the lock can later give
+//! way to an rseq critical section.
+//!
+//! Invariant (under the lock): `count == sum(len(lists[o]) << o)`, every block on `lists[o]`
+//! has head state `PCP|o`, and after every free `count < high` or a drain has just brought it
+//! below; in all cases `count <= high + batch`.
+//!
+//! This file holds the lists' struct and the lock around them: [`PerCpuPages`], its lock modes
+//! ([`PerCpuPages::try_lock`], [`PerCpuPages::lock`], [`PerCpuPages::lock_lists`]), the guard
+//! ([`PcpGuard`]) that flushes and refills the rseq cache and accounts the lists' frames, and
+//! the fence a remote locker makes. The list algorithms that run under the guard (refill,
+//! free, drain, the tuning of `high` and `batch`, the invariant check) are in `lists.rs` and
+//! re-exported here; the lock-free critical sections over the cache are in [`rseq`].
+
+use crate::buddy::{self, PCP};
+use crate::sync::{spin_wait, AtomicBool, AtomicU64, AtomicUsize, LockedCell, Ordering};
+use crate::types::{Order, Pfn};
+use crate::vmstat::ZoneStatItem;
+use crate::zone::Zone;
+
+mod lists;
+#[cfg(all(test, loom))]
+mod loom_tests;
+pub mod rseq;
+
+pub use lists::{
+    blocks, check, decay_high, decay_is_noop, drain, free_pcppages_bulk, free_to_pcp, rmqueue_bulk, rmqueue_pcplist,
+    set_high_and_batch, zone_batchsize, zone_highsize,
+};
+
+/// Highest order kept on pcp lists (`PAGE_ALLOC_COSTLY_ORDER`).
+pub const PCP_MAX_ORDER: u8 = 3;
+/// Number of pcp lists (one per order `0..=PCP_MAX_ORDER`).
+pub const NR_PCP_LISTS: usize = PCP_MAX_ORDER as usize + 1;
+/// `PCP_BATCH_SCALE_MAX`: the most `free_factor` and the decay step scale a batch by.
+pub const PCP_BATCH_SCALE_MAX: u32 = 5;
+/// Smallest non-zero `percpu_pagelist_high_fraction` (`MIN_PERCPU_PAGELIST_HIGH_FRACTION`).
+pub const MIN_PERCPU_PAGELIST_HIGH_FRACTION: u32 = 8;
+
+/// The fields a lock protects.
+#[derive(Debug)]
+pub struct PcpInner {
+    /// Frames on the lists.
+    pub count: usize,
+    /// Drain to the buddy when `count` reaches this.
+    pub high: usize,
+    /// Blocks moved per refill (scaled down by order) and the least a drain moves.
+    pub batch: usize,
+    /// Lower bound of the auto-tuned `high`.
+    pub high_min: usize,
+    /// Upper bound of the auto-tuned `high` (equal to `high_min` when the fraction is set).
+    pub high_max: usize,
+    /// Drains grow by `batch << free_factor` under sustained frees; halved per allocation.
+    pub free_factor: u32,
+    /// Order-0 refills grow by `batch << alloc_factor` under sustained allocation without
+    /// frees (Linux 6.7 `nr_pcp_alloc`); halved per free that reaches the lists.
+    pub alloc_factor: u32,
+    /// Frames freed since the last allocation refilled the lists.
+    pub free_count: usize,
+    /// Least `count` seen since the last decay (`count_min`).
+    pub count_min: usize,
+    /// Frames (lists and cache) as last accounted to the zone's `nr_zone_pcp_pages`.
+    reported: usize,
+    lists: [Vec<usize>; NR_PCP_LISTS],
+}
+
+impl PcpInner {
+    /// Blocks on the list of one order.
+    pub fn list_len(&self, order: Order) -> usize {
+        self.lists[order.0 as usize].len()
+    }
+}
+
+/// Blocks the rseq front cache of one pcp holds at most: room for a bulk call of 128 frames
+/// and its free, in one critical section per 64.
+pub const CACHE_CAP: usize = 256;
+
+/// Blocks a lock holder moves from the order-0 list into the cache on unlock. Small, because
+/// every locked operation first flushes the cache: the frees fill it the rest of the way.
+const CACHE_FILL: usize = 32;
+
+/// One CPU's lists for one zone. Aligned to 128 bytes (two cache lines, the unit of the
+/// adjacent-line prefetcher) so that no two CPUs' lists share a line, and so that per-CPU
+/// statistics, kept in their own array, never dirty these lines (seed 002).
+///
+/// In front of the order-0 list sits a small *cache* of order-0 blocks that restartable
+/// sequences pop and push without any lock ([`rseq`]); the lock-based code never sees it:
+/// a holder that works on the cache ([`PerCpuPages::lock`], [`PerCpuPages::try_lock`]) first
+/// flushes it into the lists ([`PcpGuard::with`]) and, after its work, refills it and sets
+/// the bound (`cache_limit`) that keeps `count + cache <= high + batch`. A critical section
+/// gives way (aborts to the locked path) whenever the lock is held; such a locker on another
+/// CPU first fences that CPU with `membarrier`, so no critical section that began before the
+/// lock was taken can commit. A holder that only reads the lists or folds their counter
+/// ([`PerCpuPages::lock_lists`]) never touches the cache and needs no fence.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct PerCpuPages {
+    lock: AtomicBool,
+    /// The CPU these lists belong to.
+    cpu: u32,
+    cache_len: AtomicUsize,
+    cache_limit: AtomicUsize,
+    cache_slots: *const AtomicUsize,
+    cache: Box<[AtomicUsize]>,
+    /// `count` as of the last unlock, readable without the lock (drains skip empty lists).
+    count_hint: AtomicUsize,
+    /// `cache_len` as of the last unlock: what the zone counters know of the cache. A
+    /// snapshot adds the churn since (`cache_len - cache_settled`).
+    cache_settled: AtomicUsize,
+    /// Whether, as of the last unlock, a `decay_high` would change nothing (see
+    /// [`decay_is_noop`]): with no cache churn since, the worker skips these lists
+    /// (`decay_pcp_high` skips idle lists) instead of locking and fencing them.
+    decay_idle: AtomicBool,
+    /// `membarrier` calls made to fence this CPU's sections (the `pcp_fence` event), written
+    /// under the lock, on a line the locker writes anyway.
+    fences: AtomicU64,
+    inner: LockedCell<PcpInner>,
+}
+
+const _: () = assert!(std::mem::size_of::<PerCpuPages>() % 128 == 0);
+const _: () = assert!(std::mem::align_of::<PerCpuPages>() == 128);
+
+// SAFETY: `inner` is only reached through a `PcpGuard`, which exists only while `lock` is
+// held by its creator, so accesses from different threads never overlap; the cache is made
+// of atomics, and `cache_slots` points into `cache`, which lives as long as the struct.
+unsafe impl Sync for PerCpuPages {}
+// SAFETY: as above; nothing in the struct is tied to the thread that built it.
+unsafe impl Send for PerCpuPages {}
+
+impl PerCpuPages {
+    /// Lists of `cpu` with the given batch and bounds; `high` starts at `high_min`.
+    pub fn new(cpu: u32, batch: usize, high_min: usize, high_max: usize) -> PerCpuPages {
+        let cap = |o: usize| ((high_max + (batch << PCP_BATCH_SCALE_MAX)) >> o) + 4;
+        let cache: Box<[AtomicUsize]> = (0..CACHE_CAP).map(|_| AtomicUsize::new(0)).collect();
+        PerCpuPages {
+            lock: AtomicBool::new(false),
+            cpu,
+            cache_len: AtomicUsize::new(0),
+            cache_limit: AtomicUsize::new(0),
+            cache_slots: cache.as_ptr(),
+            cache,
+            count_hint: AtomicUsize::new(0),
+            cache_settled: AtomicUsize::new(0),
+            decay_idle: AtomicBool::new(false),
+            fences: AtomicU64::new(0),
+            inner: LockedCell::new(PcpInner {
+                count: 0,
+                high: high_min,
+                batch,
+                high_min,
+                high_max,
+                free_factor: 0,
+                alloc_factor: 0,
+                free_count: 0,
+                count_min: 0,
+                reported: 0,
+                lists: std::array::from_fn(|o| Vec::with_capacity(cap(o))),
+            }),
+        }
+    }
+
+    /// `pcp_spin_trylock`: the lists if no one holds them, with the cache flushed into them
+    /// for the guard's work (fencing the lists' CPU first if need be). `zone` is the zone
+    /// these lists belong to, whose counters the guard keeps up to date.
+    #[inline]
+    pub fn try_lock<'a>(&'a self, zone: &'a Zone) -> Option<PcpGuard<'a>> {
+        if self.lock.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            let cache = self.fence_remote();
+            Some(PcpGuard { pcp: self, zone, cache })
+        } else {
+            None
+        }
+    }
+
+    /// Takes the lock as [`PerCpuPages::try_lock`] does, waiting (yielding) while another
+    /// thread holds it: for drains, decay and tuning, never for the allocation paths.
+    pub fn lock<'a>(&'a self, zone: &'a Zone) -> PcpGuard<'a> {
+        loop {
+            if let Some(g) = self.try_lock(zone) {
+                return g;
+            }
+            spin_wait();
+        }
+    }
+
+    /// Takes the lock, waiting, for a holder that reads the lists or folds their counter but
+    /// never touches the cache: reports and the periodic fold. It needs no fence on any CPU:
+    /// a critical section that read the lock free before it was taken may still commit, but
+    /// that changes only `cache_len` and the slots, which this holder reads once (relaxed)
+    /// to account the cache's churn, as [`PerCpuPages::unsettled`] does.
+    pub fn lock_lists<'a>(&'a self, zone: &'a Zone) -> PcpGuard<'a> {
+        while self.lock.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            spin_wait();
+        }
+        PcpGuard { pcp: self, zone, cache: false }
+    }
+
+    /// Whether a `decay_high` would change these lists: not as of the last unlock, and the
+    /// cache has not moved since (a lock-free hint, for the worker).
+    pub fn needs_decay(&self) -> bool {
+        !self.decay_idle.load(Ordering::Relaxed) || self.unsettled() != 0
+    }
+
+    /// `membarrier` calls made to fence this CPU's critical sections.
+    pub fn fences(&self) -> u64 {
+        self.fences.load(Ordering::Relaxed)
+    }
+
+    /// Checks the cache's blocks (each a frame of `zone` tagged `PCP|0`); returns how many
+    /// there are. Call only while no allocation or free runs on these lists (it reads the
+    /// cache without the fence a concurrent section would need).
+    pub fn check_cache(&self, zone: &Zone) -> Result<usize, String> {
+        let n = self.cache_len.load(Ordering::Relaxed).min(CACHE_CAP);
+        for slot in &self.cache[..n] {
+            let pfn = Pfn(slot.load(Ordering::Relaxed));
+            if !zone.contains(pfn) {
+                return Err(format!("zone {}: cpu {} cache holds {:#x}, not of the zone", zone.id.0, self.cpu, pfn.0));
+            }
+            let s = zone.state(pfn).load(Ordering::Relaxed);
+            if s != buddy::state(PCP, Order(0)) {
+                return Err(format!("zone {}: cpu {} cache block {:#x} has state {s:#x}", zone.id.0, self.cpu, pfn.0));
+            }
+        }
+        Ok(n)
+    }
+
+    /// Frames in the cache that the zone counters do not know of yet (negative: frames
+    /// that left it): the lock-free churn since the last unlock.
+    pub fn unsettled(&self) -> isize {
+        self.cache_len.load(Ordering::Relaxed) as isize - self.cache_settled.load(Ordering::Relaxed) as isize
+    }
+
+    /// The CPU these lists belong to.
+    pub fn cpu(&self) -> usize {
+        self.cpu as usize
+    }
+
+    /// After taking the lock for a holder that flushes and fills the cache: unless this
+    /// thread is certainly on the lists' CPU, a critical section may be running there that
+    /// read the lock before it was taken; restart it. Returns whether the holder may touch
+    /// the cache (false only when no fence could be made).
+    ///
+    /// An empty cache with a zero bound needs no fence: no section can change it (a pop
+    /// finds nothing, a push finds no room), and one that read an older, non-empty state
+    /// would have had to commit before the cache could read empty. An empty cache with room
+    /// does: a push that read the lock free could commit after the holder read the length,
+    /// and the refill would write over it.
+    ///
+    /// The CPU is known for certain only from the kernel-written `cpu_id` of this thread,
+    /// read after the lock was taken: if it names the lists' CPU, this thread runs there, so
+    /// every other thread's section on that CPU has been preempted since it read the lock
+    /// (and restarts, finding it held) or had committed before this thread got the CPU (and
+    /// the switch made its stores visible). A guessed id (0 when `sched_getcpu` fails)
+    /// would let a remote holder skip the fence, so anything else fences.
+    #[inline]
+    fn fence_remote(&self) -> bool {
+        if !rseq::enabled()
+            || (self.cache_len.load(Ordering::Relaxed) == 0 && self.cache_limit.load(Ordering::Relaxed) == 0)
+            || crate::sys::rseq_cpu_id() == Some(self.cpu)
+        {
+            return true;
+        }
+        self.fence()
+    }
+
+    /// Fences this CPU's critical sections, counting the calls; whether it was done.
+    #[cold]
+    fn fence(&self) -> bool {
+        let mut calls = 0;
+        let done = rseq::fence(self.cpu, &mut calls);
+        // The lock is held: a plain add cannot race with another writer.
+        self.fences.store(self.fences.load(Ordering::Relaxed) + calls, Ordering::Relaxed);
+        done
+    }
+
+    /// Blocks in the rseq cache.
+    pub fn cache_len(&self) -> usize {
+        self.cache_len.load(Ordering::Relaxed)
+    }
+
+    /// Whether the lists looked empty at the last unlock and the cache is empty now: a hint
+    /// (a free may land at any moment), used to skip drains that would find nothing.
+    pub fn looks_empty(&self) -> bool {
+        self.count_hint.load(Ordering::Relaxed) == 0 && self.cache_len.load(Ordering::Relaxed) == 0
+    }
+}
+
+/// Proof that a `PerCpuPages` lock is held; unlocks on drop.
+pub struct PcpGuard<'a> {
+    pcp: &'a PerCpuPages,
+    zone: &'a Zone,
+    /// Whether this holder flushes and fills the cache: taken by `lock`/`try_lock` with the
+    /// fence done (or not needed); `lock_lists`, or a fence that failed, leave it alone.
+    cache: bool,
+}
+
+impl PcpGuard<'_> {
+    /// Runs `f` on the protected fields; then accounts the frames the lists gained or lost
+    /// (`f`'s and the cache's since the last lock) to the zone's `nr_zone_pcp_pages`, through
+    /// this CPU's diff. A guard that works on the cache flushes it into the lists first and
+    /// refills it after, so `f` sees every block the pcp holds; one that does not
+    /// ([`PerCpuPages::lock_lists`]) shows `f` the lists alone.
+    #[inline]
+    pub fn with<R>(&mut self, f: impl FnOnce(&mut PcpInner) -> R) -> R {
+        let (pcp, zone, touch_cache) = (self.pcp, self.zone, self.cache);
+        // SAFETY: this guard exists only while its creator holds `pcp.lock` (try_lock/lock/
+        // lock_lists), and `&mut self` keeps this the only access through it.
+        unsafe {
+            pcp.inner.with_mut(|inner| {
+                if touch_cache {
+                    pcp.flush_cache(inner);
+                }
+                let r = f(inner);
+                if touch_cache {
+                    pcp.fill_cache(inner);
+                }
+                pcp.count_hint.store(inner.count, Ordering::Relaxed);
+                // One read: a holder that leaves the cache alone may see a section commit
+                // after it, and that churn is settled at a later lock.
+                let cache = pcp.cache_len.load(Ordering::Relaxed);
+                let now = inner.count + cache;
+                if now != inner.reported {
+                    zone.mod_page_state(pcp.cpu(), ZoneStatItem::NrPcpPages, now as isize - inner.reported as isize);
+                    inner.reported = now;
+                }
+                pcp.cache_settled.store(cache, Ordering::Relaxed);
+                pcp.decay_idle.store(decay_is_noop(inner, cache), Ordering::Relaxed);
+                r
+            })
+        }
+    }
+
+    /// Folds this CPU's `nr_zone_pcp_pages` diff into the zone's counters (the periodic fold),
+    /// after accounting the cache's churn.
+    pub fn fold_diff(&mut self) {
+        self.with(|_| ());
+        self.zone.fold_diff(self.pcp.cpu(), ZoneStatItem::NrPcpPages);
+    }
+}
+
+impl Drop for PcpGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.pcp.lock.store(false, Ordering::Release);
+    }
+}
+
+impl PerCpuPages {
+    /// Moves the cache's blocks to the order-0 list (lock held).
+    #[inline]
+    fn flush_cache(&self, inner: &mut PcpInner) {
+        let n = self.cache_len.load(Ordering::Relaxed);
+        if n == 0 {
+            return;
+        }
+        for slot in &self.cache[..n] {
+            inner.lists[0].push(slot.load(Ordering::Relaxed));
+        }
+        inner.count += n;
+        self.cache_len.store(0, Ordering::Relaxed);
+    }
+
+    /// Moves up to `CACHE_FILL` order-0 blocks from the list into the cache and
+    /// sets the bound that keeps `count + cache <= high + batch` (lock held). Without rseq
+    /// the cache stays empty.
+    #[inline]
+    fn fill_cache(&self, inner: &mut PcpInner) {
+        if !rseq::enabled() {
+            return;
+        }
+        let budget = (inner.high + inner.batch).min(inner.count + CACHE_CAP);
+        let take = CACHE_FILL.min(inner.lists[0].len());
+        let start = inner.lists[0].len() - take;
+        for (slot, pfn) in self.cache.iter().zip(inner.lists[0].drain(start..)) {
+            slot.store(pfn, Ordering::Relaxed);
+        }
+        inner.count -= take;
+        self.cache_len.store(take, Ordering::Relaxed);
+        self.cache_limit.store(budget.saturating_sub(inner.count).min(CACHE_CAP), Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,171 @@
+//! Restartable sequences over the per-CPU caches: pop and push of one order-0 block with no
+//! lock and no atomic read-modify-write, the way Linux relies on preemption being disabled.
+//!
+//! Each critical section reads the CPU id from the thread's rseq area (registered by glibc),
+//! finds that CPU's `PerCpuPages`, gives up if its lock is held, and commits with one store
+//! of the cache length. If the thread is preempted, migrated or signalled inside the section,
+//! the kernel restarts it at the abort handler, which reports failure, and the caller takes
+//! the locked path. Lockers on another CPU fence it with `membarrier` first
+//! ([`PerCpuPages::try_lock`]). x86-64 only; elsewhere, and when rseq or membarrier is
+//! unavailable (e.g. `GLIBC_TUNABLES=glibc.pthread.rseq=0`), `enabled()` is false.
+//!
+//! Kernel counterpart: the rseq ABI (`struct rseq`, `struct rseq_cs`, kernel/rseq.c) and
+//! `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)`; the pattern is tcmalloc's per-CPU
+//! caches and librseq's `rseq_cmpeqv_storev`.
+//!
+//! Locking: none inside a section; a section gives way whenever its CPU's lists are locked,
+//! and a locker on another CPU fences that CPU ([`fence`]) before it touches the cache.
+//! Invariant: a section commits with exactly one store of `cache_len`, the last instruction
+//! of its restartable range, so the cache is either untouched or changed as a whole; a push
+//! commits only below `cache_limit <= CACHE_CAP`.
+//!
+//! This file is the portable part (whether sections can run, the fence, the table, the
+//! public functions); the bodies are per architecture: `x86_64.rs` holds the sections in
+//! assembly, `stub.rs` the empty bodies for other architectures and for loom builds.
+
+use super::PerCpuPages;
+use std::mem::MaybeUninit;
+
+#[cfg(all(target_arch = "x86_64", not(loom)))]
+mod x86_64;
+#[cfg(all(target_arch = "x86_64", not(loom)))]
+use x86_64 as arch;
+
+#[cfg(not(all(target_arch = "x86_64", not(loom))))]
+mod stub;
+#[cfg(not(all(target_arch = "x86_64", not(loom))))]
+use stub as arch;
+
+/// Whether the critical sections can run in this process.
+#[inline]
+pub fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    arch::SUPPORTED
+        && *ON.get_or_init(|| {
+            std::env::var_os("ZONAL_NO_RSEQ").is_none()
+                && crate::sys::rseq_offset().is_some()
+                && crate::sys::membarrier_rseq_registered()
+        })
+}
+
+/// Restarts critical sections on `cpu`, adding the `membarrier` calls made to `calls`;
+/// whether it is done, so that a lock holder may touch that CPU's cache.
+pub fn fence(cpu: u32, calls: &mut u64) -> bool {
+    fence_with(
+        cpu,
+        crate::sys::nr_cpus_configured(),
+        |c| crate::sys::membarrier_rseq_fence(c).map_err(os_errno),
+        || crate::sys::membarrier_rseq_fence_all().map_err(os_errno),
+        calls,
+    )
+}
+
+fn os_errno(e: crate::error::Error) -> i32 {
+    match e {
+        crate::error::Error::Os { errno, .. } => errno,
+        _ => libc::EIO,
+    }
+}
+
+/// The fence's decision, with the two `membarrier` forms passed in (tests inject
+/// failures). The one-CPU form first. Failing with `EINVAL` or `ENXIO` for a CPU the
+/// machine does not have (a fake topology may have more CPUs than the machine, e.g.
+/// lists of CPU 5 on 2 CPUs) is as good as done: no thread can run there, so no section
+/// can be inside. Any other failure (or one for a CPU that exists, possibly offline)
+/// falls back to the all-CPU form, as tcmalloc falls back to fencing every CPU; if that
+/// fails too, the fence is not done and the holder must leave the cache alone.
+pub fn fence_with(
+    cpu: u32,
+    machine_cpus: usize,
+    one: impl FnOnce(u32) -> Result<(), i32>,
+    all: impl FnOnce() -> Result<(), i32>,
+    calls: &mut u64,
+) -> bool {
+    *calls += 1;
+    match one(cpu) {
+        Ok(()) => return true,
+        Err(libc::EINVAL | libc::ENXIO) if cpu as usize >= machine_cpus => return true,
+        Err(_) => {}
+    }
+    *calls += 1;
+    all().is_ok()
+}
+
+/// Where the critical sections find the per-CPU structures: `pcps[cpu * nr_zones + zone]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Table {
+    /// This thread's registered rseq area (`struct rseq`).
+    pub area: *mut u8,
+    /// `pcps.as_ptr()`.
+    pub base: *const PerCpuPages,
+    /// CPUs in the table.
+    pub nr_cpus: usize,
+    /// Zones per CPU.
+    pub nr_zones: usize,
+}
+
+/// Pops an order-0 block from the cache of the current CPU's lists for `zone`; `None`
+/// when the cache is empty, the lists are locked, or the section was interrupted.
+#[inline]
+pub fn pop(t: &Table, zone: usize) -> Option<usize> {
+    arch::pop(t, zone)
+}
+
+/// Pushes an order-0 block (head already tagged `PCP`) onto the cache of the current
+/// CPU's lists for `zone`; `false` when the cache is at its bound, the lists are locked,
+/// or the section was interrupted.
+#[inline]
+pub fn push(t: &Table, zone: usize, pfn: usize) -> bool {
+    arch::push(t, zone, pfn)
+}
+
+/// Pops up to `out.len()` order-0 blocks from the cache of the current CPU's lists for
+/// `zone` in one critical section into the front of `out`, and returns them (none when
+/// the cache is empty, the lists are locked, or the section was interrupted). `out` needs
+/// no initialising: the bulk allocator calls this per chunk, and zeroing a buffer first
+/// would cost as much as the pops.
+#[inline]
+pub fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUninit<usize>]) -> &'a [usize] {
+    arch::pop_many(t, zone, out)
+}
+
+/// Pushes a prefix of `pfns` (order-0 blocks, heads already tagged `PCP`) onto the cache
+/// of the current CPU's lists for `zone` in one critical section, as much as the cache's
+/// bound allows; returns how many (0 when full, locked, or interrupted).
+#[inline]
+pub fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize {
+    arch::push_many(t, zone, pfns)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// The fence's fallbacks: a failure for a CPU the machine lacks counts as done; other
+    /// failures fall back to the all-CPU fence; if that fails too the holder may not touch
+    /// the cache. Every call is counted.
+    #[test]
+    fn fence_falls_back_and_reports_failure() {
+        let mut calls = 0;
+        assert!(fence_with(1, 2, |_| Ok(()), || panic!("no fallback needed"), &mut calls));
+        assert_eq!(calls, 1);
+        let mut calls = 0;
+        assert!(fence_with(5, 2, |_| Err(libc::EINVAL), || panic!("CPU 5 does not exist"), &mut calls));
+        assert!(fence_with(5, 2, |_| Err(libc::ENXIO), || panic!("CPU 5 does not exist"), &mut calls));
+        assert_eq!(calls, 2);
+        let mut calls = 0;
+        assert!(fence_with(1, 2, |_| Err(libc::EINVAL), || Ok(()), &mut calls), "an existing CPU falls back");
+        assert!(fence_with(7, 2, |_| Err(libc::ENOMEM), || Ok(()), &mut calls));
+        assert_eq!(calls, 4);
+        let mut calls = 0;
+        assert!(!fence_with(1, 2, |_| Err(libc::EPERM), || Err(libc::EPERM), &mut calls));
+        assert_eq!(calls, 2);
+        // The real calls: a CPU far beyond the machine is fenced (or safely refused).
+        if enabled() {
+            let mut calls = 0;
+            assert!(fence(crate::sys::nr_cpus_configured() as u32 + 3, &mut calls));
+            assert!(fence(0, &mut calls));
+            assert!(calls >= 2);
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! The restartable sequences where there are none: other architectures than x86-64, and
+//! loom builds (loom cannot model a section the kernel restarts). [`SUPPORTED`] is false, so
+//! [`super::enabled`] is false and the allocator never calls these; should it, each gives
+//! way at once as an interrupted section would (nothing popped, nothing pushed), and the
+//! caller takes the locked path.
+//!
+//! Kernel counterpart: none (architectures without rseq support in zonal). Locking and
+//! invariant: nothing is touched.
+
+use super::Table;
+use std::mem::MaybeUninit;
+
+/// No critical sections on this target.
+pub(super) const SUPPORTED: bool = false;
+
+/// [`super::pop`] without sections: gives way.
+#[inline]
+pub(super) fn pop(t: &Table, zone: usize) -> Option<usize> {
+    let _ = (t, zone);
+    None
+}
+
+/// [`super::push`] without sections: gives way.
+#[inline]
+pub(super) fn push(t: &Table, zone: usize, pfn: usize) -> bool {
+    let _ = (t, zone, pfn);
+    false
+}
+
+/// [`super::pop_many`] without sections: gives way.
+#[inline]
+pub(super) fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUninit<usize>]) -> &'a [usize] {
+    let _ = (t, zone, out);
+    &[]
+}
+
+/// [`super::push_many`] without sections: gives way.
+#[inline]
+pub(super) fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize {
+    let _ = (t, zone, pfns);
+    0
+}

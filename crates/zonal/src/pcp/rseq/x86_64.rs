@@ -1,0 +1,266 @@
+//! The x86-64 bodies of the restartable sequences over the per-CPU caches: each public
+//! function of [`super`] is one critical section written in assembly, built by the macros
+//! below from a common entry (arm `rseq_cs`, read the CPU id, find that CPU's
+//! `PerCpuPages`, give way if it is locked), a body ending in the commit store, and a common
+//! exit (the `__rseq_cs` descriptor and the signed abort handler).
+//!
+//! Kernel counterpart: the x86 rseq ABI (`RSEQ_SIG` 0x53053053, `struct rseq_cs` in the
+//! `__rseq_cs` section) as glibc and librseq's x86 headers use it.
+//!
+//! Locking: none; the kernel restarts a section preempted, migrated or signalled before its
+//! commit, and a section aborts if the lists' lock is held. Invariant: one commit store per
+//! section, the last instruction of its restartable range; every cache slot a push writes
+//! before it lies at or above the old length and below `cache_limit <= CACHE_CAP`, dead
+//! until the commit.
+
+use super::Table;
+use crate::pcp::PerCpuPages;
+use std::mem::MaybeUninit;
+
+/// The sections can run on this architecture (given rseq and membarrier at run time).
+pub(super) const SUPPORTED: bool = true;
+
+/// The start of every critical section: arm `rseq_cs` with this section's descriptor
+/// (label 24), read the CPU id, find that CPU's `PerCpuPages` for the zone in `{p}`, and
+/// give up (label 25) if the id is out of range or the lists are locked. Label 22 starts
+/// the restartable range.
+macro_rules! rseq_enter {
+    () => {
+        concat!(
+            "lea {t}, [rip + 24f]\n",
+            "mov qword ptr [{area} + 8], {t}\n",
+            "22:\n",
+            "mov {p:e}, dword ptr [{area} + 4]\n",
+            "cmp {p}, {ncpu}\n",
+            "jae 25f\n",
+            "imul {p}, {nz}\n",
+            "add {p}, {zone}\n",
+            "imul {p}, {p}, {size}\n",
+            "add {p}, {base}\n",
+            "cmp byte ptr [{p} + {off_lock}], 0\n",
+            "jne 25f\n",
+        )
+    };
+}
+
+/// The end of every critical section: label 23 ends the restartable range (right after
+/// the commit store); the descriptor (`struct rseq_cs`: version, flags, start, length,
+/// abort) goes to `__rseq_cs`; the abort handler, preceded by glibc's x86-64 signature
+/// 0x53053053 as the kernel requires, sets `{ok}` to 0.
+macro_rules! rseq_leave {
+    () => {
+        concat!(
+            "23:\n",
+            "mov {ok}, 1\n",
+            "jmp 26f\n",
+            ".pushsection __rseq_cs, \"aw\"\n",
+            ".balign 32\n",
+            "24:\n",
+            ".long 0, 0\n",
+            ".quad 22b, 23b - 22b, 25f\n",
+            ".popsection\n",
+            ".pushsection __rseq_failure, \"ax\"\n",
+            ".byte 0x0f, 0xb9, 0x3d\n",
+            ".long 0x53053053\n",
+            "25:\n",
+            "xor {ok:e}, {ok:e}\n",
+            "jmp 26f\n",
+            ".popsection\n",
+            "26:\n",
+        )
+    };
+}
+
+/// Copies `{n}` (> 0) words from the array at register `$from` to the one at `$to`, with
+/// `{zone}` as the index and `{base}` as scratch (both dead once `{p}` is found): the loop
+/// of `pop_many` (cache to buffer) and `push_many` (buffer to cache).
+macro_rules! rseq_copy {
+    ($from:literal, $to:literal) => {
+        concat!(
+            "xor {zone:e}, {zone:e}\n",
+            "27:\n",
+            "mov {base}, qword ptr [",
+            $from,
+            " + {zone} * 8]\n",
+            "mov qword ptr [",
+            $to,
+            " + {zone} * 8], {base}\n",
+            "add {zone}, 1\n",
+            "cmp {zone}, {n}\n",
+            "jb 27b\n",
+        )
+    };
+}
+
+/// One critical section: `rseq_enter!`, the body, `rseq_leave!`, with the operands every
+/// section shares (the table, `{p}`, `{t}`, the cache's offsets) and the body's own
+/// (which include `{ok}`, and `{off_limit}` for pushes). The table's
+/// registers (`{ncpu}`, `{nz}`, `{zone}`, `{base}`) are dead once `{p}` is found, so they
+/// are declared clobbered and bodies may use them as scratch.
+macro_rules! rseq_section {
+    ($table:expr, $zone:expr, [$($body:expr),* $(,)?], $($operands:tt)*) => {
+        std::arch::asm!(
+            rseq_enter!(),
+            $($body,)*
+            rseq_leave!(),
+            area = in(reg) $table.area,
+            ncpu = inout(reg) $table.nr_cpus => _,
+            nz = inout(reg) $table.nr_zones => _,
+            zone = inout(reg) $zone => _,
+            base = inout(reg) $table.base => _,
+            size = const std::mem::size_of::<PerCpuPages>(),
+            off_lock = const std::mem::offset_of!(PerCpuPages, lock),
+            off_len = const std::mem::offset_of!(PerCpuPages, cache_len),
+            off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
+            p = out(reg) _,
+            t = out(reg) _,
+            $($operands)*
+            options(nostack),
+        )
+    };
+}
+
+/// The x86-64 body of [`super::pop`].
+#[inline]
+pub(super) fn pop(t: &Table, zone: usize) -> Option<usize> {
+    let ok: usize;
+    let out: usize;
+    // SAFETY: `t.area` is this thread's registered rseq area; `t.base` points to
+    // `nr_cpus * nr_zones` live `PerCpuPages` (the handle outlives the call), and the
+    // section only indexes it with a CPU id checked against `nr_cpus`. It reads the
+    // cache only while the lock is free and the kernel guarantees that it runs
+    // uninterrupted on that CPU up to the commit, so no other thread touches that
+    // cache meanwhile (lockers on other CPUs fence it first).
+    unsafe {
+        rseq_section!(
+            t,
+            zone,
+            [
+                "mov {t}, qword ptr [{p} + {off_len}]",
+                "test {t}, {t}",
+                "jz 25f",
+                "sub {t}, 1",
+                "mov {out}, qword ptr [{p} + {off_slots}]",
+                "mov {out}, qword ptr [{out} + {t} * 8]",
+                "mov qword ptr [{p} + {off_len}], {t}",
+            ],
+            out = out(reg) out,
+            ok = out(reg) ok,
+        );
+    }
+    (ok != 0).then_some(out)
+}
+
+/// The x86-64 body of [`super::push`].
+#[inline]
+pub(super) fn push(t: &Table, zone: usize, pfn: usize) -> bool {
+    let ok: usize;
+    // SAFETY: as in `pop`; the slot written before the commit lies below
+    // `cache_limit <= CACHE_CAP`, inside the cache, and is dead until the commit.
+    unsafe {
+        rseq_section!(
+            t,
+            zone,
+            [
+                "mov {t}, qword ptr [{p} + {off_len}]",
+                "cmp {t}, qword ptr [{p} + {off_limit}]",
+                "jae 25f",
+                "mov {nz}, qword ptr [{p} + {off_slots}]",
+                "mov qword ptr [{nz} + {t} * 8], {pfn}",
+                "add {t}, 1",
+                "mov qword ptr [{p} + {off_len}], {t}",
+            ],
+            pfn = in(reg) pfn,
+            off_limit = const std::mem::offset_of!(PerCpuPages, cache_limit),
+            ok = out(reg) ok,
+        );
+    }
+    ok != 0
+}
+
+/// The x86-64 body of [`super::pop_many`].
+#[inline]
+pub(super) fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUninit<usize>]) -> &'a [usize] {
+    if out.is_empty() {
+        return &[];
+    }
+    let ok: usize;
+    let n: usize;
+    // SAFETY: as in `pop`. The section copies `n <= len` slots below the cache's
+    // length into `out` (at most `out.len()` of them) and commits the shorter length
+    // with one store; an interrupted section commits nothing, and the caller ignores
+    // what it wrote into `out`.
+    unsafe {
+        rseq_section!(
+            t,
+            zone,
+            [
+                "mov {t}, qword ptr [{p} + {off_len}]",
+                // n = min(len, max)
+                "mov {n}, {max}",
+                "cmp {t}, {n}",
+                "cmovb {n}, {t}",
+                "test {n}, {n}",
+                "jz 25f",
+                "sub {t}, {n}",
+                // nz = &slots[new len]; copy slots[new len + i] to out[i], i in zone.
+                "mov {nz}, qword ptr [{p} + {off_slots}]",
+                "lea {nz}, [{nz} + {t} * 8]",
+                rseq_copy!("{nz}", "{out}"),
+                "mov qword ptr [{p} + {off_len}], {t}",
+            ],
+            out = in(reg) out.as_mut_ptr(),
+            max = in(reg) out.len(),
+            n = out(reg) n,
+            ok = out(reg) ok,
+        );
+    }
+    let n = if ok != 0 { n } else { 0 };
+    // SAFETY: a committed section wrote `out[0..n]` (`n <= out.len()`) before its
+    // commit; an interrupted one counts as 0.
+    unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<usize>(), n) }
+}
+
+/// The x86-64 body of [`super::push_many`].
+#[inline]
+pub(super) fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize {
+    if pfns.is_empty() {
+        return 0;
+    }
+    let ok: usize;
+    let n: usize;
+    // SAFETY: as in `push`: the section writes `n <= limit - len` slots at and above
+    // the cache's length, inside the cache (`limit <= CACHE_CAP`) and dead until the
+    // commit, then commits the new length with one store.
+    unsafe {
+        rseq_section!(
+            t,
+            zone,
+            [
+                "mov {t}, qword ptr [{p} + {off_len}]",
+                // n = min(limit - len, count)
+                "mov {n}, qword ptr [{p} + {off_limit}]",
+                "sub {n}, {t}",
+                "jbe 25f",
+                "cmp {n}, {count}",
+                "cmova {n}, {count}",
+                // nz = &slots[len]; copy src[i] to it, i in zone.
+                "mov {nz}, qword ptr [{p} + {off_slots}]",
+                "lea {nz}, [{nz} + {t} * 8]",
+                rseq_copy!("{src}", "{nz}"),
+                "add {t}, {n}",
+                "mov qword ptr [{p} + {off_len}], {t}",
+            ],
+            src = in(reg) pfns.as_ptr(),
+            count = in(reg) pfns.len(),
+            off_limit = const std::mem::offset_of!(PerCpuPages, cache_limit),
+            n = out(reg) n,
+            ok = out(reg) ok,
+        );
+    }
+    if ok != 0 {
+        n
+    } else {
+        0
+    }
+}
