@@ -19,8 +19,7 @@ use crate::mem_map::MemMap;
 use crate::sync::Ordering;
 use crate::types::{Order, Pfn, MAX_ORDER_LIMIT};
 
-// The state tags live with the frame entries; the buddy and the per-CPU lists share them.
-pub(crate) use crate::mem_map::{decode, state, ALLOCATED, BUDDY, NONE, PCP};
+use crate::mem_map::{state, BUDDY, NONE};
 
 const NIL: u32 = u32::MAX;
 /// `FreeArea::listed` of a frame on no list.
@@ -273,6 +272,7 @@ impl Buddy<'_> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::mem_map::{decode, PCP};
 
     fn zone(span: usize) -> (FreeArea, MemMap) {
         (FreeArea::new(span), MemMap::new(span))

@@ -13,7 +13,8 @@
 //! Invariant (quiescent): `nr_free + pcp + allocated == managed`, where `allocated` sums the
 //! blocks whose head is `ALLOCATED`; see [`Zone::check_invariants`].
 
-use crate::buddy::{self, Buddy, FreeArea};
+use crate::buddy::{Buddy, FreeArea};
+use crate::mem_map;
 use crate::mem_map::MemMap;
 use crate::sync::{self, AtomicBool, AtomicU8, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::types::{NodeId, Order, Pfn, ZoneId, PAGE_SHIFT};
@@ -384,7 +385,7 @@ impl Zone {
     }
 
     /// Folds every diff now (tests).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     fn fold_diffs_for_test(&self) {
         self.lock().fold_diffs();
     }
@@ -408,7 +409,7 @@ impl Zone {
             for idx in l.area.iter(order) {
                 let i = idx as usize;
                 let s = (i < self.mem_map.len()).then(|| self.mem_map.state(i).load(Ordering::Relaxed));
-                if s != Some(buddy::state(buddy::BUDDY, order)) || i % order.pages() != 0 {
+                if s != Some(mem_map::state(mem_map::BUDDY, order)) || i % order.pages() != 0 {
                     return Err(format!(
                         "zone {}: block {idx} on free_area[{o}] has state {s:?} or is misaligned",
                         self.id.0
@@ -452,7 +453,7 @@ impl Zone {
             let mut n = 0;
             for idx in l.area.iter(order) {
                 let s = self.mem_map.state(idx as usize).load(Ordering::Relaxed);
-                if s != buddy::state(buddy::BUDDY, order) {
+                if s != mem_map::state(mem_map::BUDDY, order) {
                     return Err(format!("zone {}: block {idx} on free_area[{o}] has state {s:#x}", self.id.0));
                 }
                 if idx as usize % order.pages() != 0 {
@@ -491,17 +492,17 @@ impl Zone {
         let mut allocated = 0;
         let mut pcp = 0;
         for (i, s) in self.mem_map.states().enumerate() {
-            let (tag, order) = buddy::decode(s.load(Ordering::Relaxed));
+            let (tag, order) = mem_map::decode(s.load(Ordering::Relaxed));
             match tag {
-                buddy::ALLOCATED => {
+                mem_map::ALLOCATED => {
                     mark(i, order.pages(), "allocated")?;
                     allocated += order.pages();
                 }
-                buddy::PCP => {
+                mem_map::PCP => {
                     mark(i, order.pages(), "per-cpu")?;
                     pcp += order.pages();
                 }
-                buddy::BUDDY if !l.area.iter(order).any(|x| x as usize == i) => {
+                mem_map::BUDDY if !l.area.iter(order).any(|x| x as usize == i) => {
                     return Err(format!("zone {}: frame {i} is tagged free but on no list", self.id.0));
                 }
                 _ => {}

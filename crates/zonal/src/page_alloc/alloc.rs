@@ -289,7 +289,7 @@ impl Zonal {
         };
         // Release: pairs with the Acquire of the CAS in free_pages, so the free sees the
         // lists' state as of this allocation.
-        z.state(pfn).store(buddy::state(ALLOCATED, order), Ordering::Release);
+        z.state(pfn).store(mem_map::state(ALLOCATED, order), Ordering::Release);
         Some(pfn)
     }
 }

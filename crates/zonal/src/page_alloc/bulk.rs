@@ -80,7 +80,7 @@ impl Zonal {
                         refills += 1;
                     }
                     let Some(pfn) = pcp::rmqueue_pcplist(zone, p, Order(0)) else { break };
-                    zone.state(pfn).store(buddy::state(ALLOCATED, Order(0)), Ordering::Release);
+                    zone.state(pfn).store(mem_map::state(ALLOCATED, Order(0)), Ordering::Release);
                     put(self.pfn_to_ptr(pfn));
                     n += 1;
                 }
@@ -158,7 +158,7 @@ impl Zonal {
         let cpu = self.current_cpu();
         let area = self.rseq_area();
         // Frames bound for the rseq cache are claimed straight to its tag.
-        let to = if area.is_some() { buddy::state(buddy::PCP, Order(0)) } else { buddy::NONE };
+        let to = if area.is_some() { mem_map::state(mem_map::PCP, Order(0)) } else { mem_map::NONE };
         // A claim to `NONE` goes straight to the locked lists or the buddy, which must never
         // get a frame twice: a CAS, whatever `free_check` says (this is the locked path, where
         // the CAS is a small part of the cost). Only the claim to the cache's tag may be a

@@ -61,7 +61,7 @@ impl Zonal {
     #[inline(always)]
     pub(super) fn free_order0_fast(&self, area: *mut u8, addr: usize) -> Result<()> {
         let (zone, pfn) = self.addr_to_zone(addr, Order(0))?;
-        claim_order0(zone, pfn, buddy::state(buddy::PCP, Order(0)), self.free_check_atomic())?;
+        claim_order0(zone, pfn, mem_map::state(mem_map::PCP, Order(0)), self.free_check_atomic())?;
         let cpu = self.rseq_cpu(area);
         if !pcp::rseq::push(&self.rseq_table(area), zone.id.0 as usize, pfn.0) && unpush(zone, pfn) {
             self.free_claimed(cpu, zone, &[pfn], Order(0));

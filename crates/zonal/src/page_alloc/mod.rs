@@ -30,10 +30,10 @@ pub use stats::PcpInfo;
 pub use tune::LOG_LINES;
 
 use crate::arena::Arena;
-use crate::buddy::{self, ALLOCATED};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::gfp::Gfp;
+use crate::mem_map::{self, ALLOCATED};
 use crate::mem_map::{claim, claim_order0, take_cached, unpush};
 use crate::mempolicy::{self, MemPolicy, NodeMask, Resolved};
 use crate::pcp::{self, PerCpuPages, PCP_MAX_ORDER};
@@ -458,7 +458,7 @@ mod tests {
                 sys::set_affinity(sys::current_cpu()).unwrap();
                 let p = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
                 let (zone, pfn) = z.addr_to_zone(p.as_ptr() as usize, Order(0)).unwrap();
-                zone.state(pfn).store(buddy::state(buddy::PCP, Order(0)), Ordering::Relaxed);
+                zone.state(pfn).store(mem_map::state(mem_map::PCP, Order(0)), Ordering::Relaxed);
                 for _ in 0..2 {
                     // A push fails only when preempted mid-section or at the cache's bound,
                     // which a single earlier allocation leaves far away.

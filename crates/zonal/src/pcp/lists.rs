@@ -18,7 +18,7 @@
 //! `lists[o]` has head state `PCP|o`, and `count <= high + batch`.
 
 use super::{PcpInner, NR_PCP_LISTS, PCP_BATCH_SCALE_MAX};
-use crate::buddy::{self, PCP};
+use crate::mem_map::{self, PCP};
 use crate::sync::Ordering;
 use crate::types::{Order, Pfn, PAGE_SIZE};
 use crate::zone::{Watermark, Zone};
@@ -65,7 +65,7 @@ pub fn rmqueue_pcplist(zone: &Zone, pcp: &mut PcpInner, order: Order) -> Option<
         pcp.count_min = pcp.count_min.min(pcp.count);
         // A second copy of a frame put on the lists by two racing frees (see `free_check`)
         // no longer carries the tag: drop it.
-        if zone.state(pfn).load(Ordering::Relaxed) == buddy::state(PCP, order) {
+        if zone.state(pfn).load(Ordering::Relaxed) == mem_map::state(PCP, order) {
             return Some(pfn);
         }
     }
@@ -103,7 +103,7 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
     let mut n = 0;
     while n < want {
         let Some(pfn) = b.rmqueue_smallest(order) else { break };
-        zone.state(pfn).store(buddy::state(PCP, order), Ordering::Relaxed);
+        zone.state(pfn).store(mem_map::state(PCP, order), Ordering::Relaxed);
         list.push(pfn.0);
         n += 1;
     }
@@ -116,7 +116,7 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
 /// lists reach `high` (`free_unref_page_commit`). Returns the frames drained.
 #[inline]
 pub fn free_to_pcp(zone: &Zone, pcp: &mut PcpInner, pfn: Pfn, order: Order) -> usize {
-    zone.state(pfn).store(buddy::state(PCP, order), Ordering::Relaxed);
+    zone.state(pfn).store(mem_map::state(PCP, order), Ordering::Relaxed);
     pcp.lists[order.0 as usize].push(pfn.0);
     pcp.count += order.pages();
     pcp.free_count += order.pages();
@@ -182,8 +182,8 @@ pub fn free_pcppages_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
             // another CPU takes no zone lock. A copy that loses (the first copy already
             // left with the tag) is dropped; `free_one` refuses a block already free.
             let claimed = zone.state(Pfn(pfn)).compare_exchange(
-                buddy::state(PCP, Order(o as u8)),
-                buddy::NONE,
+                mem_map::state(PCP, Order(o as u8)),
+                mem_map::NONE,
                 Ordering::Acquire,
                 Ordering::Relaxed,
             );
@@ -259,7 +259,7 @@ pub fn check(zone: &Zone, pcp: &PcpInner) -> Result<usize, String> {
     for (o, list) in pcp.lists.iter().enumerate() {
         for &pfn in list {
             let s = zone.state(Pfn(pfn)).load(Ordering::Relaxed);
-            if s != buddy::state(PCP, Order(o as u8)) {
+            if s != mem_map::state(PCP, Order(o as u8)) {
                 return Err(format!("zone {}: pcp block {pfn:#x} on list {o} has state {s:#x}", zone.id.0));
             }
         }

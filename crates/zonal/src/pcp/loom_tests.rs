@@ -10,7 +10,7 @@
 //! accounted exactly once (free in the buddy, on the lists, or allocated).
 
 use super::*;
-use crate::buddy::ALLOCATED;
+use crate::mem_map::ALLOCATED;
 use crate::types::{NodeId, ZoneId};
 use loom::sync::Arc;
 
@@ -29,7 +29,7 @@ fn alloc(z: &Zone, pcp: &PerCpuPages) -> Option<Pfn> {
             p
         }
     };
-    z.state(pfn).store(buddy::state(ALLOCATED, Order(0)), Ordering::Release);
+    z.state(pfn).store(mem_map::state(ALLOCATED, Order(0)), Ordering::Release);
     Some(pfn)
 }
 
@@ -37,7 +37,7 @@ fn alloc(z: &Zone, pcp: &PerCpuPages) -> Option<Pfn> {
 fn free(z: &Zone, pcp: &PerCpuPages, pfn: Pfn) -> bool {
     let claimed = z
         .state(pfn)
-        .compare_exchange(buddy::state(ALLOCATED, Order(0)), buddy::NONE, Ordering::Acquire, Ordering::Relaxed)
+        .compare_exchange(mem_map::state(ALLOCATED, Order(0)), mem_map::NONE, Ordering::Acquire, Ordering::Relaxed)
         .is_ok();
     if !claimed {
         return false;

@@ -29,7 +29,7 @@
 //! free, drain, the tuning of `high` and `batch`, the invariant check) are in `lists.rs` and
 //! re-exported here; the lock-free critical sections over the cache are in [`rseq`].
 
-use crate::buddy::{self, PCP};
+use crate::mem_map::{self, PCP};
 use crate::sync::{spin_wait, AtomicBool, AtomicU64, AtomicUsize, LockedCell, Ordering};
 use crate::types::{Order, Pfn};
 use crate::vmstat::ZoneStatItem;
@@ -234,7 +234,7 @@ impl PerCpuPages {
                 return Err(format!("zone {}: cpu {} cache holds {:#x}, not of the zone", zone.id.0, self.cpu, pfn.0));
             }
             let s = zone.state(pfn).load(Ordering::Relaxed);
-            if s != buddy::state(PCP, Order(0)) {
+            if s != mem_map::state(PCP, Order(0)) {
                 return Err(format!("zone {}: cpu {} cache block {:#x} has state {s:#x}", zone.id.0, self.cpu, pfn.0));
             }
         }
