@@ -201,7 +201,7 @@ fn topology(arg: Option<&str>) -> Result<Topology, String> {
 fn config(cli: &Cli) -> Result<Config, String> {
     let topo = topology(cli.topology.as_deref())?;
     let mut config = Config::new(topo).max_order(cli.max_order);
-    config.arena = zonal::arena::ArenaOptions { populate: cli.populate, mlock: cli.mlock, thp: cli.thp };
+    config.arena = zonal::ArenaOptions { populate: cli.populate, mlock: cli.mlock, thp: cli.thp };
     Ok(config)
 }
 
@@ -353,7 +353,7 @@ fn run(cli: Cli) -> Result<(), String> {
             println!(
                 "zonal bench on {} node(s), {} cpu(s); {} ms per cell; ratios are medians of per-repetition ratios\n",
                 z.topology().nr_nodes(),
-                zonal::sys::nr_cpus_online(),
+                zonal::cpu::nr_cpus_online(),
                 cell_ms
             );
             println!("{}\n", bench::cpu_identity_note());

@@ -11,12 +11,12 @@ use zonal::Zonal;
 /// Passes `n` pages from an allocating thread (CPU 0) to a freeing thread (CPU 1).
 fn cell<A: PageAlloc>(a: &A, n: u64) -> f64 {
     let q: ArrayQueue<usize> = ArrayQueue::new(256);
-    let pin = zonal::sys::nr_cpus_online() > 1;
+    let pin = zonal::cpu::nr_cpus_online() > 1;
     let t = Instant::now();
     std::thread::scope(|s| {
         s.spawn(|| {
             if pin {
-                let _ = zonal::sys::set_affinity(1);
+                let _ = zonal::cpu::set_affinity(1);
             }
             let mut got = 0;
             while got < n {
@@ -30,7 +30,7 @@ fn cell<A: PageAlloc>(a: &A, n: u64) -> f64 {
             }
         });
         if pin {
-            let _ = zonal::sys::set_affinity(0);
+            let _ = zonal::cpu::set_affinity(0);
         }
         let mut sent = 0;
         while sent < n {
@@ -69,7 +69,7 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
         subjects.iter().map(|((_, f), _)| super::per_cell(opts, f(20_000), 10_000, 1 << 26)).collect();
     let mut times = vec![Vec::new(); k];
     super::rotate(opts, "cross", k, |s| times[s].push(subjects[s].0 .1(counts[s])));
-    let _ = zonal::sys::allow_all_cpus();
+    let _ = zonal::cpu::allow_all_cpus();
     println!("cross: one thread allocates (cpu 0), another frees (cpu 1), ns per page; {} repetitions", opts.reps);
     let best = best_peer(&times, |s| subjects[s].1);
     let mimalloc = super::index_of(subjects.iter().map(|((n, _), _)| n), "mimalloc").unwrap_or(best);

@@ -54,7 +54,7 @@ pub fn run_tcmalloc_child(
 ) -> Result<Vec<serde_json::Value>, String> {
     const TUNABLE: &str = "glibc.pthread.rseq=0";
     let chosen: Vec<&str> = experiments.iter().copied().filter(|e| WITH_TCMALLOC.contains(e)).collect();
-    if chosen.is_empty() || !opts.only.is_empty() || zonal::sys::rseq_offset().is_none() {
+    if chosen.is_empty() || !opts.only.is_empty() || !zonal::cpu::glibc_rseq_registered() {
         return Ok(Vec::new());
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program to re-run it: {e}"))?;
@@ -90,7 +90,7 @@ pub fn run_tcmalloc_child(
 
 /// One line on how the CPU is found and which caches tcmalloc runs on.
 pub fn cpu_identity_note() -> String {
-    let rseq = zonal::sys::rseq_offset().is_some();
+    let rseq = zonal::cpu::glibc_rseq_registered();
     format!(
         "glibc rseq registration: {}; zonal reads its CPU {}; tcmalloc runs on {} caches",
         if rseq { "on" } else { "off" },

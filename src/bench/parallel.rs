@@ -15,7 +15,7 @@ use zonal::Zonal;
 /// pair per thread, total pairs per µs).
 pub fn cell<A: PageAlloc>(a: &A, threads: usize, n: u64) -> (f64, f64) {
     let barrier = Barrier::new(threads);
-    let nproc = zonal::sys::nr_cpus_online().max(1);
+    let nproc = zonal::cpu::nr_cpus_online().max(1);
     let start = Instant::now();
     let per_thread: Vec<f64> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
@@ -23,7 +23,7 @@ pub fn cell<A: PageAlloc>(a: &A, threads: usize, n: u64) -> (f64, f64) {
                 let barrier = &barrier;
                 s.spawn(move || {
                     // Best effort: a CPU the process may not use leaves the thread unbound.
-                    let _ = zonal::sys::set_affinity((t % nproc) as u32);
+                    let _ = zonal::cpu::set_affinity((t % nproc) as u32);
                     barrier.wait();
                     let t = Instant::now();
                     for _ in 0..n {
@@ -72,7 +72,7 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     if super::only_reference_left(subjects.iter().map(|(n, _, _)| n)) {
         return Ok(Vec::new());
     }
-    let nproc = zonal::sys::nr_cpus_online();
+    let nproc = zonal::cpu::nr_cpus_online();
     let mut ts: Vec<usize> = (1..=nproc).collect();
     ts.push(2 * nproc);
     // Calibrate on one thread: pairs per thread per cell.

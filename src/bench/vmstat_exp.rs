@@ -102,7 +102,7 @@ fn print_rows(first: &str, configs: &[Setting<'_>], cells: Vec<Vec<String>>, npr
 /// `threshold` (seed 000).
 pub fn run_threshold(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     let z = one_zone(z, opts)?;
-    let nproc = zonal::sys::nr_cpus_online();
+    let nproc = zonal::cpu::nr_cpus_online();
     let ts = [nproc, 2 * nproc];
     let configs: Vec<Setting<'static>> = SEED_000
         .iter()
@@ -145,7 +145,7 @@ pub fn run_threshold(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String>
 /// `modes` (seed 001).
 pub fn run_modes(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     let z = one_zone(z, opts)?;
-    let nproc = zonal::sys::nr_cpus_online();
+    let nproc = zonal::cpu::nr_cpus_online();
     let ts = [1, nproc];
     let auto_before = |z: &Zonal| {
         z.sysctl_set("numa_stats_mode", "coarse").expect("valid");
@@ -188,7 +188,7 @@ pub fn run_modes(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
 /// against once per call with the batch count.
 pub fn run_stats(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     let z = one_zone(z, opts)?;
-    let nproc = zonal::sys::nr_cpus_online();
+    let nproc = zonal::cpu::nr_cpus_online();
     let ts = [1, nproc];
     let strategy = |name: &'static str| -> Setting<'static> {
         let label = match name {

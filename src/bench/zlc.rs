@@ -73,7 +73,7 @@ type Held = Vec<(*mut u8, u32)>;
 /// zone but the last of node 0's zonelist taken down to its min watermark. Returns it with
 /// the frames that hold the zones full, and how many zones lie ahead of the usable one.
 fn build(nodes: usize, remote: bool, opts: &BenchOpts) -> Result<(Zonal, Held, usize), String> {
-    let ncpu = zonal::sys::nr_cpus_online();
+    let ncpu = zonal::cpu::nr_cpus_online();
     let spec = format!("nodes={nodes},size={NODE_SIZE},cpus=0-{}{}", ncpu - 1, ":".repeat(nodes - 1));
     let mut config = opts.config.clone();
     config.topology = zonal::Topology::parse(&spec).map_err(|e| e.to_string())?;
@@ -101,7 +101,7 @@ fn build(nodes: usize, remote: bool, opts: &BenchOpts) -> Result<(Zonal, Held, u
 
 /// Runs the experiment, prints its table and returns its records.
 pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
-    let ncpu = zonal::sys::nr_cpus_online();
+    let ncpu = zonal::cpu::nr_cpus_online();
     let mut rows = Vec::new();
     let mut records = Vec::new();
     let mut targets = Vec::new();

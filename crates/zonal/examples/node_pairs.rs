@@ -20,7 +20,7 @@ fn cell(zs: &[Zonal], threads: usize, n: u64) -> f64 {
             .map(|t| {
                 let (z, barrier) = (&zs[t % zs.len()], &barrier);
                 s.spawn(move || {
-                    let _ = zonal::sys::set_affinity(t as u32);
+                    let _ = zonal::cpu::set_affinity(t as u32);
                     barrier.wait();
                     let start = Instant::now();
                     for _ in 0..n {

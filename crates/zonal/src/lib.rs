@@ -17,36 +17,43 @@
 
 #![warn(missing_docs)]
 
-pub mod arena;
-pub mod buddy;
+// The public API is what a user needs: the handle, its errors, config, topology, gfp flags,
+// policies, reports and counters, the read-only zone figures, and the CPU helpers
+// benchmarks use. The buddy, the per-CPU lists, the frame states, the zonelist caches, the
+// OS layer and the sync facade are the allocator's own: safe code outside cannot reach them.
+
+mod arena;
+mod buddy;
 pub mod config;
+pub mod cpu;
 pub mod error;
 pub mod ffi;
 pub mod gfp;
 mod mem_map;
 pub mod mempolicy;
-pub mod page_alloc;
-pub mod pcp;
+mod page_alloc;
+mod pcp;
 pub mod report;
-pub mod sync;
-pub mod sys;
+mod sync;
+mod sys;
 pub mod sysctl;
 pub mod topology;
 pub mod tunables;
 pub mod types;
 pub mod vmstat;
-pub mod zlc;
+mod zlc;
 pub mod zone;
 pub mod zonelist;
 
 #[doc = include_str!("../../../docs/DESIGN.md")]
 pub mod design {}
 
+pub use arena::ArenaOptions;
 pub use config::Config;
 pub use error::{Error, Result};
 pub use gfp::Gfp;
 pub use mempolicy::{MemPolicy, NodeMask};
-pub use page_alloc::{PcpInfo, Zonal};
+pub use page_alloc::{PcpInfo, Zonal, LOG_LINES};
 pub use topology::Topology;
 pub use types::{CpuId, NodeId, Order, Pfn, ZoneId, PAGE_SIZE};
 pub use vmstat::{NumaStat, VmEvent, ZoneStatItem};

@@ -3,15 +3,13 @@
 
 #[cfg(loom)]
 pub use loom::sync::atomic::{
-    AtomicBool, AtomicI64, AtomicI8, AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+    AtomicBool, AtomicI8, AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
 };
 #[cfg(loom)]
 pub use loom::sync::{Mutex, MutexGuard};
 
 #[cfg(not(loom))]
-pub use std::sync::atomic::{
-    AtomicBool, AtomicI64, AtomicI8, AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
-};
+pub use std::sync::atomic::{AtomicBool, AtomicI8, AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 pub use std::sync::{Mutex, MutexGuard};
 

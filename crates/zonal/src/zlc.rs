@@ -136,11 +136,6 @@ impl ZonelistCache {
         self.z_to_n.len()
     }
 
-    /// Whether the zonelist is empty.
-    pub fn is_empty(&self) -> bool {
-        self.z_to_n.is_empty()
-    }
-
     /// The node of entry `i`.
     #[inline]
     pub fn node(&self, i: usize) -> u16 {
@@ -256,6 +251,7 @@ impl ZonelistCache {
     }
 
     /// Entries marked full.
+    #[cfg(test)]
     pub fn nr_marked(&self) -> usize {
         self.fullzones.iter().map(|w| w.load(Ordering::Relaxed).count_ones() as usize).sum()
     }

@@ -141,13 +141,14 @@ impl fmt::Debug for Zone {
 
 impl Zone {
     /// A zone of `pages` frames from `start`, all free, with counters for one CPU of its own.
-    pub fn new(id: ZoneId, node: NodeId, start: Pfn, pages: usize, max_order: Order) -> Zone {
+    #[cfg(test)]
+    pub(crate) fn new(id: ZoneId, node: NodeId, start: Pfn, pages: usize, max_order: Order) -> Zone {
         Zone::with_counters(id, node, start, pages, max_order, 1, Arc::default())
     }
 
     /// A zone of `pages` frames from `start`, all free, with per-CPU diffs for `nr_cpus` CPUs
     /// folding into `global` as well as into its own counters.
-    pub fn with_counters(
+    pub(crate) fn with_counters(
         id: ZoneId,
         node: NodeId,
         start: Pfn,
@@ -185,7 +186,7 @@ impl Zone {
 
     /// Takes the zone lock.
     #[inline]
-    pub fn lock(&self) -> ZoneLocked<'_> {
+    pub(crate) fn lock(&self) -> ZoneLocked<'_> {
         ZoneLocked { zone: self, area: sync::lock(&self.locked.lock) }
     }
 
@@ -197,7 +198,7 @@ impl Zone {
 
     /// The state byte of a frame of this zone (see [`crate::buddy`]).
     #[inline]
-    pub fn state(&self, pfn: Pfn) -> &AtomicU8 {
+    pub(crate) fn state(&self, pfn: Pfn) -> &AtomicU8 {
         self.mem_map.state(pfn.0 - self.start_pfn.0)
     }
 
@@ -231,7 +232,7 @@ impl Zone {
     /// caller holds the lock that guards the item: the zone lock for the free counts, the
     /// lists' lock of CPU `cpu` for [`ZoneStatItem::NrPcpPages`].
     #[inline]
-    pub fn mod_page_state(&self, cpu: usize, item: ZoneStatItem, delta: isize) {
+    pub(crate) fn mod_page_state(&self, cpu: usize, item: ZoneStatItem, delta: isize) {
         self.pcpu[cpu % self.pcpu.len()].add(item, delta, |v| self.fold_in(item, v));
     }
 
@@ -242,7 +243,7 @@ impl Zone {
 
     /// Folds CPU `cpu`'s diff of an item into the counters (the periodic fold). The caller
     /// holds the lock that guards the item, as for [`Zone::mod_page_state`].
-    pub fn fold_diff(&self, cpu: usize, item: ZoneStatItem) {
+    pub(crate) fn fold_diff(&self, cpu: usize, item: ZoneStatItem) {
         let v = self.pcpu[cpu % self.pcpu.len()].take(item);
         if v != 0 {
             self.fold_in(item, v);
@@ -251,7 +252,7 @@ impl Zone {
 
     /// CPU `cpu`'s unfolded diff of an item, read without the item's lock: a hint (for
     /// skipping folds that would find nothing), exact once changes stop.
-    pub fn diff(&self, cpu: usize, item: ZoneStatItem) -> isize {
+    pub(crate) fn diff(&self, cpu: usize, item: ZoneStatItem) -> isize {
         self.pcpu[cpu % self.pcpu.len()].diff(item)
     }
 
@@ -272,7 +273,7 @@ impl Zone {
 
     /// `refresh_zone_stat_thresholds` for this zone: the normal threshold for every CPU and
     /// the drift mark from it. Call after the watermarks change.
-    pub fn refresh_stat_thresholds(&self) {
+    pub(crate) fn refresh_stat_thresholds(&self) {
         let cpus = self.pcpu.len();
         let t = vmstat::normal_threshold(cpus, self.managed);
         self.set_threshold(t, false);
@@ -284,7 +285,7 @@ impl Zone {
     /// Switches between the pressure threshold (`set_pgdat_percpu_threshold` with
     /// `calculate_pressure_threshold`, as when kswapd wakes) and the normal one. Returns
     /// whether anything changed.
-    pub fn set_pressure(&self, on: bool) -> bool {
+    pub(crate) fn set_pressure(&self, on: bool) -> bool {
         // A load first, without the lock: the slow path calls this on every zone it walks.
         if self.pressure.load(Ordering::Relaxed) == on {
             return false;
@@ -323,7 +324,7 @@ impl Zone {
 
     /// The watermark of a zonelist-cache level (0 for [`crate::zlc::Level::None`]).
     #[inline]
-    pub fn watermark_of(&self, level: crate::zlc::Level) -> usize {
+    pub(crate) fn watermark_of(&self, level: crate::zlc::Level) -> usize {
         match level {
             crate::zlc::Level::None => 0,
             crate::zlc::Level::Min => self.watermark(Watermark::Min),
@@ -336,7 +337,7 @@ impl Zone {
     /// (`__setup_per_zone_wmarks`): `min` is the share in proportion to managed frames,
     /// `tmp = max(min/4, managed * wsf / 10000)`, `low = min + tmp`, `high = min + 2*tmp`,
     /// `promo = min + 3*tmp`.
-    pub fn setup_watermarks(&self, min_free_kbytes: u64, lowmem_pages: usize, wsf: u32) {
+    pub(crate) fn setup_watermarks(&self, min_free_kbytes: u64, lowmem_pages: usize, wsf: u32) {
         let pages_min = (min_free_kbytes >> (PAGE_SHIFT - 10)) as u128;
         let min = (pages_min * self.managed as u128 / lowmem_pages.max(1) as u128) as usize;
         let tmp = (min / 4).max((self.managed as u128 * wsf as u128 / 10_000) as usize);
@@ -400,7 +401,8 @@ impl Zone {
     /// concurrent use too: each block on `free_area[o]` is tagged `BUDDY|o`, aligned, counted,
     /// and overlaps no other free block. O(free blocks); what `debug-vm` checks after every
     /// buddy operation.
-    pub fn debug_check_free_area(&self) -> Result<(), String> {
+    #[cfg_attr(not(feature = "debug-vm"), allow(dead_code))]
+    pub(crate) fn debug_check_free_area(&self) -> Result<(), String> {
         let l = self.lock();
         let mut free = vec![false; self.spanned];
         for o in 0..=self.max_order.0 {
@@ -435,7 +437,7 @@ impl Zone {
     /// Checks the zone's invariants given the frames its per-CPU lists hold (`on_pcp`, checked
     /// by the caller); returns the number of allocated frames. Call only while no allocation or
     /// free runs on this zone. O(frames).
-    pub fn check_invariants(&self, on_pcp: usize) -> Result<usize, String> {
+    pub(crate) fn check_invariants(&self, on_pcp: usize) -> Result<usize, String> {
         let l = self.lock();
         let mut covered = vec![false; self.spanned];
         let mut free = 0usize;
@@ -523,7 +525,7 @@ impl Zone {
 
 /// Proof that a zone's lock is held (the kernel's "caller must hold zone->lock"). On drop it
 /// accounts the changes made to the free lists, then unlocks.
-pub struct ZoneLocked<'a> {
+pub(crate) struct ZoneLocked<'a> {
     zone: &'a Zone,
     area: MutexGuard<'a, FreeArea>,
 }
@@ -538,7 +540,7 @@ impl Drop for ZoneLocked<'_> {
 impl ZoneLocked<'_> {
     /// The buddy operations on this zone.
     #[inline]
-    pub fn buddy(&mut self) -> Buddy<'_> {
+    pub(crate) fn buddy(&mut self) -> Buddy<'_> {
         Buddy {
             area: &mut self.area,
             mem_map: &self.zone.mem_map,
@@ -549,7 +551,7 @@ impl ZoneLocked<'_> {
 
     /// Folds every CPU's diffs of the items the zone lock guards (the periodic fold and
     /// `vm.stat_refresh`).
-    pub fn fold_diffs(&mut self) {
+    pub(crate) fn fold_diffs(&mut self) {
         self.account();
         for cpu in 0..self.zone.pcpu.len() {
             self.zone.fold_diff(cpu, ZoneStatItem::NrFreePages);
@@ -577,11 +579,6 @@ impl ZoneLocked<'_> {
             let exact = &self.zone.locked.free_pages;
             exact.store(exact.load(Ordering::Relaxed).wrapping_add_signed(pages), Ordering::Relaxed);
         }
-    }
-
-    /// Free blocks of an order.
-    pub fn nr_free_blocks(&self, order: Order) -> usize {
-        self.area.nr_free(order)
     }
 }
 

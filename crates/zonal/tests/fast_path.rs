@@ -6,9 +6,9 @@
 //! and the per-thread policy bits (`handle id % 64`) of two handles of a test never collide.
 
 use std::sync::{mpsc, Arc, Mutex};
-use zonal::pcp::rseq;
+
 use zonal::topology::Machine;
-use zonal::{sys, Config, Gfp, MemPolicy, NodeId, Topology, VmEvent, Zonal};
+use zonal::{Config, Gfp, MemPolicy, NodeId, Topology, VmEvent, Zonal};
 
 static BUILD: Mutex<()> = Mutex::new(());
 
@@ -30,9 +30,9 @@ fn rseq_expected() -> bool {
         Some("ZONAL_NO_RSEQ is set")
     } else if !cfg!(target_arch = "x86_64") {
         Some("the rseq sections are x86-64 only")
-    } else if sys::rseq_offset().is_none() {
+    } else if !zonal::cpu::glibc_rseq_registered() {
         Some("glibc registered no rseq area (e.g. GLIBC_TUNABLES=glibc.pthread.rseq=0)")
-    } else if !sys::membarrier_rseq_registered() {
+    } else if !zonal::cpu::membarrier_rseq() {
         Some("the kernel has no membarrier PRIVATE_EXPEDITED_RSEQ")
     } else {
         None
@@ -40,11 +40,11 @@ fn rseq_expected() -> bool {
     match why_not {
         Some(why) => {
             eprintln!("SKIPPED (fast path legitimately off): {why}");
-            assert!(!rseq::enabled(), "rseq reported on although {why}");
+            assert!(!zonal::cpu::rseq_fast_path(), "rseq reported on although {why}");
             false
         }
         None => {
-            assert!(rseq::enabled(), "rseq and membarrier are available, but the fast path is off");
+            assert!(zonal::cpu::rseq_fast_path(), "rseq and membarrier are available, but the fast path is off");
             true
         }
     }

@@ -17,7 +17,7 @@ fn zonal_on(spec: &str, cpus: usize, interval: Duration) -> Zonal {
 fn pinned<R: Send>(cpu: u32, f: impl FnOnce() -> R + Send) -> R {
     std::thread::scope(|s| {
         s.spawn(|| {
-            zonal::sys::set_affinity(cpu).unwrap();
+            zonal::cpu::set_affinity(cpu).unwrap();
             f()
         })
         .join()
@@ -42,7 +42,7 @@ fn leave_frames_on_lists(z: &Zonal) {
 }
 
 fn machine_has_two_cpus() -> bool {
-    if zonal::sys::nr_cpus_online() < 2 {
+    if zonal::cpu::nr_cpus_online() < 2 {
         eprintln!("one CPU: no remote lists to fence, nothing to test");
         return false;
     }
@@ -140,7 +140,7 @@ fn reports_cost_no_fence() {
     pinned(1, || z.drain_cpu_pages(0));
     assert_eq!(z.pcp_info(0, ZoneId(0)).unwrap().count, 0, "the drain reached the cache");
     let fenced = z.event(VmEvent::PcpFence) - before;
-    if zonal::pcp::rseq::enabled() {
+    if zonal::cpu::rseq_fast_path() {
         assert!(fenced > 0, "a remote drain of a cache holding frames fences");
     } else {
         assert_eq!(fenced, 0, "without rseq there is nothing to fence");
@@ -153,7 +153,7 @@ fn reports_cost_no_fence() {
 /// listed CPU, keep the invariants.
 #[test]
 fn more_cpus_than_the_machine_stays_correct() {
-    let machine = zonal::sys::nr_cpus_online();
+    let machine = zonal::cpu::nr_cpus_online();
     let cpus = machine + 6;
     let z = zonal_on("nodes=2,size=8M", cpus, Duration::from_millis(5));
     let rounds = 200;
@@ -161,7 +161,7 @@ fn more_cpus_than_the_machine_stays_correct() {
         for cpu in 0..machine.min(4) as u32 {
             let z = &z;
             s.spawn(move || {
-                zonal::sys::set_affinity(cpu).unwrap();
+                zonal::cpu::set_affinity(cpu).unwrap();
                 let mut held = Vec::new();
                 for i in 0..rounds {
                     let order = (i % 2) as u32;

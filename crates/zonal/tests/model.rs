@@ -345,7 +345,7 @@ impl Harness {
 
     fn pin(&mut self, pick: usize) {
         let cpu = self.aff.cpus[pick % self.aff.cpus.len()];
-        zonal::sys::set_affinity(cpu).unwrap();
+        zonal::cpu::set_affinity(cpu).unwrap();
         let nr = self.z.nr_cpus();
         assert_eq!(self.z.current_cpu(), cpu as usize % nr, "pinned to cpu {cpu}");
         self.local = self.shape.cpu_node[cpu as usize % nr];

@@ -23,7 +23,7 @@ fn stat(z: &Zonal, node: u16, s: NumaStat) -> u64 {
 fn on_cpu<R: Send>(cpu: u32, f: impl FnOnce() -> R + Send) -> R {
     std::thread::scope(|s| {
         s.spawn(|| {
-            zonal::sys::set_affinity(cpu).unwrap();
+            zonal::cpu::set_affinity(cpu).unwrap();
             f()
         })
         .join()

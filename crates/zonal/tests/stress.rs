@@ -223,7 +223,7 @@ fn worker(
             barrier.wait();
         }
         if run.move_cpus && rng.below(64) == 0 {
-            zonal::sys::set_affinity(cpus[rng.below(cpus.len())]).unwrap();
+            zonal::cpu::set_affinity(cpus[rng.below(cpus.len())]).unwrap();
         }
         // Hold a bounded number of blocks so that memory neither fills for good nor stays empty.
         let choice = if mine.len() > 40 { 6 + rng.below(10) } else { rng.below(16) };
@@ -412,7 +412,7 @@ fn racing_frees(spec: &str, pcp: bool) {
                         idx.swap(i, rng.below(i + 1));
                     }
                     if rng.below(8) == 0 {
-                        zonal::sys::set_affinity(cpus[rng.below(cpus.len())]).unwrap();
+                        zonal::cpu::set_affinity(cpus[rng.below(cpus.len())]).unwrap();
                     }
                     for i in idx {
                         let (a, o) = blocks[i];

@@ -220,7 +220,7 @@ fn every_counter_moves() {
     let pinned = |cpu: u32, f: &(dyn Fn() + Sync)| {
         std::thread::scope(|s| {
             s.spawn(|| {
-                zonal::sys::set_affinity(cpu).unwrap();
+                zonal::cpu::set_affinity(cpu).unwrap();
                 f()
             });
         })
@@ -279,7 +279,7 @@ fn every_counter_moves() {
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| {
-            zonal::sys::set_affinity(0).unwrap();
+            zonal::cpu::set_affinity(0).unwrap();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 for zone in [ZoneId(0), ZoneId(1)] {
                     let _ = z.pcp_info(0, zone);
@@ -305,7 +305,7 @@ fn every_counter_moves() {
     });
     sample();
     let samples = samples.into_inner().unwrap();
-    let rseq = zonal::pcp::rseq::enabled();
+    let rseq = zonal::cpu::rseq_fast_path();
     let still: Vec<&String> = before
         .iter()
         .filter(|(k, v)| samples.iter().all(|s| s.get(*k) == Some(v)))

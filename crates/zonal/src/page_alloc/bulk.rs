@@ -125,7 +125,9 @@ impl Zonal {
         let mut left = nr;
         while left > 0 {
             let want = left.min(BULK_CHUNK);
-            let popped = pcp::rseq::pop_many(&table, z.id.0 as usize, &mut buf[..want]);
+            // SAFETY: the table is this thread's rseq area and this handle's lists, which
+            // outlive the call; `z` is one of this handle's zones.
+            let popped = unsafe { pcp::rseq::pop_many(&table, z.id.0 as usize, &mut buf[..want]) };
             let k = popped.len();
             for pfn in popped.iter().map(|&p| Pfn(p)).filter(|&pfn| take_cached(z, pfn)) {
                 put(self.pfn_to_ptr(pfn));
@@ -214,7 +216,9 @@ impl Zonal {
     /// one critical section (with `area`, they were claimed to the cache's tag), the rest
     /// onto the lists under one lock, or to the buddy when the lists are off or busy.
     pub(super) fn free_run(&self, cpu: usize, area: Option<*mut u8>, z: &Zone, pfns: &[usize]) {
-        let k = area.map_or(0, |area| pcp::rseq::push_many(&self.rseq_table(area), z.id.0 as usize, pfns));
+        // SAFETY: `area` is this thread's rseq area, the table this handle's lists, which
+        // outlive the call; `z` is one of this handle's zones.
+        let k = area.map_or(0, |area| unsafe { pcp::rseq::push_many(&self.rseq_table(area), z.id.0 as usize, pfns) });
         if k == pfns.len() {
             return;
         }

@@ -51,7 +51,9 @@ impl Zonal {
     /// the cache has nothing (see [`take_cached`]).
     #[inline(always)]
     pub(super) fn pop_cached(&self, area: *mut u8, z: &Zone) -> Option<Pfn> {
-        let pfn = Pfn(pcp::rseq::pop(&self.rseq_table(area), z.id.0 as usize)?);
+        // SAFETY: the table is this thread's rseq area (the caller's `area`) and this handle's
+        // lists, which outlive the call; `z` is one of this handle's zones.
+        let pfn = Pfn(unsafe { pcp::rseq::pop(&self.rseq_table(area), z.id.0 as usize) }?);
         take_cached(z, pfn).then_some(pfn)
     }
 
@@ -63,7 +65,9 @@ impl Zonal {
         let (zone, pfn) = self.addr_to_zone(addr, Order(0))?;
         claim_order0(zone, pfn, mem_map::state(mem_map::PCP, Order(0)), self.free_check_atomic())?;
         let cpu = self.rseq_cpu(area);
-        if !pcp::rseq::push(&self.rseq_table(area), zone.id.0 as usize, pfn.0) && unpush(zone, pfn) {
+        // SAFETY: as in `pop_cached`: this thread's area, this handle's lists and zone.
+        let pushed = unsafe { pcp::rseq::push(&self.rseq_table(area), zone.id.0 as usize, pfn.0) };
+        if !pushed && unpush(zone, pfn) {
             self.free_claimed(cpu, zone, &[pfn], Order(0));
         }
         self.count_event(cpu, VmEvent::Pgfree, 1);

@@ -277,11 +277,6 @@ pub fn check(zone: &Zone, pcp: &PcpInner) -> Result<usize, String> {
     Ok(pages)
 }
 
-/// The blocks on the lists (for invariant walks).
-pub fn blocks(pcp: &PcpInner) -> impl Iterator<Item = (Pfn, Order)> + '_ {
-    pcp.lists.iter().enumerate().flat_map(|(o, l)| l.iter().map(move |&p| (Pfn(p), Order(o as u8))))
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;

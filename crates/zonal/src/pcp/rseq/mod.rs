@@ -106,17 +106,31 @@ pub struct Table {
 
 /// Pops an order-0 block from the cache of the current CPU's lists for `zone`; `None`
 /// when the cache is empty, the lists are locked, or the section was interrupted.
+///
+/// # Safety
+/// `t.area` is the calling thread's registered rseq area, `t.base` points to
+/// `t.nr_cpus * t.nr_zones` live `PerCpuPages` laid out `[cpu * nr_zones + zone]` that outlive
+/// the call, and `zone < t.nr_zones`: the section indexes the table with the CPU id the
+/// kernel wrote (checked against `nr_cpus`) and `zone` (not checked).
 #[inline]
-pub fn pop(t: &Table, zone: usize) -> Option<usize> {
-    arch::pop(t, zone)
+pub unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
+    // SAFETY: the caller's contract, which is the section's.
+    unsafe { arch::pop(t, zone) }
 }
 
 /// Pushes an order-0 block (head already tagged `PCP`) onto the cache of the current
 /// CPU's lists for `zone`; `false` when the cache is at its bound, the lists are locked,
 /// or the section was interrupted.
+///
+/// # Safety
+/// `t.area` is the calling thread's registered rseq area, `t.base` points to
+/// `t.nr_cpus * t.nr_zones` live `PerCpuPages` laid out `[cpu * nr_zones + zone]` that outlive
+/// the call, and `zone < t.nr_zones`: the section indexes the table with the CPU id the
+/// kernel wrote (checked against `nr_cpus`) and `zone` (not checked).
 #[inline]
-pub fn push(t: &Table, zone: usize, pfn: usize) -> bool {
-    arch::push(t, zone, pfn)
+pub unsafe fn push(t: &Table, zone: usize, pfn: usize) -> bool {
+    // SAFETY: the caller's contract, which is the section's.
+    unsafe { arch::push(t, zone, pfn) }
 }
 
 /// Pops up to `out.len()` order-0 blocks from the cache of the current CPU's lists for
@@ -124,17 +138,31 @@ pub fn push(t: &Table, zone: usize, pfn: usize) -> bool {
 /// the cache is empty, the lists are locked, or the section was interrupted). `out` needs
 /// no initialising: the bulk allocator calls this per chunk, and zeroing a buffer first
 /// would cost as much as the pops.
+///
+/// # Safety
+/// `t.area` is the calling thread's registered rseq area, `t.base` points to
+/// `t.nr_cpus * t.nr_zones` live `PerCpuPages` laid out `[cpu * nr_zones + zone]` that outlive
+/// the call, and `zone < t.nr_zones`: the section indexes the table with the CPU id the
+/// kernel wrote (checked against `nr_cpus`) and `zone` (not checked).
 #[inline]
-pub fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUninit<usize>]) -> &'a [usize] {
-    arch::pop_many(t, zone, out)
+pub unsafe fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUninit<usize>]) -> &'a [usize] {
+    // SAFETY: the caller's contract, which is the section's.
+    unsafe { arch::pop_many(t, zone, out) }
 }
 
 /// Pushes a prefix of `pfns` (order-0 blocks, heads already tagged `PCP`) onto the cache
 /// of the current CPU's lists for `zone` in one critical section, as much as the cache's
 /// bound allows; returns how many (0 when full, locked, or interrupted).
+///
+/// # Safety
+/// `t.area` is the calling thread's registered rseq area, `t.base` points to
+/// `t.nr_cpus * t.nr_zones` live `PerCpuPages` laid out `[cpu * nr_zones + zone]` that outlive
+/// the call, and `zone < t.nr_zones`: the section indexes the table with the CPU id the
+/// kernel wrote (checked against `nr_cpus`) and `zone` (not checked).
 #[inline]
-pub fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize {
-    arch::push_many(t, zone, pfns)
+pub unsafe fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize {
+    // SAFETY: the caller's contract, which is the section's.
+    unsafe { arch::push_many(t, zone, pfns) }
 }
 
 #[cfg(all(test, not(loom)))]

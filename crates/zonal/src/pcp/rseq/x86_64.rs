@@ -122,7 +122,9 @@ macro_rules! rseq_section {
 
 /// The x86-64 body of [`super::pop`].
 #[inline]
-pub(super) fn pop(t: &Table, zone: usize) -> Option<usize> {
+/// # Safety
+/// As [`super::pop`].
+pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
     let ok: usize;
     let out: usize;
     // SAFETY: `t.area` is this thread's registered rseq area; `t.base` points to
@@ -153,7 +155,9 @@ pub(super) fn pop(t: &Table, zone: usize) -> Option<usize> {
 
 /// The x86-64 body of [`super::push`].
 #[inline]
-pub(super) fn push(t: &Table, zone: usize, pfn: usize) -> bool {
+/// # Safety
+/// As [`super::push`].
+pub(super) unsafe fn push(t: &Table, zone: usize, pfn: usize) -> bool {
     let ok: usize;
     // SAFETY: as in `pop`; the slot written before the commit lies below
     // `cache_limit <= CACHE_CAP`, inside the cache, and is dead until the commit.
@@ -180,7 +184,9 @@ pub(super) fn push(t: &Table, zone: usize, pfn: usize) -> bool {
 
 /// The x86-64 body of [`super::pop_many`].
 #[inline]
-pub(super) fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUninit<usize>]) -> &'a [usize] {
+/// # Safety
+/// As [`super::pop_many`].
+pub(super) unsafe fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUninit<usize>]) -> &'a [usize] {
     if out.is_empty() {
         return &[];
     }
@@ -223,7 +229,9 @@ pub(super) fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUninit<usi
 
 /// The x86-64 body of [`super::push_many`].
 #[inline]
-pub(super) fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize {
+/// # Safety
+/// As [`super::push_many`].
+pub(super) unsafe fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize {
     if pfns.is_empty() {
         return 0;
     }
