@@ -1,33 +1,11 @@
 //! A real C program (tests/c/zonal_test.c) compiled with the system `cc` against
 //! include/zonal.h, linked once against libzonal.so and once against libzonal.a, and run.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::build_libs;
+use std::path::Path;
 use std::process::Command;
-
-/// The target directory and profile this test was built in, from its own path
-/// (`<target>/<profile>/deps/c_abi-<hash>`).
-fn target_and_profile() -> (PathBuf, String) {
-    let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("<target>/<profile>");
-    let profile = profile_dir.file_name().expect("profile name").to_string_lossy().into_owned();
-    (profile_dir.parent().expect("<target>").to_path_buf(), profile)
-}
-
-/// Builds the cdylib and staticlib of this crate (cargo does not guarantee they are fresh for
-/// an integration test) and returns their directory.
-fn build_libs() -> PathBuf {
-    let (target, profile) = target_and_profile();
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["build", "-p", "zonal", "--lib"]).env("CARGO_TARGET_DIR", &target);
-    if profile == "release" {
-        cmd.arg("--release");
-    }
-    let st = cmd.status().expect("cargo runs");
-    assert!(st.success(), "cargo build of libzonal failed");
-    let dir = target.join(&profile);
-    assert!(dir.join("libzonal.so").exists() && dir.join("libzonal.a").exists(), "libraries in {dir:?}");
-    dir
-}
 
 fn compile_and_run(libdir: &Path, statically: bool) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");

@@ -4,7 +4,8 @@
 //! so `dlclose` keeps it mapped. A C program dlopens it, allocates and frees order-0 frames,
 //! destroys the handle, dlcloses, then is preempted many times and must exit 0.
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::process::Command;
 
 const PROGRAM: &str = r#"
@@ -51,31 +52,9 @@ int main(int argc, char **argv) {
 }
 "#;
 
-/// `<target>` and the profile this test was built in (`<target>/<profile>/deps/dlclose-<hash>`).
-fn target_and_profile() -> (PathBuf, String) {
-    let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("<target>/<profile>");
-    let profile = profile_dir.file_name().expect("profile name").to_string_lossy().into_owned();
-    (profile_dir.parent().expect("<target>").to_path_buf(), profile)
-}
-
-/// Builds the cdylib (cargo does not guarantee it is fresh for an integration test).
-fn build_so() -> PathBuf {
-    let (target, profile) = target_and_profile();
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["build", "-p", "zonal", "--lib"]).env("CARGO_TARGET_DIR", &target);
-    if profile == "release" {
-        cmd.arg("--release");
-    }
-    assert!(cmd.status().expect("cargo runs").success(), "cargo build of libzonal failed");
-    let so = target.join(&profile).join("libzonal.so");
-    assert!(so.exists(), "{so:?}");
-    so
-}
-
 #[test]
 fn dlclose_after_the_rseq_path_ran_is_safe() {
-    let so = build_so();
+    let so = common::build_libs().join("libzonal.so");
     // The flag itself, when binutils' readelf is there to show it.
     if let Ok(out) = Command::new("readelf").arg("-d").arg(&so).output() {
         let text = String::from_utf8_lossy(&out.stdout);

@@ -2,7 +2,12 @@
 //! the reports make no `membarrier` calls (`pcp_fence`), a drain of a remote cache that holds
 //! frames does, and fake topologies with more CPUs than the machine stay correct.
 
+mod common;
+
+use common::on_cpu;
+
 use std::time::{Duration, Instant};
+
 use zonal::topology::Machine;
 use zonal::{Config, Gfp, NodeId, Topology, VmEvent, Zonal, ZoneId, ZoneStatItem};
 
@@ -13,23 +18,11 @@ fn zonal_on(spec: &str, cpus: usize, interval: Duration) -> Zonal {
     Zonal::new(c).unwrap()
 }
 
-/// Runs `f` on a thread pinned to `cpu`.
-fn pinned<R: Send>(cpu: u32, f: impl FnOnce() -> R + Send) -> R {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            zonal::cpu::set_affinity(cpu).unwrap();
-            f()
-        })
-        .join()
-        .unwrap()
-    })
-}
-
 /// Allocations and frees on each CPU, so that every CPU's local lists and cache hold frames
 /// (and have a non-zero cache bound): what made the old worker fence every interval.
 fn leave_frames_on_lists(z: &Zonal) {
     for cpu in 0..2 {
-        pinned(cpu, || {
+        on_cpu(cpu, || {
             let held: Vec<_> = (0..300).map(|_| z.alloc_pages(Gfp::KERNEL, 0).unwrap()).collect();
             for p in held {
                 z.free_pages(p.as_ptr(), 0).unwrap();
@@ -116,7 +109,7 @@ fn reports_cost_no_fence() {
         z.refresh_vm_stats();
     };
     // CPU 0's cache empty with room: its lists drained from CPU 0 itself (no fence needed).
-    let p = pinned(0, || {
+    let p = on_cpu(0, || {
         let held: Vec<_> = (0..100).map(|_| z.alloc_pages(Gfp::KERNEL, 0).unwrap()).collect();
         for p in &held[1..] {
             z.free_pages(p.as_ptr(), 0).unwrap();
@@ -126,18 +119,18 @@ fn reports_cost_no_fence() {
     });
     assert_eq!(z.pcp_info(0, ZoneId(0)).unwrap().count, 0);
     let before = z.event(VmEvent::PcpFence);
-    pinned(1, || reports(&z));
+    on_cpu(1, || reports(&z));
     assert_eq!(z.event(VmEvent::PcpFence), before, "a report fenced a CPU with an empty cache");
 
     // CPU 0's cache holds a frame: reports still leave it alone.
-    pinned(0, || z.free_pages(p as *mut u8, 0).unwrap());
+    on_cpu(0, || z.free_pages(p as *mut u8, 0).unwrap());
     assert!(z.pcp_info(0, ZoneId(0)).unwrap().count > 0);
     let before = z.event(VmEvent::PcpFence);
-    pinned(1, || reports(&z));
+    on_cpu(1, || reports(&z));
     assert_eq!(z.event(VmEvent::PcpFence), before, "a report fenced");
 
     // A drain from CPU 1 works on CPU 0's cache: it must fence when the cache runs at all.
-    pinned(1, || z.drain_cpu_pages(0));
+    on_cpu(1, || z.drain_cpu_pages(0));
     assert_eq!(z.pcp_info(0, ZoneId(0)).unwrap().count, 0, "the drain reached the cache");
     let fenced = z.event(VmEvent::PcpFence) - before;
     if zonal::cpu::rseq_fast_path() {

@@ -2,6 +2,9 @@
 //! (seed 001): every counter moves in a scenario made for it; auto counts nothing before the
 //! first read; coarse zeroes; strict counts; an invalid value changes nothing.
 
+mod common;
+
+use common::on_cpu;
 use zonal::topology::Machine;
 use zonal::vmstat::NumaStat::{self, *};
 use zonal::{Config, Gfp, MemPolicy, NodeId, NodeMask, Topology, Zonal};
@@ -17,18 +20,6 @@ fn zonal() -> Zonal {
 
 fn stat(z: &Zonal, node: u16, s: NumaStat) -> u64 {
     z.numa_stat(z.node_zones(NodeId(node)).unwrap()[0], s)
-}
-
-/// Runs `f` on a thread pinned to `cpu` (so the allocating CPU's node is known).
-fn on_cpu<R: Send>(cpu: u32, f: impl FnOnce() -> R + Send) -> R {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            zonal::cpu::set_affinity(cpu).unwrap();
-            f()
-        })
-        .join()
-        .unwrap()
-    })
 }
 
 #[test]
