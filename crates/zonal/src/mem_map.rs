@@ -10,7 +10,9 @@
 //!
 //! Cost: 64 bytes per 4 KiB frame (1/64 of the memory, as Linux spends), allocated zeroed
 //! (`NONE` is 0), so the OS backs only the pages of the map that are written: the heads of
-//! free blocks and the frames handed out.
+//! free blocks and the frames handed out (the first frame handed out of each run of 64
+//! faults one page of the map in). A cross-CPU free moves one entry's line per frame where
+//! a byte map moved one line per 64 frames: the price of never sharing a line.
 //!
 //! Frame state (one byte at the start of each entry):
 //! - `BUDDY|o`: first frame of a free block of order `o` on `free_area[o]` (`PageBuddy`);
