@@ -58,8 +58,10 @@ impl Zonal {
     }
 
     /// The order-0 fast path of free: the same checks, a claim that tags the frame for the
-    /// per-CPU cache in the same CAS, and a push in a restartable sequence; the locked path
-    /// when the cache is full, locked, or the section was interrupted.
+    /// per-CPU cache (as `free_check` says: a load and a store, or a CAS), and a push in a
+    /// restartable sequence; when the cache is full, locked, or the section was interrupted,
+    /// the frame is taken back with a CAS (`unpush`, which one racer wins) and freed on the
+    /// locked path.
     #[inline(always)]
     pub(super) fn free_order0_fast(&self, area: *mut u8, addr: usize) -> Result<()> {
         let (zone, pfn) = self.addr_to_zone(addr, Order(0))?;

@@ -14,36 +14,40 @@ use std::mem::MaybeUninit;
 pub(super) const SUPPORTED: bool = false;
 
 /// [`super::pop`] without sections: gives way.
-#[inline]
+///
 /// # Safety
 /// As [`super::pop`].
+#[inline]
 pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
     let _ = (t, zone);
     None
 }
 
 /// [`super::push`] without sections: gives way.
-#[inline]
+///
 /// # Safety
 /// As [`super::push`].
+#[inline]
 pub(super) unsafe fn push(t: &Table, zone: usize, pfn: usize) -> bool {
     let _ = (t, zone, pfn);
     false
 }
 
 /// [`super::pop_many`] without sections: gives way.
-#[inline]
+///
 /// # Safety
 /// As [`super::pop_many`].
+#[inline]
 pub(super) unsafe fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUninit<usize>]) -> &'a [usize] {
     let _ = (t, zone, out);
     &[]
 }
 
 /// [`super::push_many`] without sections: gives way.
-#[inline]
+///
 /// # Safety
 /// As [`super::push_many`].
+#[inline]
 pub(super) unsafe fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize {
     let _ = (t, zone, pfns);
     0

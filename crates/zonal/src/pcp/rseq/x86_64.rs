@@ -121,9 +121,10 @@ macro_rules! rseq_section {
 }
 
 /// The x86-64 body of [`super::pop`].
-#[inline]
+///
 /// # Safety
 /// As [`super::pop`].
+#[inline]
 pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
     let ok: usize;
     let out: usize;
@@ -154,9 +155,10 @@ pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
 }
 
 /// The x86-64 body of [`super::push`].
-#[inline]
+///
 /// # Safety
 /// As [`super::push`].
+#[inline]
 pub(super) unsafe fn push(t: &Table, zone: usize, pfn: usize) -> bool {
     let ok: usize;
     // SAFETY: as in `pop`; the slot written before the commit lies below
@@ -183,9 +185,10 @@ pub(super) unsafe fn push(t: &Table, zone: usize, pfn: usize) -> bool {
 }
 
 /// The x86-64 body of [`super::pop_many`].
-#[inline]
+///
 /// # Safety
 /// As [`super::pop_many`].
+#[inline]
 pub(super) unsafe fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUninit<usize>]) -> &'a [usize] {
     if out.is_empty() {
         return &[];
@@ -228,9 +231,10 @@ pub(super) unsafe fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUni
 }
 
 /// The x86-64 body of [`super::push_many`].
-#[inline]
+///
 /// # Safety
 /// As [`super::push_many`].
+#[inline]
 pub(super) unsafe fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize {
     if pfns.is_empty() {
         return 0;
