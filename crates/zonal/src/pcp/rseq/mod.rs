@@ -92,6 +92,8 @@ pub fn fence_with(
 }
 
 /// Where the critical sections find the per-CPU structures: `pcps[cpu * nr_zones + zone]`.
+// Only the architecture files' sections read the fields; the stub (other targets, loom) does not.
+#[cfg_attr(not(all(target_arch = "x86_64", not(loom))), allow(dead_code))]
 #[derive(Clone, Copy, Debug)]
 pub struct Table {
     /// This thread's registered rseq area (`struct rseq`).
