@@ -191,6 +191,47 @@ impl Buddy<'_> {
         None
     }
 
+    /// Takes up to `n` blocks of `order` and appends their first frames to `out`; returns how
+    /// many. The blocks, and the order they are appended in, are those of `n` calls of
+    /// [`Buddy::rmqueue_smallest`] (Linux's `rmqueue_bulk` loop): each call takes the smallest
+    /// block, and once a larger block is split the smallest piece left is always the next one
+    /// up in it, so the loop walks a split block from its first frame upward. Taking that walk
+    /// in one step (the head delisted once, what is left listed once as the largest aligned
+    /// blocks that fit) moves a batch split from one block without a list operation or a
+    /// state store per frame, which keeps the refill's hold of the zone lock short. States of
+    /// the blocks taken are left `NONE`; the caller tags them.
+    pub fn rmqueue_many(&mut self, order: Order, n: usize, out: &mut Vec<usize>) -> usize {
+        let mut taken = 0;
+        'blocks: while taken < n {
+            for o in order.0..=self.max_order.0 {
+                let cur = Order(o);
+                if let Some(idx) = self.area.first(cur) {
+                    self.area.del(idx, cur);
+                    let pfn = self.start.0 + idx as usize;
+                    self.set(Pfn(pfn), NONE);
+                    let k = (1usize << (o - order.0)).min(n - taken);
+                    out.extend((0..k).map(|i| pfn + (i << order.0)));
+                    taken += k;
+                    self.list_range(pfn + (k << order.0), pfn + cur.pages());
+                    continue 'blocks;
+                }
+            }
+            break;
+        }
+        taken
+    }
+
+    /// Lists the free frames `from..to` (the rest of a split block, whose buddies are all
+    /// taken) as the largest aligned blocks that fit, without merging.
+    fn list_range(&mut self, mut from: usize, to: usize) {
+        while from < to {
+            let o = (from.trailing_zeros() as u8).min((to - from).ilog2() as u8);
+            self.area.add(self.idx(Pfn(from)), Order(o));
+            self.set(Pfn(from), state(BUDDY, Order(o)));
+            from += 1 << o;
+        }
+    }
+
     /// Returns the upper halves of a block of order `high` split down to `low` to the lists.
     #[inline]
     fn expand(&mut self, pfn: Pfn, low: Order, high: Order) {

@@ -97,17 +97,17 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
     };
     let room = 1 + ((pcp.high + pcp.batch).saturating_sub(pcp.count) >> order.0);
     let want = want.min(room);
-    let mut l = zone.lock();
-    let mut b = l.buddy();
     let list = &mut pcp.lists[order.0 as usize];
-    let mut n = 0;
-    while n < want {
-        let Some(pfn) = b.rmqueue_smallest(order) else { break };
-        zone.state(pfn).store(mem_map::state(PCP, order), Ordering::Relaxed);
-        list.push(pfn.0);
-        n += 1;
+    let first = list.len();
+    let n = zone.lock().buddy().rmqueue_many(order, want, list);
+    // Tagged after the zone lock is dropped: each tag is a store to the frame's own line,
+    // which the CPU that freed the frame last wrote, so under the lock it would make every
+    // other CPU's refill and drain wait for those misses. Nobody can take these frames
+    // meanwhile: they are on no buddy list, and these lists are under our lock; a caller's
+    // stray free of one finds `NONE` and is refused.
+    for &pfn in &list[first..] {
+        zone.state(Pfn(pfn)).store(mem_map::state(PCP, order), Ordering::Relaxed);
     }
-    drop(l);
     pcp.count += n << order.0;
     n
 }
@@ -165,22 +165,28 @@ fn nr_pcp_free(pcp: &mut PcpInner) -> usize {
 /// Returns at least `nr` frames (or all there are) from the lists to the buddy lists under
 /// one acquisition of the zone lock, oldest blocks first, lowest order first
 /// (`free_pcppages_bulk`). Returns the frames freed.
+///
+/// The blocks are claimed before the zone lock is taken, so that the lock is held for the
+/// buddy's work alone (see `rmqueue_bulk` for why a per-frame store under it costs every
+/// other CPU of the zone).
 pub fn free_pcppages_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
     let mut freed = 0;
-    let mut l = zone.lock();
-    let mut b = l.buddy();
-    for o in 0..NR_PCP_LISTS {
+    // Per order, how many blocks leave the front of its list and how many of those, moved
+    // to the front, were claimed.
+    let mut taken = [(0usize, 0usize); NR_PCP_LISTS];
+    for (o, (list, t)) in pcp.lists.iter_mut().zip(&mut taken).enumerate() {
         if freed >= nr {
             break;
         }
         let pages = 1usize << o;
-        let list = &mut pcp.lists[o];
         let take = (nr - freed).div_ceil(pages).min(list.len());
-        for pfn in list.drain(..take) {
+        let mut kept = 0;
+        for i in 0..take {
             // A claim exactly one copy wins: two racing frees under `free_check =
             // sequential` can leave copies of a frame on two CPUs' lists, and a pop on
             // another CPU takes no zone lock. A copy that loses (the first copy already
             // left with the tag) is dropped; `free_one` refuses a block already free.
+            let pfn = list[i];
             let claimed = zone.state(Pfn(pfn)).compare_exchange(
                 mem_map::state(PCP, Order(o as u8)),
                 mem_map::NONE,
@@ -188,12 +194,24 @@ pub fn free_pcppages_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
                 Ordering::Relaxed,
             );
             if claimed.is_ok() {
-                b.free_one(Pfn(pfn), Order(o as u8));
+                list[kept] = pfn;
+                kept += 1;
             }
         }
+        *t = (take, kept);
         freed += take * pages;
     }
+    let mut l = zone.lock();
+    let mut b = l.buddy();
+    for (o, (list, &(_, kept))) in pcp.lists.iter().zip(&taken).enumerate() {
+        for &pfn in &list[..kept] {
+            b.free_one(Pfn(pfn), Order(o as u8));
+        }
+    }
     drop(l);
+    for (list, &(take, _)) in pcp.lists.iter_mut().zip(&taken) {
+        list.drain(..take);
+    }
     pcp.count -= freed;
     pcp.count_min = pcp.count_min.min(pcp.count);
     freed
