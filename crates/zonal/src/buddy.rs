@@ -356,6 +356,59 @@ mod tests {
         assert_eq!(b.area.iter(Order(3)).collect::<Vec<_>>(), vec![8, 0]);
     }
 
+    /// Builds a fragmented zone of `span` frames by the same steps each time: everything
+    /// freed, then blocks of the given orders taken, then every other one of them freed.
+    fn fragmented(span: usize, max_order: u8, takes: &[u8]) -> (FreeArea, MemMap) {
+        let (mut area, map) = zone(span);
+        let mut b = Buddy { area: &mut area, mem_map: &map, start: Pfn(0), max_order: Order(max_order) };
+        b.free_range(Pfn(0), span);
+        let taken: Vec<(Pfn, Order)> = takes
+            .iter()
+            .filter_map(|&o| {
+                let o = Order(o.min(max_order));
+                b.rmqueue_smallest(o).map(|p| (p, o))
+            })
+            .collect();
+        for &(p, o) in taken.iter().step_by(2) {
+            assert!(b.free_one(p, o));
+        }
+        (area, map)
+    }
+
+    /// Every listed block as (order, first frame), and every frame's state.
+    fn snapshot(area: &FreeArea, map: &MemMap, max_order: u8) -> (Vec<(u8, u32)>, Vec<u8>) {
+        let mut blocks: Vec<(u8, u32)> =
+            (0..=max_order).flat_map(|o| area.iter(Order(o)).map(move |i| (o, i))).collect();
+        blocks.sort_unstable();
+        (blocks, map.states().map(|s| s.load(Ordering::Relaxed)).collect())
+    }
+
+    proptest::proptest! {
+        /// `rmqueue_many` takes the blocks, in the order, that a loop of `rmqueue_smallest`
+        /// takes, and leaves the same blocks listed with the same states.
+        #[test]
+        fn rmqueue_many_is_a_loop_of_rmqueue_smallest(
+            max_order in 0u8..7,
+            takes in proptest::collection::vec(0u8..7, 0..40),
+            order in 0u8..4,
+            n in 0usize..300,
+        ) {
+            let span = 1024;
+            let order = Order(order.min(max_order));
+            let (mut a1, m1) = fragmented(span, max_order, &takes);
+            let (mut a2, m2) = fragmented(span, max_order, &takes);
+            let mut many = Vec::new();
+            let got = Buddy { area: &mut a1, mem_map: &m1, start: Pfn(0), max_order: Order(max_order) }
+                .rmqueue_many(order, n, &mut many);
+            let mut b2 = Buddy { area: &mut a2, mem_map: &m2, start: Pfn(0), max_order: Order(max_order) };
+            let one: Vec<usize> = (0..n).map_while(|_| b2.rmqueue_smallest(order)).map(|p| p.0).collect();
+            proptest::prop_assert_eq!(got, many.len());
+            proptest::prop_assert_eq!(&many, &one);
+            proptest::prop_assert_eq!(snapshot(&a1, &m1, max_order), snapshot(&a2, &m2, max_order));
+            proptest::prop_assert_eq!(a1.nr_free, a2.nr_free);
+        }
+    }
+
     #[test]
     fn partial_range_uses_smaller_blocks() {
         let (mut area, states) = zone(16);
