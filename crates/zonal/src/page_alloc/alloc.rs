@@ -173,15 +173,27 @@ impl Zonal {
         let mut skipped = 0u64;
         // The entries below 64 to skip, taken once the cache is set up.
         let mut skip = 0u64;
+        let n = ctx.zonelist.len();
         for pass in 0..2 {
-            for (i, &zid) in ctx.zonelist.iter().enumerate() {
+            let mut next = 0;
+            while next < n {
+                let i = next;
+                next += 1;
                 if let (true, Some(c)) = (active && pass == 0, zlc) {
-                    let full = if i < 64 { skip & (1 << i) != 0 } else { !c.worth_trying(i, demand) };
-                    if full {
+                    // The run of entries the mask has full from `i` on, passed in one step: a
+                    // walk past many full zones costs a bit scan, not a test per zone.
+                    let run = if i < 64 { ((!(skip >> i)).trailing_zeros() as usize).min(n - i) } else { 0 };
+                    if run > 0 {
+                        skipped += run as u64;
+                        next = i + run;
+                        continue;
+                    }
+                    if i >= 64 && !c.worth_trying(i, demand) {
                         skipped += 1;
                         continue;
                     }
                 }
+                let zid = ctx.zonelist[i];
                 let z = &self.mem.zones[zid.0 as usize];
                 if ctx.nodemask.is_some_and(|m| !m.contains(z.node)) {
                     continue;
