@@ -1,15 +1,19 @@
 //! The memory zonal hands out: one contiguous reservation of address space, with each node's
-//! memory mapped into its own range from its own memfd (`MAP_SHARED`).
+//! memory mapped into its own range from one memfd for the whole arena (`MAP_SHARED`, file
+//! offset = frame number × 4 KiB).
 //!
 //! Kernel counterpart: the physical memory map a node's `pgdat` spans. Frame numbers
 //! ([`Pfn`]) count from the arena's base, so `addr -> pfn` is one subtraction and a shift.
 //! Node ranges start on a boundary of the largest block, so buddies never cross nodes; the
 //! gap after a node whose size is not a multiple of that block stays reserved and unmapped.
 //!
-//! Why memfd and `MAP_SHARED`: NUMA balancing (seed 004) will move a frame to another node
-//! by mapping a frame of the target node's memfd at the same address (`MAP_FIXED`), so each
-//! node's memory must be a file that can be mapped piecewise. [`NodeMemory::fd`] and
-//! [`NodeMemory::offset_of`] are what that needs.
+//! Why one memfd and `MAP_SHARED`: NUMA balancing (seed 004) maps frames into regions of
+//! their own and moves a page to another node by mapping another frame at the same address
+//! (`MAP_FIXED`), so the memory must be a file that can be mapped piecewise. One file, with
+//! each frame at the offset of its number, lets the kernel merge the mappings of consecutive
+//! frames into one VMA even across nodes (pages of different files never merge); a real
+//! node's range of the file is bound to its node with `mbind`, which records the policy per
+//! file offset. [`Arena::fd`] and [`Arena::offset_of`] are what that needs.
 //!
 //! On a real topology each node's range is bound to its node with `mbind(MPOL_BIND)` before
 //! anything touches it; on a fake topology nodes are ranges of whatever memory the machine
@@ -41,24 +45,6 @@ pub struct NodeMemory {
     pub start_pfn: Pfn,
     /// Frames of memory the node has.
     pub nr_pages: usize,
-    /// Kept open for NUMA balancing (seed 004, issue 11): a frame moves to another node by
-    /// mapping a frame of that node's memfd at its address.
-    #[allow(dead_code)]
-    fd: OwnedFd,
-}
-
-// The memfd's accessors are for NUMA balancing (issue 11), which is not built yet.
-#[allow(dead_code)]
-impl NodeMemory {
-    /// The memfd holding this node's memory.
-    pub fn fd(&self) -> &OwnedFd {
-        &self.fd
-    }
-
-    /// Offset in [`NodeMemory::fd`] of a frame of this node.
-    pub fn offset_of(&self, pfn: Pfn) -> usize {
-        (pfn.0 - self.start_pfn.0) << PAGE_SHIFT
-    }
 }
 
 /// The reservation and every node's memory in it.
@@ -69,6 +55,9 @@ pub struct Arena {
     raw: usize,
     raw_len: usize,
     nodes: Vec<NodeMemory>,
+    /// The file behind every frame: frame `pfn` at offset `pfn << PAGE_SHIFT` (the gaps
+    /// between nodes are holes that are never mapped or written).
+    fd: OwnedFd,
 }
 
 impl Arena {
@@ -83,15 +72,23 @@ impl Arena {
             span_pages += pages.div_ceil(block_pages) * block_pages;
         }
         let (base, raw, raw_len) = sys::reserve(span_pages << PAGE_SHIFT, max_order.bytes())?;
-        let mut arena = Arena { base, span_pages, raw, raw_len, nodes: Vec::new() };
+        let name = CString::new("zonal-arena").expect("no NUL in a literal");
+        // A failure below unmaps the reservation (`Arena`'s drop) and closes the file.
+        let fd = match sys::memfd(&name, span_pages << PAGE_SHIFT) {
+            Ok(fd) => fd,
+            Err(e) => {
+                // SAFETY: the reservation was just made and nothing uses it.
+                unsafe { sys::unmap(raw, raw_len) };
+                return Err(e);
+            }
+        };
+        let mut arena = Arena { base, span_pages, raw, raw_len, nodes: Vec::new(), fd };
         for (n, &start) in topo.nodes().iter().zip(&starts) {
             let len = n.mem_bytes as usize;
-            let name = CString::new(format!("zonal-node{}", n.id.0)).expect("no NUL in a formatted name");
-            let fd = sys::memfd(&name, len)?;
             let addr = base + (start << PAGE_SHIFT);
             // SAFETY: addr..addr+len lies inside the reservation made above, which nothing
             // else uses; the arena is not yet shared, so no reference points into it.
-            unsafe { sys::map_shared_fixed(addr, len, &fd, 0, false)? };
+            unsafe { sys::map_shared_fixed(addr, len, &arena.fd, start << PAGE_SHIFT, false)? };
             if let (false, Some(os)) = (topo.is_fake(), n.os_node) {
                 sys::mbind_node(addr, len, os)?;
             }
@@ -106,9 +103,20 @@ impl Arena {
             if opts.mlock {
                 sys::mlock(addr, len)?;
             }
-            arena.nodes.push(NodeMemory { start_pfn: Pfn(start), nr_pages: len >> PAGE_SHIFT, fd });
+            arena.nodes.push(NodeMemory { start_pfn: Pfn(start), nr_pages: len >> PAGE_SHIFT });
         }
         Ok(arena)
+    }
+
+    /// The memfd behind every frame (see [`Arena::offset_of`]).
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    /// Offset in [`Arena::fd`] of a frame.
+    #[inline]
+    pub fn offset_of(&self, pfn: Pfn) -> usize {
+        pfn.0 << PAGE_SHIFT
     }
 
     /// The nodes' memory, by node id.
@@ -172,6 +180,16 @@ mod tests {
         assert_eq!(a.addr_to_pfn(a.pfn_to_addr(Pfn(2050)) + 17), Some(Pfn(2050)));
         assert_eq!(a.addr_to_pfn(a.base() - 1), None);
         assert_eq!(a.addr_to_pfn(a.base() + (3 << 22)), None);
-        assert_eq!(a.nodes()[1].offset_of(Pfn(2049)), 4096);
+        assert_eq!(a.offset_of(Pfn(2049)), 2049 << PAGE_SHIFT);
+        // One file: a frame read through its offset is the frame.
+        let p = a.pfn_to_addr(Pfn(2049)) as *mut u64;
+        // SAFETY: frame 2049 lies in node 1's mapped range and nothing else uses this arena.
+        unsafe { p.write(0x5eed) };
+        let mut buf = [0u8; 8];
+        let off = a.offset_of(Pfn(2049)) as libc::off_t;
+        // SAFETY: `buf` is valid for 8 bytes; the descriptor is the arena's open memfd.
+        let n = unsafe { libc::pread(std::os::fd::AsRawFd::as_raw_fd(a.fd()), buf.as_mut_ptr().cast(), 8, off) };
+        assert_eq!(n, 8);
+        assert_eq!(u64::from_ne_bytes(buf), 0x5eed);
     }
 }

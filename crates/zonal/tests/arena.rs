@@ -129,3 +129,45 @@ fn mlock_locks_the_range_or_says_why_not() {
     }
     eprintln!("mlock: {} at the usual limit, {} at 0 (root: {privileged})", locked, under_zero);
 }
+
+/// `frame_file` and `frame_offset`: a frame mapped from the file at its offset elsewhere is
+/// the same memory, across nodes (one file for the whole arena); addresses zonal does not
+/// own, including the gap after a node, are refused.
+#[test]
+fn a_frame_maps_elsewhere_through_the_arena_file() {
+    let t = Topology::parse_for("nodes=2,sizes=6M:4M", Machine { nr_cpus: 2, mem_total: 1 << 30 }).unwrap();
+    let z = Zonal::new(Config::new(t)).unwrap();
+    for nid in 0..2 {
+        let p = z.alloc_pages_node(zonal::NodeId(nid), Gfp::THISNODE, 0).unwrap();
+        let off = z.frame_offset(p.as_ptr()).unwrap();
+        assert_eq!(z.frame_offset(p.as_ptr().wrapping_add(4095)).unwrap(), off);
+        // SAFETY: a fresh shared mapping at an address the kernel picks; the frame is ours.
+        let alias = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PAGE_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&z.frame_file()),
+                off as libc::off_t,
+            )
+        };
+        assert_ne!(alias, libc::MAP_FAILED);
+        // SAFETY: both addresses map the frame, which is ours until it is freed below.
+        unsafe {
+            p.as_ptr().cast::<u64>().write_volatile(0xabc0 + nid as u64);
+            assert_eq!(alias.cast::<u64>().read_volatile(), 0xabc0 + nid as u64);
+            alias.cast::<u64>().add(1).write_volatile(7);
+            assert_eq!(p.as_ptr().cast::<u64>().add(1).read_volatile(), 7);
+            libc::munmap(alias, PAGE_SIZE);
+        }
+        z.free_pages(p.as_ptr(), 0).unwrap();
+    }
+    let first = z.alloc_pages_node(zonal::NodeId(0), Gfp::THISNODE, 0).unwrap();
+    // Node 0 has 6 MiB in an 8 MiB slot (order-10 blocks): 7 MiB past its start is the gap.
+    let base = first.as_ptr() as usize - z.frame_offset(first.as_ptr()).unwrap() as usize;
+    assert!(matches!(z.frame_offset((base + (7 << 20)) as *const u8), Err(Error::NotOwned { .. })));
+    assert!(matches!(z.frame_offset(std::ptr::null()), Err(Error::NotOwned { .. })));
+    z.free_pages(first.as_ptr(), 0).unwrap();
+    assert_eq!(z.check_invariants(), Ok(0));
+}

@@ -363,6 +363,21 @@ impl Zonal {
         Ok(self.owning_zone(addr as usize)?.1)
     }
 
+    /// The file behind every frame (one memfd for the whole arena), for layers that map
+    /// frames elsewhere (NUMA balancing's regions): the frame at `addr` is at
+    /// [`Zonal::frame_offset`] in it. Mapping a frame `MAP_SHARED` at another address shows
+    /// the same memory; the frame must be allocated and stay so while it is mapped.
+    pub fn frame_file(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(self.mem.arena.fd())
+    }
+
+    /// The offset in [`Zonal::frame_file`] of the frame at `addr` (any address inside a frame
+    /// zonal owns gives that frame's offset).
+    pub fn frame_offset(&self, addr: *const u8) -> Result<u64> {
+        let (_, pfn) = self.owning_zone(addr as usize)?;
+        Ok(self.mem.arena.offset_of(pfn) as u64)
+    }
+
     fn zone(&self, zone: ZoneId) -> Result<&Zone> {
         self.mem.zones.get(zone.0 as usize).ok_or(Error::InvalidZone { zone, nr_zones: self.mem.zones.len() })
     }
