@@ -1,0 +1,295 @@
+//! The fault handler: first touch and NUMA hint faults on region pages, taken in the faulting
+//! thread from `SIGSEGV` (the mprotect backend), and chained to the handler that was there
+//! before for every other fault.
+//!
+//! Kernel counterpart: `do_numa_page` (mm/memory.c) with the seed's delayed mapping, and
+//! `do_anonymous_page`/`do_shared_fault` for the first touch.
+//!
+//! Signal safety: the handler takes no lock and touches no heap. It finds its region in a
+//! fixed table of atomic slots (a slot's users count keeps the region alive while a handler
+//! is inside it), takes frames from the per-node reserves, pushes frames to free onto a
+//! lock-free stack, reads zonal's tables through `&Zonal` methods that read atomics only, and
+//! makes raw system calls (`mmap`, `mprotect`, `sched_yield`, `futex`, `gettid`).
+
+use crate::os::{self, PAGE};
+use crate::table::{should_migrate, Cpupid, BUSY, HINT, PRESENT, UNMAPPED};
+use crate::{MigrateMode, RegionShared};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+/// Regions registered at once, process-wide.
+pub const MAX_REGIONS: usize = 256;
+
+struct Slot {
+    region: AtomicPtr<RegionShared>,
+    /// Handlers inside this slot's region right now.
+    users: AtomicUsize,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY: Slot = Slot { region: AtomicPtr::new(std::ptr::null_mut()), users: AtomicUsize::new(0) };
+static SLOTS: [Slot; MAX_REGIONS] = [EMPTY; MAX_REGIONS];
+/// Slots in use (the handler stops looking past the last one ever used).
+static HIGH_WATER: AtomicUsize = AtomicUsize::new(0);
+
+/// The `SIGSEGV` action before ours, to chain to.
+static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+
+/// Installs the handler once per process (keeping the previous one to chain to).
+pub fn install() -> Result<(), i32> {
+    let mut err = 0;
+    PREVIOUS.get_or_init(|| {
+        // SAFETY: zeroed sigaction structs are valid (empty masks, no flags); sigaction reads
+        // `act` and writes `old`, both valid for the call.
+        unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = on_segv as *const () as usize;
+            act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            libc::sigemptyset(&mut act.sa_mask);
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGSEGV, &act, &mut old) != 0 {
+                err = os::errno();
+            }
+            old
+        }
+    });
+    if err != 0 {
+        return Err(err);
+    }
+    Ok(())
+}
+
+/// Registers a region so that its faults come to it; `None` when every slot is taken.
+pub fn register(r: *const RegionShared) -> Option<usize> {
+    for (i, s) in SLOTS.iter().enumerate() {
+        if s.region.compare_exchange(std::ptr::null_mut(), r as *mut _, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            HIGH_WATER.fetch_max(i + 1, Ordering::SeqCst);
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// Unregisters a region and waits until no handler is inside it.
+pub fn unregister(slot: usize) {
+    let s = &SLOTS[slot];
+    s.region.store(std::ptr::null_mut(), Ordering::SeqCst);
+    // A handler either saw the slot empty, or raised `users` before our store and is seen
+    // here (both sides SeqCst).
+    while s.users.load(Ordering::SeqCst) != 0 {
+        std::thread::yield_now();
+    }
+}
+
+extern "C" fn on_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: errno is this thread's; the handler restores it so the interrupted code sees
+    // no change.
+    let saved = unsafe { *libc::__errno_location() };
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    let n = HIGH_WATER.load(Ordering::Acquire);
+    for s in &SLOTS[..n] {
+        s.users.fetch_add(1, Ordering::SeqCst);
+        let r = s.region.load(Ordering::SeqCst);
+        // SAFETY: a registered region lives until `unregister` has seen `users` at zero,
+        // and this handler holds `users` up.
+        if let Some(r) = unsafe { r.as_ref() } {
+            if r.contains(addr) {
+                r.fault(addr);
+                s.users.fetch_sub(1, Ordering::SeqCst);
+                // SAFETY: as above.
+                unsafe { *libc::__errno_location() = saved };
+                return;
+            }
+        }
+        s.users.fetch_sub(1, Ordering::SeqCst);
+    }
+    chain(sig, info, ctx);
+}
+
+/// Hands a fault that is not a region's to the previous handler; with none, restores the
+/// default action, so returning re-runs the access and the process dies as it would have.
+fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let Some(old) = PREVIOUS.get() else { return };
+    let h = old.sa_sigaction;
+    if h == libc::SIG_DFL || h == libc::SIG_IGN {
+        // SAFETY: a zeroed sigaction with SIG_DFL is valid; sigaction is async-signal-safe.
+        unsafe {
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(libc::SIGSEGV, &dfl, std::ptr::null_mut());
+        }
+        return;
+    }
+    if old.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the previous handler was installed with SA_SIGINFO, so it has this type.
+        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = unsafe { std::mem::transmute(h) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: without SA_SIGINFO the previous handler takes the signal number only.
+        let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
+        f(sig);
+    }
+}
+
+impl RegionShared {
+    /// A fault on a page of this region, in the faulting thread.
+    pub(crate) fn fault(&self, addr: usize) {
+        let idx = (addr - self.start) / PAGE;
+        let e = &self.entries[idx];
+        loop {
+            match e.state.load(Ordering::Acquire) {
+                UNMAPPED if e.claim(UNMAPPED) => return self.first_touch(idx),
+                HINT if e.claim(HINT) => return self.hint_fault(idx),
+                // Mapped by another thread since this access faulted: run it again.
+                PRESENT => return,
+                // Another thread is changing the page: wait for it, then look again. Only
+                // the thread that maps the page counts the fault.
+                BUSY => os::yield_cpu(),
+                _ => {}
+            }
+        }
+    }
+
+    /// Maps a frame of the node the policy picks onto a page touched for the first time.
+    fn first_touch(&self, idx: usize) {
+        let e = &self.entries[idx];
+        let addr = self.start + idx * PAGE;
+        let node = self.place(idx);
+        let Some(frame) = self.bal.frame_for(node, &self.fallback[node as usize]) else {
+            os::write_stderr(b"zonal-numab: no frame for a first touch on any allowed node (out of memory)\n");
+            e.release(UNMAPPED);
+            // SAFETY: raising a signal is async-signal-safe; SIGBUS is what the kernel sends
+            // for a shared-memory fault it cannot back.
+            unsafe {
+                libc::signal(libc::SIGBUS, libc::SIG_DFL);
+                libc::raise(libc::SIGBUS);
+            }
+            return;
+        };
+        // SAFETY: the page is this region's, claimed (BUSY): nothing else maps it now.
+        if let Err(errno) = unsafe { self.map(addr, frame) } {
+            self.bal.stats.map_fail.fetch_add(1, Ordering::Relaxed);
+            self.bal.give_back(frame);
+            os::write_stderr(b"zonal-numab: mmap of a first-touch page failed (vm.max_map_count?)\n");
+            let _ = errno;
+            e.release(UNMAPPED);
+            // SAFETY: as above.
+            unsafe {
+                libc::signal(libc::SIGBUS, libc::SIG_DFL);
+                libc::raise(libc::SIGBUS);
+            }
+            return;
+        }
+        e.frame.store(frame, Ordering::Relaxed);
+        self.bal.stats.first_touch.fetch_add(1, Ordering::Relaxed);
+        e.release(PRESENT);
+    }
+
+    /// A hint fault (`do_numa_page`): counts it, decides, and maps the page back or moves it.
+    fn hint_fault(&self, idx: usize) {
+        let e = &self.entries[idx];
+        let addr = self.start + idx * PAGE;
+        let st = &self.bal.stats;
+        let frame = e.frame.load(Ordering::Relaxed);
+        let z = &self.bal.z;
+        let here = z.local_node().0;
+        let src = z.page_to_nid(frame as *const u8).map(|n| n.0).unwrap_or(here);
+        st.hint_faults.fetch_add(1, Ordering::Relaxed);
+        if src == here {
+            st.hint_faults_local.fetch_add(1, Ordering::Relaxed);
+        }
+        self.bal.window_fault(src == here);
+        let dst = self.target(idx, here);
+        let early = self.scan_seq.load(Ordering::Relaxed) <= 4;
+        // The decision records this fault as the page's last even when the page stays (as
+        // `mpol_misplaced` calls `should_numa_migrate_memory` for local faults too), so the
+        // two-stage filter sees where the page was used.
+        let wanted = self.bal.enabled()
+            && dst.is_some_and(|d| should_migrate(e, Cpupid::new(here, os::gettid()), d, early) && d != src);
+        let Some(dst) = dst.filter(|_| wanted) else {
+            return self.map_back(idx);
+        };
+        if !self.bal.has_room(dst) {
+            st.fail_room.fetch_add(1, Ordering::Relaxed);
+            return self.fail_and_map_back(idx);
+        }
+        let eager = self.bal.mode() == MigrateMode::Eager;
+        if eager {
+            // The page is made accessible first, as before the seed: other threads use it
+            // until it is taken away again for the copy, which is a second TLB flush.
+            // SAFETY: a mapped page of this region, claimed.
+            if unsafe { os::protect(addr, PAGE, false) }.is_err() {
+                return self.fail_and_map_back(idx);
+            }
+        }
+        let Some(new) = self.bal.reserves[dst as usize].take() else {
+            st.fail_reserve.fetch_add(1, Ordering::Relaxed);
+            self.bal.kick();
+            return if eager { self.fail_done(idx) } else { self.fail_and_map_back(idx) };
+        };
+        // SAFETY: as above.
+        if eager && unsafe { os::protect(addr, PAGE, true) }.is_err() {
+            self.bal.give_back(new);
+            return self.fail_done(idx);
+        }
+        // SAFETY: both frames are allocated and mapped read-write in the arena; the region's
+        // page is inaccessible, so no thread writes the old frame during the copy.
+        unsafe { std::ptr::copy_nonoverlapping(frame as *const u8, new as *mut u8, PAGE) };
+        // SAFETY: the page is this region's and claimed.
+        if unsafe { self.map(addr, new) }.is_err() {
+            st.map_fail.fetch_add(1, Ordering::Relaxed);
+            self.bal.give_back(new);
+            return self.fail_and_map_back(idx);
+        }
+        e.frame.store(new, Ordering::Relaxed);
+        // SAFETY: the old frame is mapped nowhere now but the arena, and ours alone.
+        unsafe { self.bal.to_free.push(frame) };
+        st.pages_migrated.fetch_add(1, Ordering::Relaxed);
+        st.migrate_success.fetch_add(1, Ordering::Relaxed);
+        self.bal.kick_if_low(dst);
+        e.release(PRESENT);
+    }
+
+    /// Maps the page back read-write (no migration).
+    fn map_back(&self, idx: usize) {
+        let addr = self.start + idx * PAGE;
+        // SAFETY: a mapped page of this region, claimed.
+        if unsafe { os::protect(addr, PAGE, false) }.is_err() {
+            // Out of VMAs: map the frame again over the whole page instead, which needs no
+            // split of a neighbouring mapping's protection.
+            let frame = self.entries[idx].frame.load(Ordering::Relaxed);
+            // SAFETY: as above.
+            if unsafe { self.map(addr, frame) }.is_err() {
+                self.bal.stats.map_fail.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.entries[idx].release(PRESENT);
+    }
+
+    fn fail_and_map_back(&self, idx: usize) {
+        self.bal.stats.migrate_fail.fetch_add(1, Ordering::Relaxed);
+        self.bal.window_fail();
+        self.map_back(idx);
+    }
+
+    /// A failed eager migration whose page is already accessible.
+    fn fail_done(&self, idx: usize) {
+        self.bal.stats.migrate_fail.fetch_add(1, Ordering::Relaxed);
+        self.bal.window_fail();
+        let addr = self.start + idx * PAGE;
+        // SAFETY: as in `map_back`; the page may have been re-protected for the copy.
+        let _ = unsafe { os::protect(addr, PAGE, false) };
+        self.entries[idx].release(PRESENT);
+    }
+
+    /// Maps `frame` read-write at `addr`.
+    ///
+    /// # Safety
+    /// `addr` is a page of this region that the caller has claimed.
+    pub(crate) unsafe fn map(&self, addr: usize, frame: usize) -> Result<(), i32> {
+        let off = self.bal.z.frame_offset(frame as *const u8).map_err(|_| libc::EINVAL)?;
+        // SAFETY: per the caller's contract; the frame is allocated and ours.
+        unsafe { os::map_frame(addr, PAGE, self.bal.z.frame_file(), off, false) }
+    }
+}

@@ -1,0 +1,863 @@
+//! NUMA balancing for zonal (seed 004): memory that follows the threads using it.
+//!
+//! A [`Balancer`] over a zonal handle hands out [`Region`]s: ranges of address space whose
+//! pages get a frame on first touch, on the node the region's policy picks for the touching
+//! CPU, and which a scanner then makes inaccessible a chunk at a time so that the next access
+//! is a *hint fault*. A hint fault from a CPU of another node than the page's, passing
+//! Linux's two-stage filter, moves the page: a frame of the faulting CPU's node, a copy, and
+//! the new frame mapped at the same address. Frames are zonal's, allocated and freed through
+//! its public API, so every zone's counts (zoneinfo, numastat) stay exact.
+//!
+//! Mapping orders (`MigrateMode`): *delayed* (the seed's, the default) copies while the page
+//! is still inaccessible and maps the new frame, so the old mapping is never made accessible
+//! again; *eager* (before the seed) maps the page accessible first and takes it away again
+//! for the copy, a second TLB flush.
+//!
+//! Backend: `mprotect` + `SIGSEGV`, handled in the faulting thread. A system call that reads
+//! or writes an inaccessible region page (a `read(2)` into it) gets `EFAULT` instead of a
+//! fault: [`Region::prefault`] maps pages first for such buffers, and [`Balancer::set_enabled`]
+//! stops the scanner. The userfaultfd backend of NUMAB.md is not built yet.
+//!
+//! Kernel counterparts: `task_numa_work` and `change_prot_numa` (`scan`), `do_numa_page`
+//! and `migrate_misplaced_folio` (`fault`), `should_numa_migrate_memory` and the page's
+//! `_last_cpupid` (`table`), `update_task_scan_period` (`scan::next_period`).
+
+mod fault;
+mod os;
+mod reserve;
+mod scan;
+mod table;
+
+use reserve::{FreeStack, Reserve};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+use table::{PageEntry, BUSY, HINT, PRESENT, UNMAPPED};
+use zonal::zone::Watermark;
+use zonal::{Gfp, MemPolicy, NodeId, Zonal};
+
+pub use fault::MAX_REGIONS;
+pub use os::PAGE;
+
+/// What can go wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// A region of zero bytes, or one whose size overflows.
+    InvalidSize { bytes: usize },
+    /// The policy names a node the topology lacks, or is empty.
+    Zonal(zonal::Error),
+    /// A system call failed.
+    Os { call: &'static str, errno: i32 },
+    /// Every region slot of the process is in use.
+    TooManyRegions,
+    /// An address outside the region.
+    OutOfRange { addr: usize },
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::InvalidSize { bytes } => write!(f, "invalid region size: {bytes} bytes (need 1 byte to 1 TiB)"),
+            Error::Zonal(e) => write!(f, "{e}"),
+            Error::Os { call, errno } => {
+                write!(f, "{call} failed: {}", std::io::Error::from_raw_os_error(*errno))
+            }
+            Error::TooManyRegions => write!(f, "too many regions (at most {} at once)", fault::MAX_REGIONS),
+            Error::OutOfRange { addr } => write!(f, "address {addr:#x} is not in the region"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<zonal::Error> for Error {
+    fn from(e: zonal::Error) -> Error {
+        Error::Zonal(e)
+    }
+}
+
+/// Result of the layer.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// The largest region: 1 TiB.
+pub const MAX_REGION_BYTES: usize = 1 << 40;
+
+/// When a migrating page is mapped (`numa_balancing_migrate`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MigrateMode {
+    /// Copy while the page is inaccessible, then map the new frame (seed 004).
+    #[default]
+    Delayed,
+    /// Map the page accessible, then unmap it again to copy (before seed 004).
+    Eager,
+}
+
+impl std::str::FromStr for MigrateMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "delayed" => Ok(MigrateMode::Delayed),
+            "eager" => Ok(MigrateMode::Eager),
+            _ => Err(format!("numa_balancing_migrate: `{s}` is not delayed or eager")),
+        }
+    }
+}
+
+/// The balancer's settings, Linux's defaults.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// `kernel.numa_balancing` (bit 0: normal balancing).
+    pub enabled: bool,
+    /// Delayed or eager mapping.
+    pub mode: MigrateMode,
+    /// Wait before the first scan of a new region (`scan_delay_ms`, 1000).
+    pub scan_delay_ms: u64,
+    /// Fastest scan period (`scan_period_min_ms`, 1000).
+    pub scan_period_min_ms: u64,
+    /// Slowest scan period (`scan_period_max_ms`, 60000).
+    pub scan_period_max_ms: u64,
+    /// Mapped memory marked per scan pass (`scan_size_mb`, 256).
+    pub scan_size_mb: u64,
+    /// Frames kept ready per node for the fault handler.
+    pub reserve_pages: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            enabled: true,
+            mode: MigrateMode::Delayed,
+            scan_delay_ms: 1000,
+            scan_period_min_ms: 1000,
+            scan_period_max_ms: 60_000,
+            scan_size_mb: 256,
+            reserve_pages: 256,
+        }
+    }
+}
+
+/// The settings, changeable at run time.
+pub(crate) struct Tunables {
+    enabled: AtomicBool,
+    mode: AtomicU8,
+    scan_delay_ms: AtomicU64,
+    scan_period_min_ms: AtomicU64,
+    scan_period_max_ms: AtomicU64,
+    pub(crate) scan_size_mb: AtomicU64,
+}
+
+/// The layer's counters, named as Linux's `/proc/vmstat` names them where it has them.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) pte_updates: AtomicU64,
+    pub(crate) hint_faults: AtomicU64,
+    pub(crate) hint_faults_local: AtomicU64,
+    pub(crate) pages_migrated: AtomicU64,
+    pub(crate) migrate_success: AtomicU64,
+    pub(crate) migrate_fail: AtomicU64,
+    pub(crate) fail_reserve: AtomicU64,
+    pub(crate) fail_room: AtomicU64,
+    pub(crate) map_fail: AtomicU64,
+    pub(crate) scan_fail: AtomicU64,
+    pub(crate) first_touch: AtomicU64,
+    pub(crate) scans: AtomicU64,
+}
+
+/// A snapshot of the counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Pages made inaccessible by the scanner (`numa_pte_updates`).
+    pub numa_pte_updates: u64,
+    /// Huge pages so marked (`numa_huge_pte_updates`): always 0, regions map 4 KiB pages.
+    pub numa_huge_pte_updates: u64,
+    /// Hint faults (`numa_hint_faults`), counted by the thread that maps the page.
+    pub numa_hint_faults: u64,
+    /// Hint faults on a page already on the faulting CPU's node (`numa_hint_faults_local`).
+    pub numa_hint_faults_local: u64,
+    /// Pages moved by hint faults (`numa_pages_migrated`).
+    pub numa_pages_migrated: u64,
+    /// Migrations that succeeded (`pgmigrate_success`).
+    pub pgmigrate_success: u64,
+    /// Migrations that failed (`pgmigrate_fail`); the page was mapped back where it was.
+    pub pgmigrate_fail: u64,
+    /// ... because the destination's reserve was empty.
+    pub pgmigrate_fail_reserve: u64,
+    /// ... because the destination node was below its high watermark.
+    pub pgmigrate_fail_room: u64,
+    /// `mmap` of a page failed (out of VMAs).
+    pub map_fail: u64,
+    /// Scanner runs that could not be protected (out of VMAs) and were left mapped.
+    pub scan_fail: u64,
+    /// Pages given a frame on first touch.
+    pub first_touch: u64,
+    /// Scan passes made.
+    pub scans: u64,
+    /// The current scan period in ms.
+    pub scan_period_ms: u64,
+}
+
+impl Stats {
+    /// The counters as `(name, value)` in `/proc/vmstat` style.
+    pub fn items(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("numa_pte_updates", self.numa_pte_updates),
+            ("numa_huge_pte_updates", self.numa_huge_pte_updates),
+            ("numa_hint_faults", self.numa_hint_faults),
+            ("numa_hint_faults_local", self.numa_hint_faults_local),
+            ("numa_pages_migrated", self.numa_pages_migrated),
+            ("pgmigrate_success", self.pgmigrate_success),
+            ("pgmigrate_fail", self.pgmigrate_fail),
+            ("pgmigrate_fail_reserve", self.pgmigrate_fail_reserve),
+            ("pgmigrate_fail_room", self.pgmigrate_fail_room),
+            ("numab_map_fail", self.map_fail),
+            ("numab_scan_fail", self.scan_fail),
+            ("numab_first_touch", self.first_touch),
+            ("numab_scans", self.scans),
+            ("numab_scan_period_ms", self.scan_period_ms),
+        ]
+    }
+}
+
+/// What the balancer's thread, the regions and the fault handler share.
+pub(crate) struct Shared {
+    pub(crate) z: Arc<Zonal>,
+    pub(crate) cfg: Tunables,
+    pub(crate) stats: Counters,
+    /// Frames ready for the handler, per node.
+    pub(crate) reserves: Vec<Reserve>,
+    /// Frames to free (old frames of migrated pages, frames a handler could not use).
+    pub(crate) to_free: FreeStack,
+    /// Regions to scan, in registration order.
+    regions: Mutex<Vec<Weak<RegionShared>>>,
+    /// Bumped to wake the balancer's thread (refill, a new region, a setting).
+    kick: AtomicU32,
+    stop: AtomicBool,
+    /// The scan window's local and remote hint faults and failed migrations.
+    win_local: AtomicU64,
+    win_remote: AtomicU64,
+    win_fail: AtomicU64,
+    period_ms: AtomicU64,
+    /// Per node: its zones' high watermarks summed (`migrate_balanced_pgdat`'s test).
+    high: Vec<usize>,
+}
+
+impl Shared {
+    pub(crate) fn enabled(&self) -> bool {
+        self.cfg.enabled.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn mode(&self) -> MigrateMode {
+        if self.cfg.mode.load(Ordering::Relaxed) == 1 {
+            MigrateMode::Eager
+        } else {
+            MigrateMode::Delayed
+        }
+    }
+
+    /// Wakes the balancer's thread (async-signal-safe).
+    pub(crate) fn kick(&self) {
+        self.kick.fetch_add(1, Ordering::Release);
+        os::futex_wake(&self.kick);
+    }
+
+    /// Wakes the balancer's thread when a reserve fell below half.
+    pub(crate) fn kick_if_low(&self, nid: u16) {
+        let r = &self.reserves[nid as usize];
+        if r.len() < r.capacity() / 2 {
+            self.kick();
+        }
+    }
+
+    pub(crate) fn window_fault(&self, local: bool) {
+        if local {
+            self.win_local.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.win_remote.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn window_fail(&self) {
+        self.win_fail.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether node `nid` has room for one more page above its high watermark
+    /// (`migrate_balanced_pgdat`).
+    pub(crate) fn has_room(&self, nid: u16) -> bool {
+        self.z.nr_free_pages(NodeId(nid)).is_ok_and(|f| f > self.high[nid as usize] + 1)
+    }
+
+    /// A frame for node `nid`, or the nearest node that has one in reserve, waiting for the
+    /// balancer's thread to refill when every reserve is empty. `None` only when it cannot
+    /// (no memory on any of these nodes).
+    pub(crate) fn frame_for(&self, nid: u16, fallback: &[u16]) -> Option<usize> {
+        for _round in 0..10_000 {
+            for &n in std::iter::once(&nid).chain(fallback) {
+                if let Some(f) = self.reserves[n as usize].take() {
+                    self.kick_if_low(n);
+                    return Some(f);
+                }
+            }
+            self.kick();
+            os::yield_cpu();
+        }
+        None
+    }
+
+    /// Returns a frame a handler took but could not use.
+    pub(crate) fn give_back(&self, frame: usize) {
+        // SAFETY: the frame was taken from a reserve and is mapped nowhere but the arena.
+        unsafe { self.to_free.push(frame) };
+        self.kick();
+    }
+
+    fn stats(&self) -> Stats {
+        let s = &self.stats;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            numa_pte_updates: l(&s.pte_updates),
+            numa_huge_pte_updates: 0,
+            numa_hint_faults: l(&s.hint_faults),
+            numa_hint_faults_local: l(&s.hint_faults_local),
+            numa_pages_migrated: l(&s.pages_migrated),
+            pgmigrate_success: l(&s.migrate_success),
+            pgmigrate_fail: l(&s.migrate_fail),
+            pgmigrate_fail_reserve: l(&s.fail_reserve),
+            pgmigrate_fail_room: l(&s.fail_room),
+            map_fail: l(&s.map_fail),
+            scan_fail: l(&s.scan_fail),
+            first_touch: l(&s.first_touch),
+            scans: l(&s.scans),
+            scan_period_ms: self.period_ms.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Frees the frames handlers left, and tops the reserves up (zeroed frames, as a first
+    /// touch of anonymous memory reads zeros). Returns whether any reserve is still empty.
+    fn housekeep(&self) -> bool {
+        for f in self.to_free.take_all() {
+            // A frame is put on the stack only once, allocated: the free cannot fail.
+            let _ = self.z.free_pages(f as *mut u8, 0);
+        }
+        let mut short = false;
+        for (nid, r) in self.reserves.iter().enumerate() {
+            while r.len() < r.capacity() {
+                let Ok(p) = self.z.alloc_pages_node(NodeId(nid as u16), Gfp::THISNODE, 0) else {
+                    short |= r.len() == 0;
+                    break;
+                };
+                // SAFETY: a frame zonal just handed out, 4 KiB, ours.
+                unsafe { std::ptr::write_bytes(p.as_ptr(), 0, PAGE) };
+                if let Err(f) = r.put(p.as_ptr() as usize) {
+                    let _ = self.z.free_pages(f as *mut u8, 0);
+                    break;
+                }
+            }
+        }
+        short
+    }
+
+    /// The live regions, dropping the dead ones from the list.
+    fn live_regions(&self) -> Vec<Arc<RegionShared>> {
+        let mut l = self.regions.lock().unwrap_or_else(|p| p.into_inner());
+        l.retain(|w| w.upgrade().is_some_and(|r| !r.is_dead()));
+        l.iter().filter_map(Weak::upgrade).collect()
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        for f in self.to_free.take_all() {
+            let _ = self.z.free_pages(f as *mut u8, 0);
+        }
+        for r in &self.reserves {
+            while let Some(f) = r.take() {
+                let _ = self.z.free_pages(f as *mut u8, 0);
+            }
+        }
+    }
+}
+
+/// NUMA balancing over one zonal handle: the regions, the reserves, the scanner.
+pub struct Balancer {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Balancer {
+    /// A balancer over `z` with `cfg`: installs the fault handler (once per process) and
+    /// starts the balancer's thread, which fills the reserves and scans.
+    pub fn new(z: Arc<Zonal>, cfg: Config) -> Result<Balancer> {
+        fault::install().map_err(|errno| Error::Os { call: "sigaction", errno })?;
+        let nodes = z.topology().nr_nodes();
+        let high = (0..nodes)
+            .map(|n| {
+                z.node_zones(NodeId(n as u16))
+                    .map(|ids| ids.iter().map(|id| z.zones()[id.0 as usize].watermark(Watermark::High)).sum())
+                    .unwrap_or(0)
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            cfg: Tunables {
+                enabled: AtomicBool::new(cfg.enabled),
+                mode: AtomicU8::new((cfg.mode == MigrateMode::Eager) as u8),
+                scan_delay_ms: AtomicU64::new(cfg.scan_delay_ms),
+                scan_period_min_ms: AtomicU64::new(cfg.scan_period_min_ms.max(1)),
+                scan_period_max_ms: AtomicU64::new(cfg.scan_period_max_ms.max(1)),
+                scan_size_mb: AtomicU64::new(cfg.scan_size_mb.max(1)),
+            },
+            stats: Counters::default(),
+            reserves: (0..nodes).map(|_| Reserve::new(cfg.reserve_pages.max(1))).collect(),
+            to_free: FreeStack::default(),
+            regions: Mutex::new(Vec::new()),
+            kick: AtomicU32::new(0),
+            stop: AtomicBool::new(false),
+            win_local: AtomicU64::new(0),
+            win_remote: AtomicU64::new(0),
+            win_fail: AtomicU64::new(0),
+            period_ms: AtomicU64::new(cfg.scan_period_min_ms.max(1)),
+            high,
+            z,
+        });
+        shared.housekeep();
+        let weak = Arc::downgrade(&shared);
+        let thread = std::thread::Builder::new()
+            .name("zonal-numab".into())
+            .spawn(move || worker(weak))
+            .map_err(|e| Error::Os { call: "pthread_create", errno: e.raw_os_error().unwrap_or(0) })?;
+        Ok(Balancer { shared, thread: Some(thread) })
+    }
+
+    /// A region of `bytes` (rounded up to pages) under `policy`: no frame until a page is
+    /// touched.
+    pub fn region(&self, bytes: usize, policy: MemPolicy) -> Result<Region> {
+        if bytes == 0 || bytes > MAX_REGION_BYTES {
+            return Err(Error::InvalidSize { bytes });
+        }
+        let z = &self.shared.z;
+        policy.validate(z.topology().nr_nodes())?;
+        if let MemPolicy::Bind(m) | MemPolicy::Interleave(m) = &policy {
+            if m.is_empty() {
+                return Err(Error::Zonal(zonal::Error::InvalidNode {
+                    node: NodeId(u16::MAX),
+                    nr_nodes: z.topology().nr_nodes(),
+                }));
+            }
+        }
+        let pages = bytes.div_ceil(PAGE);
+        let start = os::reserve(pages * PAGE, 2 << 20).map_err(|errno| Error::Os { call: "mmap", errno })?;
+        let nodes = z.topology().nr_nodes();
+        let fallback = (0..nodes)
+            .map(|n| {
+                let order: Vec<u16> = z
+                    .zonelists(NodeId(n as u16))
+                    .map(|l| l.fallback.iter().map(|id| z.zones()[id.0 as usize].node.0).collect())
+                    .unwrap_or_default();
+                let mut seen = Vec::new();
+                for x in order {
+                    if x as usize != n && !seen.contains(&x) && allowed(&policy, x) {
+                        seen.push(x);
+                    }
+                }
+                seen
+            })
+            .collect();
+        let r = Arc::new(RegionShared {
+            start,
+            entries: (0..pages).map(|_| PageEntry::default()).collect(),
+            policy,
+            fallback,
+            scan_seq: AtomicUsize::new(0),
+            born: Instant::now(),
+            slot: AtomicUsize::new(usize::MAX),
+            scan_lock: Mutex::new(false),
+            bal: self.shared.clone(),
+        });
+        let Some(slot) = fault::register(Arc::as_ptr(&r)) else {
+            // SAFETY: the reservation was just made and is not registered: nothing uses it.
+            unsafe { os::unmap(start, pages * PAGE) };
+            // Nothing to undo in `r`: no frame yet, and no slot to leave.
+            return Err(Error::TooManyRegions);
+        };
+        r.slot.store(slot, Ordering::Relaxed);
+        self.shared.regions.lock().unwrap_or_else(|p| p.into_inner()).push(Arc::downgrade(&r));
+        self.shared.kick();
+        Ok(Region { shared: r })
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> Stats {
+        self.shared.stats()
+    }
+
+    /// Turns balancing on or off (`numa_balancing`): off, the scanner stops and hint faults
+    /// already pending map pages back without moving them.
+    pub fn set_enabled(&self, on: bool) {
+        self.shared.cfg.enabled.store(on, Ordering::Relaxed);
+        self.shared.kick();
+    }
+
+    /// Whether balancing is on.
+    pub fn enabled(&self) -> bool {
+        self.shared.enabled()
+    }
+
+    /// Sets the mapping order (`numa_balancing_migrate`).
+    pub fn set_mode(&self, mode: MigrateMode) {
+        self.shared.cfg.mode.store((mode == MigrateMode::Eager) as u8, Ordering::Relaxed);
+    }
+
+    /// The mapping order.
+    pub fn mode(&self) -> MigrateMode {
+        self.shared.mode()
+    }
+
+    /// Sets the scan period bounds and size; `scan_period_min_ms <= scan_period_max_ms`, all
+    /// at least 1.
+    pub fn set_scan(&self, delay_ms: u64, period_min_ms: u64, period_max_ms: u64, size_mb: u64) -> Result<()> {
+        if period_min_ms == 0 || period_max_ms < period_min_ms || size_mb == 0 {
+            return Err(Error::InvalidSize { bytes: size_mb as usize });
+        }
+        let c = &self.shared.cfg;
+        c.scan_delay_ms.store(delay_ms, Ordering::Relaxed);
+        c.scan_period_min_ms.store(period_min_ms, Ordering::Relaxed);
+        c.scan_period_max_ms.store(period_max_ms, Ordering::Relaxed);
+        c.scan_size_mb.store(size_mb, Ordering::Relaxed);
+        let p = self.shared.period_ms.load(Ordering::Relaxed).clamp(period_min_ms, period_max_ms);
+        self.shared.period_ms.store(p, Ordering::Relaxed);
+        self.shared.kick();
+        Ok(())
+    }
+
+    /// Runs one scan pass now, from the calling thread, over every region past its scan
+    /// delay; returns the pages marked. For tests and benchmarks that drive the scanner.
+    pub fn scan_now(&self) -> usize {
+        let regions = self.shared.live_regions();
+        let mut cur = scan::Cursor::default();
+        self.shared.stats.scans.fetch_add(1, Ordering::Relaxed);
+        scan::scan_pass(&self.shared, &regions, &mut cur)
+    }
+
+    /// Frees what handlers left and refills the reserves now, from the calling thread.
+    pub fn housekeep(&self) {
+        self.shared.housekeep();
+    }
+
+    /// The zonal handle.
+    pub fn zonal(&self) -> &Arc<Zonal> {
+        &self.shared.z
+    }
+}
+
+impl Drop for Balancer {
+    fn drop(&mut self) {
+        // The thread runs while a region lives (it holds only a weak reference and stops when
+        // the last one goes); a balancer dropped before its regions leaves it to them.
+        // Without regions it stops the thread and waits for it, so that the reserves are back
+        // with zonal when this returns.
+        if self.shared.live_regions().is_empty() {
+            self.shared.stop.store(true, Ordering::Release);
+            self.shared.kick();
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// The balancer's thread: frees and refills, and scans every period.
+fn worker(weak: Weak<Shared>) {
+    let mut cur = scan::Cursor::default();
+    let mut next_scan: Option<Instant> = None;
+    loop {
+        let Some(s) = weak.upgrade() else { return };
+        if s.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let kick = s.kick.load(Ordering::Acquire);
+        let short = s.housekeep();
+        let now = Instant::now();
+        let regions = s.live_regions();
+        let delay = Duration::from_millis(s.cfg.scan_delay_ms.load(Ordering::Relaxed));
+        let due: Vec<Arc<RegionShared>> = regions.into_iter().filter(|r| now.duration_since(r.born) >= delay).collect();
+        if s.enabled() && !due.is_empty() && next_scan.is_none_or(|t| now >= t) {
+            s.stats.scans.fetch_add(1, Ordering::Relaxed);
+            scan::scan_pass(&s, &due, &mut cur);
+            let (min, max) =
+                (s.cfg.scan_period_min_ms.load(Ordering::Relaxed), s.cfg.scan_period_max_ms.load(Ordering::Relaxed));
+            let p = scan::next_period(
+                s.period_ms.load(Ordering::Relaxed),
+                s.win_local.swap(0, Ordering::Relaxed),
+                s.win_remote.swap(0, Ordering::Relaxed),
+                s.win_fail.swap(0, Ordering::Relaxed),
+                min,
+                max,
+            );
+            s.period_ms.store(p, Ordering::Relaxed);
+            next_scan = Some(now + Duration::from_millis(p));
+        }
+        let wait = if short {
+            Duration::from_millis(1)
+        } else {
+            next_scan.map_or(Duration::from_millis(100), |t| t.saturating_duration_since(Instant::now()))
+        };
+        let wait = wait.clamp(Duration::from_micros(100), Duration::from_millis(100));
+        // Let go of the shared state while waiting, so that dropping the last region or the
+        // balancer ends this thread.
+        let word: *const AtomicU32 = &s.kick;
+        let keep = Arc::downgrade(&s);
+        drop(s);
+        if let Some(s) = keep.upgrade() {
+            // SAFETY: `word` points into `s`, alive for this call.
+            os::futex_wait(unsafe { &*word }, kick, wait);
+            drop(s);
+        }
+    }
+}
+
+/// A region of balanced memory (see the crate's docs). Dropping it frees every frame.
+pub struct Region {
+    shared: Arc<RegionShared>,
+}
+
+/// A region's state, shared with the scanner and the fault handler.
+pub struct RegionShared {
+    pub(crate) start: usize,
+    pub(crate) entries: Box<[PageEntry]>,
+    policy: MemPolicy,
+    /// Per node: the other nodes the policy allows, nearest first (first-touch fallback).
+    pub(crate) fallback: Vec<Vec<u16>>,
+    /// Scan passes over the region (`numa_scan_seq`).
+    pub(crate) scan_seq: AtomicUsize,
+    born: Instant,
+    slot: AtomicUsize,
+    /// Held while the scanner marks the region and while it is torn down; `true` once dead.
+    pub(crate) scan_lock: Mutex<bool>,
+    pub(crate) bal: Arc<Shared>,
+}
+
+fn allowed(policy: &MemPolicy, nid: u16) -> bool {
+    match policy {
+        MemPolicy::Bind(m) => m.contains(NodeId(nid)),
+        _ => true,
+    }
+}
+
+impl RegionShared {
+    fn is_dead(&self) -> bool {
+        *self.scan_lock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn contains(&self, addr: usize) -> bool {
+        addr.wrapping_sub(self.start) < self.entries.len() * PAGE
+    }
+
+    /// The node a first touch of page `idx` takes its frame from, by the policy and the
+    /// touching CPU (first-touch placement).
+    pub(crate) fn place(&self, idx: usize) -> u16 {
+        let here = self.bal.z.local_node().0;
+        match &self.policy {
+            MemPolicy::Local => here,
+            MemPolicy::Preferred(n) => n.0,
+            MemPolicy::Bind(m) => {
+                if m.contains(NodeId(here)) {
+                    here
+                } else {
+                    self.fallback[here as usize].first().copied().unwrap_or(here)
+                }
+            }
+            MemPolicy::Interleave(m) => interleave(m, idx),
+        }
+    }
+
+    /// Where a hint fault from a CPU of node `here` would move page `idx`
+    /// (`mpol_misplaced`): the faulting CPU's node under the local policy and a bind that
+    /// allows it; the preferred node; the page's interleave node.
+    pub(crate) fn target(&self, idx: usize, here: u16) -> Option<u16> {
+        match &self.policy {
+            MemPolicy::Local => Some(here),
+            MemPolicy::Preferred(n) => Some(n.0),
+            MemPolicy::Bind(m) => m.contains(NodeId(here)).then_some(here),
+            MemPolicy::Interleave(m) => Some(interleave(m, idx)),
+        }
+    }
+}
+
+/// The node of an interleaved page: the (page index mod nodes)-th node of the mask, as
+/// Linux interleaves a mapping by page offset.
+fn interleave(m: &zonal::NodeMask, idx: usize) -> u16 {
+    let n = m.iter().count().max(1);
+    m.iter().nth(idx % n).map_or(0, |x| x.0)
+}
+
+impl RegionShared {
+    /// Ends the region now, whoever still holds a reference: no handler inside it any more
+    /// (unregistered), no scan of it (the scan lock, and the mark `dead` the scanner checks),
+    /// the range unmapped and every frame back with zonal. Idempotent.
+    fn teardown(&self) {
+        let mut dead = self.scan_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if *dead {
+            return;
+        }
+        *dead = true;
+        let slot = self.slot.load(Ordering::Relaxed);
+        if slot != usize::MAX {
+            fault::unregister(slot);
+        }
+        // SAFETY: no handler is inside the region (unregistered), the scanner cannot touch it
+        // (the lock is held and it is marked dead), and its owner gave up its pointer.
+        unsafe { os::unmap(self.start, self.entries.len() * PAGE) };
+        for e in self.entries.iter() {
+            let f = e.frame.swap(0, Ordering::Relaxed);
+            if f != 0 {
+                let _ = self.bal.z.free_pages(f as *mut u8, 0);
+            }
+        }
+    }
+}
+
+impl Drop for RegionShared {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        self.shared.teardown();
+    }
+}
+
+impl Region {
+    /// The first byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.shared.start as *mut u8
+    }
+
+    /// Bytes in the region (whole pages).
+    pub fn len(&self) -> usize {
+        self.shared.entries.len() * PAGE
+    }
+
+    /// Whether the region is empty (never: a region has at least a page).
+    pub fn is_empty(&self) -> bool {
+        self.shared.entries.is_empty()
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &MemPolicy {
+        &self.shared.policy
+    }
+
+    fn page_of(&self, addr: *const u8) -> Result<usize> {
+        let a = addr as usize;
+        if !self.shared.contains(a) {
+            return Err(Error::OutOfRange { addr: a });
+        }
+        Ok((a - self.shared.start) / PAGE)
+    }
+
+    /// The node of the frame behind `addr`, `None` while the page has none.
+    pub fn page_to_nid(&self, addr: *const u8) -> Result<Option<NodeId>> {
+        let e = &self.shared.entries[self.page_of(addr)?];
+        let f = e.frame.load(Ordering::Acquire);
+        if f == 0 {
+            return Ok(None);
+        }
+        Ok(Some(self.shared.bal.z.page_to_nid(f as *const u8)?))
+    }
+
+    /// Pages with a frame, per node.
+    pub fn node_pages(&self) -> Vec<usize> {
+        let mut v = vec![0; self.shared.bal.z.topology().nr_nodes()];
+        for e in self.shared.entries.iter() {
+            let f = e.frame.load(Ordering::Acquire);
+            if let (true, Ok(n)) = (f != 0, self.shared.bal.z.page_to_nid(f as *const u8)) {
+                v[n.0 as usize] += 1;
+            }
+        }
+        v
+    }
+
+    /// Gives every page of `offset..offset + len` a frame now and makes it accessible, from
+    /// the calling thread, so that system calls can read and write it (they get `EFAULT` on
+    /// an inaccessible page instead of a fault). The scanner may mark the pages again later.
+    pub fn prefault(&self, offset: usize, len: usize) -> Result<()> {
+        let end = offset.checked_add(len).filter(|&e| e <= self.len()).ok_or(Error::OutOfRange { addr: offset })?;
+        let r = &self.shared;
+        for idx in offset / PAGE..end.div_ceil(PAGE) {
+            let e = &r.entries[idx];
+            loop {
+                match e.state.load(Ordering::Acquire) {
+                    PRESENT => break,
+                    UNMAPPED if e.claim(UNMAPPED) => {
+                        r.fault_in_from_thread(idx)?;
+                        break;
+                    }
+                    HINT if e.claim(HINT) => {
+                        // SAFETY: a mapped page of this region, claimed.
+                        let res = unsafe { os::protect(r.start + idx * PAGE, PAGE, false) };
+                        e.release(if res.is_ok() { PRESENT } else { HINT });
+                        res.map_err(|errno| Error::Os { call: "mprotect", errno })?;
+                        break;
+                    }
+                    BUSY => std::thread::yield_now(),
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs of pages mapped as one (consecutive frames with the same access), what the
+    /// region adds to the process's mappings (`vm.max_map_count`) at most.
+    pub fn vma_runs(&self) -> usize {
+        let mut runs = 0;
+        let mut prev: Option<(usize, u8)> = None;
+        for e in self.shared.entries.iter() {
+            let f = e.frame.load(Ordering::Relaxed);
+            let s = e.state.load(Ordering::Relaxed);
+            let class = if s == PRESENT { 1 } else { 2 };
+            let cur = (f != 0).then_some((f, class));
+            match (prev, cur) {
+                (Some((pf, pc)), Some((f, c))) if f == pf + PAGE && c == pc => {}
+                (_, Some(_)) => runs += 1,
+                _ => {}
+            }
+            prev = cur;
+        }
+        runs
+    }
+}
+
+impl RegionShared {
+    /// A first touch made by `Region::prefault` outside signal context: the frame comes
+    /// from zonal directly (under the policy's node and fallback).
+    fn fault_in_from_thread(&self, idx: usize) -> Result<()> {
+        let e = &self.entries[idx];
+        let node = self.place(idx);
+        let nodes = std::iter::once(node).chain(self.fallback[node as usize].iter().copied());
+        let mut frame = None;
+        for n in nodes {
+            if let Ok(p) = self.bal.z.alloc_pages_node(NodeId(n), Gfp::THISNODE, 0) {
+                frame = Some(p.as_ptr() as usize);
+                break;
+            }
+        }
+        let Some(frame) = frame else {
+            e.release(UNMAPPED);
+            return Err(Error::Zonal(zonal::Error::OutOfMemory { order: zonal::Order::new(0).expect("order 0") }));
+        };
+        // SAFETY: a frame zonal just handed out, ours.
+        unsafe { std::ptr::write_bytes(frame as *mut u8, 0, PAGE) };
+        // SAFETY: the page is this region's and claimed.
+        if let Err(errno) = unsafe { self.map(self.start + idx * PAGE, frame) } {
+            let _ = self.bal.z.free_pages(frame as *mut u8, 0);
+            e.release(UNMAPPED);
+            return Err(Error::Os { call: "mmap", errno });
+        }
+        e.frame.store(frame, Ordering::Relaxed);
+        self.bal.stats.first_touch.fetch_add(1, Ordering::Relaxed);
+        e.release(PRESENT);
+        Ok(())
+    }
+}

@@ -1,0 +1,144 @@
+//! The scanner (`task_numa_work`, `change_prot_numa`) and its period
+//! (`update_task_scan_period`), run by the balancer's thread.
+//!
+//! A pass marks at most `scan_size` of mapped pages inaccessible, looking at most at eight
+//! times that of address space, resuming where the last pass stopped; pages are marked in
+//! runs (one `mprotect` per run). A page is claimed (`PRESENT -> BUSY`, a CAS) before its
+//! run is protected and set `HINT` only after, so `HINT` always means inaccessible: a thread
+//! whose fault is stale (it faulted in an earlier cycle and another thread has mapped the
+//! page since) waits while the page is `BUSY` and never takes an accessible page for a hint
+//! fault, which would let writes land on the old frame during a copy (Linux checks
+//! `pte_same` under the PTE lock for the same reason). The end of a region's pages ends its
+//! scan sequence (`numa_scan_seq`).
+
+use crate::os::{self, PAGE};
+use crate::table::{HINT, PRESENT};
+use crate::{RegionShared, Shared};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// `NUMA_PERIOD_SLOTS` and `NUMA_PERIOD_THRESHOLD`: the period aims at 7 local faults of 10.
+const PERIOD_SLOTS: u64 = 10;
+const PERIOD_THRESHOLD: u64 = 7;
+
+/// Where the scanner stopped: a region (by registration order) and a page in it.
+#[derive(Default)]
+pub struct Cursor {
+    pub region: usize,
+    pub page: usize,
+}
+
+/// One pass over the regions, from the cursor. Returns the pages marked.
+pub fn scan_pass(bal: &Shared, regions: &[Arc<RegionShared>], cur: &mut Cursor) -> usize {
+    if regions.is_empty() {
+        return 0;
+    }
+    let budget = (bal.cfg.scan_size_mb.load(Ordering::Relaxed) as usize) << (20 - 12);
+    let mut virt = budget.saturating_mul(8);
+    let mut marked = 0;
+    if cur.region >= regions.len() {
+        *cur = Cursor::default();
+    }
+    // Up to the end of the last region, as Linux's pass ends at the end of the address
+    // space; the next pass starts over from the first.
+    while marked < budget && virt > 0 {
+        let r = &regions[cur.region];
+        let dead = r.scan_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let (m, end) =
+            if *dead { (0, r.entries.len()) } else { mark_from(bal, r, cur.page, budget - marked, &mut virt) };
+        drop(dead);
+        marked += m;
+        cur.page = end;
+        if end >= r.entries.len() {
+            r.scan_seq.fetch_add(1, Ordering::Relaxed);
+            cur.page = 0;
+            cur.region += 1;
+            if cur.region == regions.len() {
+                cur.region = 0;
+                break;
+            }
+        }
+    }
+    marked
+}
+
+/// Marks up to `want` present pages of `r` from page `from`, spending `virt`; returns the
+/// pages marked and where it stopped.
+fn mark_from(bal: &Shared, r: &RegionShared, from: usize, want: usize, virt: &mut usize) -> (usize, usize) {
+    let mut marked = 0;
+    let mut i = from;
+    let mut run_start = None;
+    while i < r.entries.len() && marked < want && *virt > 0 {
+        *virt -= 1;
+        if r.entries[i].claim(PRESENT) {
+            run_start.get_or_insert(i);
+            marked += 1;
+        } else if let Some(s) = run_start.take() {
+            marked -= protect_run(bal, r, s, i);
+        }
+        i += 1;
+    }
+    if let Some(s) = run_start {
+        marked -= protect_run(bal, r, s, i);
+    }
+    (marked, i)
+}
+
+/// Protects pages `s..e` (all claimed by this thread) and marks them `HINT`; on failure (out
+/// of VMAs) puts them back to `PRESENT` and returns how many were not marked after all.
+fn protect_run(bal: &Shared, r: &RegionShared, s: usize, e: usize) -> usize {
+    // Counted before the pages can fault, so a hint fault never runs ahead of its count
+    // (`numa_pte_updates >= numa_hint_faults` at every instant).
+    bal.stats.pte_updates.fetch_add((e - s) as u64, Ordering::Relaxed);
+    // SAFETY: the pages are mapped pages of this region, claimed (BUSY) by this thread: no
+    // handler or other path changes them until they are released below.
+    let res = unsafe { os::protect(r.start + s * PAGE, (e - s) * PAGE, true) };
+    let to = if res.is_ok() { HINT } else { PRESENT };
+    for p in &r.entries[s..e] {
+        p.release(to);
+    }
+    if res.is_ok() {
+        return 0;
+    }
+    bal.stats.pte_updates.fetch_sub((e - s) as u64, Ordering::Relaxed);
+    bal.stats.scan_fail.fetch_add(1, Ordering::Relaxed);
+    e - s
+}
+
+/// `update_task_scan_period`: after a scan window with `local` and `remote` hint faults and
+/// `failed` migrations, the next period in ms: twice as long when nothing faulted or a
+/// migration failed; longer by a slot per point of local faults above 7 in 10, shorter by a
+/// slot per point below; clamped to `[min, max]`.
+pub fn next_period(period: u64, local: u64, remote: u64, failed: u64, min: u64, max: u64) -> u64 {
+    let p = if local + remote == 0 || failed > 0 {
+        period.saturating_mul(2)
+    } else {
+        let slot = period.div_ceil(PERIOD_SLOTS);
+        let ratio = local * PERIOD_SLOTS / (local + remote);
+        if ratio >= PERIOD_THRESHOLD {
+            period + slot * (ratio - PERIOD_THRESHOLD).max(1)
+        } else {
+            period.saturating_sub(slot * (PERIOD_THRESHOLD - ratio))
+        }
+    };
+    p.clamp(min, max.max(min))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_period_follows_the_local_share() {
+        // No faults, or a failed migration: twice as long, up to the max.
+        assert_eq!(next_period(1000, 0, 0, 0, 1000, 60_000), 2000);
+        assert_eq!(next_period(40_000, 5, 5, 1, 1000, 60_000), 60_000);
+        // All local: 3 slots of 10 above the threshold.
+        assert_eq!(next_period(1000, 10, 0, 0, 1000, 60_000), 1300);
+        // Exactly 7 in 10: one slot longer (Linux's `if (!slot) slot = 1`).
+        assert_eq!(next_period(1000, 7, 3, 0, 1000, 60_000), 1100);
+        // Mostly remote: shorter, down to the min.
+        assert_eq!(next_period(5000, 2, 8, 0, 1000, 60_000), 2500);
+        assert_eq!(next_period(1000, 0, 10, 0, 1000, 60_000), 1000);
+    }
+}

@@ -1,0 +1,100 @@
+//! Nothing is lost: threads hammer a region with atomic increments and read-after-write
+//! checks while the scanner runs every millisecond and the threads hop between the two
+//! nodes' CPUs, so pages migrate under them again and again, in both mapping orders. Every
+//! increment must land (a write that went to an old frame during a copy would be lost), every
+//! value read must be the last one written, and every frame must be back when it is over.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use zonal::topology::Machine;
+use zonal::{Config, MemPolicy, Topology, Zonal};
+use zonal_numab::{Balancer, MigrateMode, PAGE};
+
+const PAGES: usize = 256;
+const THREADS: usize = 4;
+const WORDS: usize = PAGE / 8;
+/// Migrations each run must see before it stops (it stops at `MAX_OPS` per thread anyway,
+/// and fails if it saw none).
+const WANT_MIGRATIONS: u64 = 2_000;
+const MIN_OPS: u64 = 200_000;
+const MAX_OPS: u64 = 50_000_000;
+
+fn run(mode: MigrateMode) {
+    let t = Topology::parse_for("nodes=2,size=64M,cpus=0:1", Machine { nr_cpus: 2, mem_total: 1 << 30 }).unwrap();
+    let z = Arc::new(Zonal::new(Config::new(t)).unwrap());
+    let cfg = zonal_numab::Config {
+        mode,
+        scan_delay_ms: 0,
+        scan_period_min_ms: 1,
+        scan_period_max_ms: 1,
+        scan_size_mb: 1,
+        reserve_pages: 128,
+        ..Default::default()
+    };
+    let b = Balancer::new(z.clone(), cfg).unwrap();
+    let r = b.region(PAGES * PAGE, MemPolicy::Local).unwrap();
+    let p = r.as_ptr() as usize;
+    let word = |page: usize, w: usize| (p + page * PAGE + w * 8) as *const AtomicU64;
+    let ncpu = zonal::cpu::nr_cpus_online().max(1) as u32;
+    // Per thread, per page: the increments it made.
+    let tallies: Vec<Vec<u64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let b = &b;
+                s.spawn(move || {
+                    let mut tally = vec![0u64; PAGES];
+                    // The thread's own check word per page: the last value it wrote there.
+                    let own = WORDS - 1 - t;
+                    let mut last = vec![0u64; PAGES];
+                    let mut i: u64 = 0;
+                    loop {
+                        if i % 5_000 == 0 {
+                            let _ = zonal::cpu::set_affinity(((i / 5_000) as u32 + t as u32) % ncpu);
+                        }
+                        let pg = (i as usize * 7 + t * 31) % PAGES;
+                        let w = (i as usize) % (WORDS - THREADS);
+                        // SAFETY: inside the region; every page is valid, mapped on first touch.
+                        unsafe { (*word(pg, w)).fetch_add(1, Ordering::Relaxed) };
+                        tally[pg] += 1;
+                        // SAFETY: as above; word `own` of each page is this thread's alone.
+                        let seen = unsafe { (*word(pg, own)).load(Ordering::Relaxed) };
+                        assert_eq!(seen, last[pg], "{mode:?}: thread {t} page {pg}: read {seen}, wrote {}", last[pg]);
+                        last[pg] = i + 1;
+                        // SAFETY: as above.
+                        unsafe { (*word(pg, own)).store(i + 1, Ordering::Relaxed) };
+                        i += 1;
+                        if i >= MAX_OPS || (i >= MIN_OPS && b.stats().numa_pages_migrated >= WANT_MIGRATIONS) {
+                            break;
+                        }
+                    }
+                    tally
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let s = b.stats();
+    assert!(s.numa_pages_migrated > 0, "{mode:?}: no page migrated ({s:?})");
+    for pg in 0..PAGES {
+        let want: u64 = tallies.iter().map(|t| t[pg]).sum();
+        // SAFETY: as above; every thread has stopped.
+        let got: u64 = (0..WORDS - THREADS).map(|w| unsafe { (*word(pg, w)).load(Ordering::Relaxed) }).sum();
+        assert_eq!(got, want, "{mode:?}: page {pg} lost {} increments", want as i64 - got as i64);
+    }
+    assert_eq!(s.numa_hint_faults_local + (s.numa_hint_faults - s.numa_hint_faults_local), s.numa_hint_faults);
+    assert!(s.numa_pte_updates >= s.numa_hint_faults, "{s:?}");
+    drop(r);
+    drop(b);
+    // The balancer's reserves and the region's frames are all back.
+    assert_eq!(z.check_invariants().unwrap(), 0, "{mode:?}: frames left allocated");
+}
+
+#[test]
+fn delayed_loses_nothing() {
+    run(MigrateMode::Delayed);
+}
+
+#[test]
+fn eager_loses_nothing() {
+    run(MigrateMode::Eager);
+}
