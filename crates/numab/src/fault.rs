@@ -1,5 +1,6 @@
 //! The fault handler: first touch and NUMA hint faults on region pages, taken in the faulting
-//! thread from `SIGSEGV` (the mprotect backend), and chained to the handler that was there
+//! thread from `SIGSEGV` (first touch, and hints of the mprotect backend) or `SIGBUS`
+//! (userfaultfd MINOR faults on zapped pages), and chained to the handler that was there
 //! before for every other fault.
 //!
 //! Kernel counterpart: `do_numa_page` (mm/memory.c) with the seed's delayed mapping, and
@@ -32,29 +33,33 @@ static SLOTS: [Slot; MAX_REGIONS] = [EMPTY; MAX_REGIONS];
 /// Slots in use (the handler stops looking past the last one ever used).
 static HIGH_WATER: AtomicUsize = AtomicUsize::new(0);
 
-/// The `SIGSEGV` action before ours, to chain to.
-static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+/// The `SIGSEGV` and `SIGBUS` actions before ours, to chain to.
+static PREVIOUS_SEGV: OnceLock<libc::sigaction> = OnceLock::new();
+static PREVIOUS_BUS: OnceLock<libc::sigaction> = OnceLock::new();
 
-/// Installs the handler once per process (keeping the previous one to chain to).
+/// Installs the handler for both signals once per process (keeping the previous ones to
+/// chain to).
 pub fn install() -> Result<(), i32> {
-    let mut err = 0;
-    PREVIOUS.get_or_init(|| {
-        // SAFETY: zeroed sigaction structs are valid (empty masks, no flags); sigaction reads
-        // `act` and writes `old`, both valid for the call.
-        unsafe {
-            let mut act: libc::sigaction = std::mem::zeroed();
-            act.sa_sigaction = on_segv as *const () as usize;
-            act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-            libc::sigemptyset(&mut act.sa_mask);
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(libc::SIGSEGV, &act, &mut old) != 0 {
-                err = os::errno();
+    for (sig, prev) in [(libc::SIGSEGV, &PREVIOUS_SEGV), (libc::SIGBUS, &PREVIOUS_BUS)] {
+        let mut err = 0;
+        prev.get_or_init(|| {
+            // SAFETY: zeroed sigaction structs are valid (empty masks, no flags); sigaction
+            // reads `act` and writes `old`, both valid for the call.
+            unsafe {
+                let mut act: libc::sigaction = std::mem::zeroed();
+                act.sa_sigaction = on_fault as *const () as usize;
+                act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+                libc::sigemptyset(&mut act.sa_mask);
+                let mut old: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(sig, &act, &mut old) != 0 {
+                    err = os::errno();
+                }
+                old
             }
-            old
+        });
+        if err != 0 {
+            return Err(err);
         }
-    });
-    if err != 0 {
-        return Err(err);
     }
     Ok(())
 }
@@ -81,7 +86,7 @@ pub fn unregister(slot: usize) {
     }
 }
 
-extern "C" fn on_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: errno is this thread's; the handler restores it so the interrupted code sees
     // no change.
     let saved = unsafe { *libc::__errno_location() };
@@ -110,14 +115,15 @@ extern "C" fn on_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
 /// Hands a fault that is not a region's to the previous handler; with none, restores the
 /// default action, so returning re-runs the access and the process dies as it would have.
 fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let Some(old) = PREVIOUS.get() else { return };
+    let prev = if sig == libc::SIGBUS { &PREVIOUS_BUS } else { &PREVIOUS_SEGV };
+    let Some(old) = prev.get() else { return };
     let h = old.sa_sigaction;
     if h == libc::SIG_DFL || h == libc::SIG_IGN {
         // SAFETY: a zeroed sigaction with SIG_DFL is valid; sigaction is async-signal-safe.
         unsafe {
             let mut dfl: libc::sigaction = std::mem::zeroed();
             dfl.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(libc::SIGSEGV, &dfl, std::ptr::null_mut());
+            libc::sigaction(sig, &dfl, std::ptr::null_mut());
         }
         return;
     }
@@ -219,7 +225,7 @@ impl RegionShared {
             // The page is made accessible first, as before the seed: other threads use it
             // until it is taken away again for the copy, which is a second TLB flush.
             // SAFETY: a mapped page of this region, claimed.
-            if unsafe { os::protect(addr, PAGE, false) }.is_err() {
+            if unsafe { self.reveal(addr, PAGE) }.is_err() {
                 return self.fail_and_map_back(idx);
             }
         }
@@ -229,7 +235,7 @@ impl RegionShared {
             return if eager { self.fail_done(idx) } else { self.fail_and_map_back(idx) };
         };
         // SAFETY: as above.
-        if eager && unsafe { os::protect(addr, PAGE, true) }.is_err() {
+        if eager && unsafe { self.hide(addr, PAGE) }.is_err() {
             self.bal.give_back(new);
             return self.fail_done(idx);
         }
@@ -255,7 +261,7 @@ impl RegionShared {
     fn map_back(&self, idx: usize) {
         let addr = self.start + idx * PAGE;
         // SAFETY: a mapped page of this region, claimed.
-        if unsafe { os::protect(addr, PAGE, false) }.is_err() {
+        if unsafe { self.reveal(addr, PAGE) }.is_err() {
             // Out of VMAs: map the frame again over the whole page instead, which needs no
             // split of a neighbouring mapping's protection.
             let frame = self.entries[idx].frame.load(Ordering::Relaxed);
@@ -278,18 +284,53 @@ impl RegionShared {
         self.bal.stats.migrate_fail.fetch_add(1, Ordering::Relaxed);
         self.bal.window_fail();
         let addr = self.start + idx * PAGE;
-        // SAFETY: as in `map_back`; the page may have been re-protected for the copy.
-        let _ = unsafe { os::protect(addr, PAGE, false) };
+        // SAFETY: as in `map_back`; the page may have been hidden again for the copy.
+        let _ = unsafe { self.reveal(addr, PAGE) };
         self.entries[idx].release(PRESENT);
     }
 
-    /// Maps `frame` read-write at `addr`.
+    /// Maps `frame` read-write at `addr` (and registers the new mapping with the
+    /// userfaultfd, whose registration a new mapping does not inherit).
     ///
     /// # Safety
     /// `addr` is a page of this region that the caller has claimed.
     pub(crate) unsafe fn map(&self, addr: usize, frame: usize) -> Result<(), i32> {
         let off = self.bal.z.frame_offset(frame as *const u8).map_err(|_| libc::EINVAL)?;
         // SAFETY: per the caller's contract; the frame is allocated and ours.
-        unsafe { os::map_frame(addr, PAGE, self.bal.z.frame_file(), off, false) }
+        unsafe { os::map_frame(addr, PAGE, self.bal.z.frame_file(), off, false) }?;
+        if let Some(u) = &self.bal.uffd {
+            if u.register_minor(addr, PAGE).is_err() {
+                // The page works; its hints will not: a zap of it is refilled silently.
+                self.bal.stats.register_fail.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes pages away so the next access faults: `PROT_NONE`, or a zap under userfaultfd.
+    ///
+    /// # Safety
+    /// The pages are mapped pages of this region that the caller has claimed.
+    pub(crate) unsafe fn hide(&self, addr: usize, len: usize) -> Result<(), i32> {
+        // SAFETY: per the caller's contract; the region's pages map the arena's memfd shared.
+        unsafe {
+            match &self.bal.uffd {
+                Some(_) => os::zap(addr, len),
+                None => os::protect(addr, len, true),
+            }
+        }
+    }
+
+    /// Gives hidden pages back as they were: read-write again, or the file's page mapped
+    /// again under userfaultfd (`UFFDIO_CONTINUE`).
+    ///
+    /// # Safety
+    /// As for [`RegionShared::hide`].
+    pub(crate) unsafe fn reveal(&self, addr: usize, len: usize) -> Result<(), i32> {
+        match &self.bal.uffd {
+            Some(u) => u.continue_(addr, len),
+            // SAFETY: per the caller's contract.
+            None => unsafe { os::protect(addr, len, false) },
+        }
     }
 }

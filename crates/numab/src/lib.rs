@@ -27,6 +27,7 @@ mod os;
 mod reserve;
 mod scan;
 mod table;
+mod uffd;
 
 use reserve::{FreeStack, Reserve};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -79,6 +80,13 @@ impl From<zonal::Error> for Error {
 /// Result of the layer.
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// Whether this machine lets a process use the userfaultfd backend: `Ok`, or the call and
+/// errno that refused it (`EPERM` where `userfaultfd(2)` is blocked, `ENOTSUP` on a kernel
+/// without MINOR shmem faults or SIGBUS delivery).
+pub fn userfaultfd_available() -> std::result::Result<(), (&'static str, i32)> {
+    uffd::Uffd::open().map(drop)
+}
+
 /// The largest region: 1 TiB.
 pub const MAX_REGION_BYTES: usize = 1 << 40;
 
@@ -103,6 +111,32 @@ impl std::str::FromStr for MigrateMode {
     }
 }
 
+/// How hint faults reach the balancer (`numa_balancing_backend`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// userfaultfd where the kernel allows it, else mprotect.
+    #[default]
+    Auto,
+    /// `mprotect(PROT_NONE)` to scan, `SIGSEGV` for the fault: works everywhere; a migration
+    /// replaces an inaccessible mapping, so it costs one TLB flush delayed and two eager.
+    Mprotect,
+    /// `MADV_DONTNEED` to scan, userfaultfd MINOR faults delivered as `SIGBUS` in the faulting
+    /// thread: the delayed mapping maps the new frame over an empty entry, with no TLB flush.
+    Userfaultfd,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(Backend::Auto),
+            "mprotect" => Ok(Backend::Mprotect),
+            "userfaultfd" | "uffd" => Ok(Backend::Userfaultfd),
+            _ => Err(format!("numa_balancing_backend: `{s}` is not auto, mprotect or userfaultfd")),
+        }
+    }
+}
+
 /// The balancer's settings, Linux's defaults.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -120,6 +154,8 @@ pub struct Config {
     pub scan_size_mb: u64,
     /// Frames kept ready per node for the fault handler.
     pub reserve_pages: usize,
+    /// How hint faults are taken.
+    pub backend: Backend,
 }
 
 impl Default for Config {
@@ -132,6 +168,7 @@ impl Default for Config {
             scan_period_max_ms: 60_000,
             scan_size_mb: 256,
             reserve_pages: 256,
+            backend: Backend::Auto,
         }
     }
 }
@@ -159,6 +196,7 @@ pub(crate) struct Counters {
     pub(crate) fail_room: AtomicU64,
     pub(crate) map_fail: AtomicU64,
     pub(crate) scan_fail: AtomicU64,
+    pub(crate) register_fail: AtomicU64,
     pub(crate) first_touch: AtomicU64,
     pub(crate) scans: AtomicU64,
 }
@@ -188,6 +226,8 @@ pub struct Stats {
     pub map_fail: u64,
     /// Scanner runs that could not be protected (out of VMAs) and were left mapped.
     pub scan_fail: u64,
+    /// Pages whose mapping could not be registered with the userfaultfd (they take no hints).
+    pub register_fail: u64,
     /// Pages given a frame on first touch.
     pub first_touch: u64,
     /// Scan passes made.
@@ -211,6 +251,7 @@ impl Stats {
             ("pgmigrate_fail_room", self.pgmigrate_fail_room),
             ("numab_map_fail", self.map_fail),
             ("numab_scan_fail", self.scan_fail),
+            ("numab_register_fail", self.register_fail),
             ("numab_first_touch", self.first_touch),
             ("numab_scans", self.scans),
             ("numab_scan_period_ms", self.scan_period_ms),
@@ -239,6 +280,8 @@ pub(crate) struct Shared {
     period_ms: AtomicU64,
     /// Per node: its zones' high watermarks summed (`migrate_balanced_pgdat`'s test).
     high: Vec<usize>,
+    /// The userfaultfd of the userfaultfd backend; `None` under mprotect.
+    pub(crate) uffd: Option<uffd::Uffd>,
 }
 
 impl Shared {
@@ -325,6 +368,7 @@ impl Shared {
             pgmigrate_fail_room: l(&s.fail_room),
             map_fail: l(&s.map_fail),
             scan_fail: l(&s.scan_fail),
+            register_fail: l(&s.register_fail),
             first_touch: l(&s.first_touch),
             scans: l(&s.scans),
             scan_period_ms: self.period_ms.load(Ordering::Relaxed),
@@ -388,6 +432,11 @@ impl Balancer {
     /// starts the balancer's thread, which fills the reserves and scans.
     pub fn new(z: Arc<Zonal>, cfg: Config) -> Result<Balancer> {
         fault::install().map_err(|errno| Error::Os { call: "sigaction", errno })?;
+        let uffd = match cfg.backend {
+            Backend::Mprotect => None,
+            Backend::Userfaultfd => Some(uffd::Uffd::open().map_err(|(call, errno)| Error::Os { call, errno })?),
+            Backend::Auto => uffd::Uffd::open().ok(),
+        };
         let nodes = z.topology().nr_nodes();
         let high = (0..nodes)
             .map(|n| {
@@ -416,6 +465,7 @@ impl Balancer {
             win_fail: AtomicU64::new(0),
             period_ms: AtomicU64::new(cfg.scan_period_min_ms.max(1)),
             high,
+            uffd,
             z,
         });
         shared.housekeep();
@@ -509,6 +559,15 @@ impl Balancer {
     /// The mapping order.
     pub fn mode(&self) -> MigrateMode {
         self.shared.mode()
+    }
+
+    /// The backend in use (`Auto` resolved).
+    pub fn backend(&self) -> Backend {
+        if self.shared.uffd.is_some() {
+            Backend::Userfaultfd
+        } else {
+            Backend::Mprotect
+        }
     }
 
     /// Sets the scan period bounds and size; `scan_period_min_ms <= scan_period_max_ms`, all
@@ -795,7 +854,7 @@ impl Region {
                     }
                     HINT if e.claim(HINT) => {
                         // SAFETY: a mapped page of this region, claimed.
-                        let res = unsafe { os::protect(r.start + idx * PAGE, PAGE, false) };
+                        let res = unsafe { r.reveal(r.start + idx * PAGE, PAGE) };
                         e.release(if res.is_ok() { PRESENT } else { HINT });
                         res.map_err(|errno| Error::Os { call: "mprotect", errno })?;
                         break;

@@ -11,7 +11,7 @@
 //! `pte_same` under the PTE lock for the same reason). The end of a region's pages ends its
 //! scan sequence (`numa_scan_seq`).
 
-use crate::os::{self, PAGE};
+use crate::os::PAGE;
 use crate::table::{HINT, PRESENT};
 use crate::{RegionShared, Shared};
 use std::sync::atomic::Ordering;
@@ -92,7 +92,7 @@ fn protect_run(bal: &Shared, r: &RegionShared, s: usize, e: usize) -> usize {
     bal.stats.pte_updates.fetch_add((e - s) as u64, Ordering::Relaxed);
     // SAFETY: the pages are mapped pages of this region, claimed (BUSY) by this thread: no
     // handler or other path changes them until they are released below.
-    let res = unsafe { os::protect(r.start + s * PAGE, (e - s) * PAGE, true) };
+    let res = unsafe { r.hide(r.start + s * PAGE, (e - s) * PAGE) };
     let to = if res.is_ok() { HINT } else { PRESENT };
     for p in &r.entries[s..e] {
         p.release(to);

@@ -5,7 +5,20 @@
 use std::sync::Arc;
 use zonal::topology::Machine;
 use zonal::{Config, MemPolicy, NodeId, NodeMask, Topology, Zonal};
-use zonal_numab::{Balancer, Error, MigrateMode, PAGE};
+use zonal_numab::{Backend, Balancer, Error, MigrateMode, PAGE};
+
+/// The backends this machine has: mprotect always; userfaultfd unless the kernel refuses
+/// the system call itself (blocked or too old), which is said on stderr.
+fn backends() -> Vec<Backend> {
+    match zonal_numab::userfaultfd_available() {
+        Ok(()) => vec![Backend::Mprotect, Backend::Userfaultfd],
+        Err((call, errno)) if errno == libc::EPERM || errno == libc::ENOSYS || errno == libc::ENOTSUP => {
+            eprintln!("userfaultfd backend not tested: {call} refused with errno {errno} on this machine");
+            vec![Backend::Mprotect]
+        }
+        Err(e) => panic!("userfaultfd failed unexpectedly: {e:?}"),
+    }
+}
 
 fn zonal() -> Arc<Zonal> {
     let t = Topology::parse_for("nodes=2,size=64M,cpus=0:1", Machine { nr_cpus: 2, mem_total: 1 << 30 }).unwrap();
@@ -13,9 +26,11 @@ fn zonal() -> Arc<Zonal> {
 }
 
 /// A balancer whose own thread never scans (the tests drive the scanner with `scan_now`).
-fn balancer(z: &Arc<Zonal>, mode: MigrateMode) -> Balancer {
-    let cfg = zonal_numab::Config { mode, scan_delay_ms: 3_600_000, reserve_pages: 64, ..Default::default() };
-    Balancer::new(z.clone(), cfg).unwrap()
+fn balancer(z: &Arc<Zonal>, mode: MigrateMode, backend: Backend) -> Balancer {
+    let cfg = zonal_numab::Config { mode, backend, scan_delay_ms: 3_600_000, reserve_pages: 64, ..Default::default() };
+    let b = Balancer::new(z.clone(), cfg).unwrap();
+    assert_eq!(b.backend(), backend);
+    b
 }
 
 /// Runs `f` on a thread bound to `cpu` (both CPUs exist here: the machine has 2).
@@ -41,99 +56,103 @@ fn page(p: usize, i: usize) -> *mut u64 {
 
 #[test]
 fn first_touch_places_pages_by_policy_and_a_drop_frees_them() {
-    let z = zonal();
-    let b = balancer(&z, MigrateMode::Delayed);
-    b.housekeep();
-    let base = allocated(&z);
-    {
-        let r = b.region(8 * PAGE, MemPolicy::Local).unwrap();
-        let p = r.as_ptr() as usize;
-        assert_eq!(r.page_to_nid(page(p, 0).cast()).unwrap(), None, "no frame before the first touch");
-        // SAFETY: the region is 8 pages; each access faults the page in.
-        on_cpu(0, || unsafe {
-            assert_eq!(page(p, 0).read_volatile(), 0, "a first touch reads zeros");
-            page(p, 1).write_volatile(11);
-        });
-        // SAFETY: as above.
-        on_cpu(1, || unsafe { page(p, 2).write_volatile(22) });
-        assert_eq!(r.page_to_nid(page(p, 0).cast()).unwrap(), Some(NodeId(0)));
-        assert_eq!(r.page_to_nid(page(p, 1).cast()).unwrap(), Some(NodeId(0)));
-        assert_eq!(r.page_to_nid(page(p, 2).cast()).unwrap(), Some(NodeId(1)));
-        assert_eq!(r.node_pages(), vec![2, 1]);
-        // SAFETY: mapped pages of the region.
-        unsafe { assert_eq!((page(p, 1).read_volatile(), page(p, 2).read_volatile()), (11, 22)) };
-        assert_eq!(b.stats().first_touch, 3);
-        assert_eq!(allocated(&z), base + 3 - 3, "reserve frames became region frames");
+    for backend in backends() {
+        let z = zonal();
+        let b = balancer(&z, MigrateMode::Delayed, backend);
+        b.housekeep();
+        let base = allocated(&z);
+        {
+            let r = b.region(8 * PAGE, MemPolicy::Local).unwrap();
+            let p = r.as_ptr() as usize;
+            assert_eq!(r.page_to_nid(page(p, 0).cast()).unwrap(), None, "no frame before the first touch");
+            // SAFETY: the region is 8 pages; each access faults the page in.
+            on_cpu(0, || unsafe {
+                assert_eq!(page(p, 0).read_volatile(), 0, "a first touch reads zeros");
+                page(p, 1).write_volatile(11);
+            });
+            // SAFETY: as above.
+            on_cpu(1, || unsafe { page(p, 2).write_volatile(22) });
+            assert_eq!(r.page_to_nid(page(p, 0).cast()).unwrap(), Some(NodeId(0)));
+            assert_eq!(r.page_to_nid(page(p, 1).cast()).unwrap(), Some(NodeId(0)));
+            assert_eq!(r.page_to_nid(page(p, 2).cast()).unwrap(), Some(NodeId(1)));
+            assert_eq!(r.node_pages(), vec![2, 1]);
+            // SAFETY: mapped pages of the region.
+            unsafe { assert_eq!((page(p, 1).read_volatile(), page(p, 2).read_volatile()), (11, 22)) };
+            assert_eq!(b.stats().first_touch, 3);
+            assert_eq!(allocated(&z), base + 3 - 3, "reserve frames became region frames");
 
-        let pref = b.region(2 * PAGE, MemPolicy::Preferred(NodeId(1))).unwrap();
-        // SAFETY: a page of the region.
-        let q = pref.as_ptr() as usize;
-        // SAFETY: a page of the region.
-        on_cpu(0, || unsafe { page(q, 0).write_volatile(1) });
-        assert_eq!(pref.node_pages(), vec![0, 1]);
+            let pref = b.region(2 * PAGE, MemPolicy::Preferred(NodeId(1))).unwrap();
+            // SAFETY: a page of the region.
+            let q = pref.as_ptr() as usize;
+            // SAFETY: a page of the region.
+            on_cpu(0, || unsafe { page(q, 0).write_volatile(1) });
+            assert_eq!(pref.node_pages(), vec![0, 1]);
 
-        let il = b.region(4 * PAGE, MemPolicy::Interleave(NodeMask::from_nodes([NodeId(0), NodeId(1)]))).unwrap();
-        for i in 0..4 {
-            // SAFETY: pages of the region.
-            let q = il.as_ptr() as usize;
-            // SAFETY: pages of the region.
-            on_cpu(0, || unsafe { page(q, i).write_volatile(i as u64) });
-            assert_eq!(il.page_to_nid(page(q, i).cast()).unwrap(), Some(NodeId((i % 2) as u16)));
+            let il = b.region(4 * PAGE, MemPolicy::Interleave(NodeMask::from_nodes([NodeId(0), NodeId(1)]))).unwrap();
+            for i in 0..4 {
+                // SAFETY: pages of the region.
+                let q = il.as_ptr() as usize;
+                // SAFETY: pages of the region.
+                on_cpu(0, || unsafe { page(q, i).write_volatile(i as u64) });
+                assert_eq!(il.page_to_nid(page(q, i).cast()).unwrap(), Some(NodeId((i % 2) as u16)));
+            }
+            let bind = b.region(PAGE, MemPolicy::Bind(NodeMask::from_nodes([NodeId(1)]))).unwrap();
+            // SAFETY: a page of the region.
+            let q = bind.as_ptr() as usize;
+            // SAFETY: a page of the region.
+            on_cpu(0, || unsafe { page(q, 0).write_volatile(9) });
+            assert_eq!(bind.node_pages(), vec![0, 1], "bind takes the allowed node, not the CPU's");
         }
-        let bind = b.region(PAGE, MemPolicy::Bind(NodeMask::from_nodes([NodeId(1)]))).unwrap();
-        // SAFETY: a page of the region.
-        let q = bind.as_ptr() as usize;
-        // SAFETY: a page of the region.
-        on_cpu(0, || unsafe { page(q, 0).write_volatile(9) });
-        assert_eq!(bind.node_pages(), vec![0, 1], "bind takes the allowed node, not the CPU's");
+        // Every region frame is back with zonal; the reserves refill to what they held.
+        b.housekeep();
+        assert_eq!(allocated(&z), base);
     }
-    // Every region frame is back with zonal; the reserves refill to what they held.
-    b.housekeep();
-    assert_eq!(allocated(&z), base);
 }
 
 /// A page touched on node 0 and then used from CPU 1 moves to node 1 on its hint fault, with
 /// its contents, in both mapping orders; local faults count as local and move nothing.
 #[test]
 fn hint_faults_move_pages_to_the_faulting_node() {
-    for mode in [MigrateMode::Delayed, MigrateMode::Eager] {
-        let z = zonal();
-        let b = balancer(&z, mode);
-        let n = 16;
-        let r = b.region(n * PAGE, MemPolicy::Local).unwrap();
-        let p = r.as_ptr() as usize;
-        // SAFETY: pages of the region.
-        on_cpu(0, || (0..n).for_each(|i| unsafe { page(p, i).write_volatile(0xa000 + i as u64) }));
-        assert_eq!(r.node_pages(), vec![n, 0]);
-        assert_eq!(b.scan_now(), n, "every mapped page marked");
-        assert_eq!(b.stats().numa_pte_updates, n as u64);
-        // Half the pages are used from node 0 again: local hint faults, nothing moves.
-        // SAFETY: pages of the region.
-        on_cpu(0, || (0..n / 2).for_each(|i| unsafe { assert_eq!(page(p, i).read_volatile(), 0xa000 + i as u64) }));
-        let s = b.stats();
-        assert_eq!(
-            (s.numa_hint_faults, s.numa_hint_faults_local, s.numa_pages_migrated),
-            (n as u64 / 2, n as u64 / 2, 0)
-        );
-        // The other half from node 1: they move (early phase, nobody faulted on them).
-        // SAFETY: pages of the region.
-        on_cpu(1, || (n / 2..n).for_each(|i| unsafe { assert_eq!(page(p, i).read_volatile(), 0xa000 + i as u64) }));
-        let s = b.stats();
-        assert_eq!(s.numa_hint_faults, n as u64, "{mode:?}");
-        assert_eq!(s.numa_hint_faults_local, n as u64 / 2);
-        assert_eq!((s.numa_pages_migrated, s.pgmigrate_success, s.pgmigrate_fail), (n as u64 / 2, n as u64 / 2, 0));
-        assert_eq!(r.node_pages(), vec![n / 2, n / 2]);
-        // Contents survived and the pages are writable again.
-        // SAFETY: pages of the region.
-        on_cpu(1, || {
-            (0..n).for_each(|i| unsafe {
-                assert_eq!(page(p, i).read_volatile(), 0xa000 + i as u64);
-                page(p, i).write_volatile(i as u64);
-            })
-        });
-        drop(r);
-        b.housekeep();
-        assert_eq!(b.stats().numa_pages_migrated, n as u64 / 2);
+    for backend in backends() {
+        for mode in [MigrateMode::Delayed, MigrateMode::Eager] {
+            let z = zonal();
+            let b = balancer(&z, mode, backend);
+            let n = 16;
+            let r = b.region(n * PAGE, MemPolicy::Local).unwrap();
+            let p = r.as_ptr() as usize;
+            // SAFETY: pages of the region.
+            on_cpu(0, || (0..n).for_each(|i| unsafe { page(p, i).write_volatile(0xa000 + i as u64) }));
+            assert_eq!(r.node_pages(), vec![n, 0]);
+            assert_eq!(b.scan_now(), n, "every mapped page marked");
+            assert_eq!(b.stats().numa_pte_updates, n as u64);
+            // Half the pages are used from node 0 again: local hint faults, nothing moves.
+            // SAFETY: pages of the region.
+            on_cpu(0, || (0..n / 2).for_each(|i| unsafe { assert_eq!(page(p, i).read_volatile(), 0xa000 + i as u64) }));
+            let s = b.stats();
+            assert_eq!(
+                (s.numa_hint_faults, s.numa_hint_faults_local, s.numa_pages_migrated),
+                (n as u64 / 2, n as u64 / 2, 0)
+            );
+            // The other half from node 1: they move (early phase, nobody faulted on them).
+            // SAFETY: pages of the region.
+            on_cpu(1, || (n / 2..n).for_each(|i| unsafe { assert_eq!(page(p, i).read_volatile(), 0xa000 + i as u64) }));
+            let s = b.stats();
+            assert_eq!(s.numa_hint_faults, n as u64, "{mode:?} {backend:?}");
+            assert_eq!(s.numa_hint_faults_local, n as u64 / 2);
+            assert_eq!((s.numa_pages_migrated, s.pgmigrate_success, s.pgmigrate_fail), (n as u64 / 2, n as u64 / 2, 0));
+            assert_eq!(r.node_pages(), vec![n / 2, n / 2]);
+            // Contents survived and the pages are writable again.
+            // SAFETY: pages of the region.
+            on_cpu(1, || {
+                (0..n).for_each(|i| unsafe {
+                    assert_eq!(page(p, i).read_volatile(), 0xa000 + i as u64);
+                    page(p, i).write_volatile(i as u64);
+                })
+            });
+            drop(r);
+            b.housekeep();
+            assert_eq!(b.stats().numa_pages_migrated, n as u64 / 2);
+        }
     }
 }
 
@@ -141,76 +160,82 @@ fn hint_faults_move_pages_to_the_faulting_node() {
 /// destination node; off, nothing moves.
 #[test]
 fn the_two_stage_filter_and_the_switch() {
-    let z = zonal();
-    let b = balancer(&z, MigrateMode::Delayed);
-    let r = b.region(PAGE, MemPolicy::Local).unwrap();
-    let p = r.as_ptr() as usize;
-    let w = move || page(p, 0);
-    // SAFETY: the region's page.
-    on_cpu(0, || unsafe { w().write_volatile(5) });
-    // Five passes end the early phase (`numa_scan_seq <= 4`); each is followed by a local
-    // fault, which records node 0 as the last.
-    for _ in 0..5 {
+    for backend in backends() {
+        let z = zonal();
+        let b = balancer(&z, MigrateMode::Delayed, backend);
+        let r = b.region(PAGE, MemPolicy::Local).unwrap();
+        let p = r.as_ptr() as usize;
+        let w = move || page(p, 0);
+        // SAFETY: the region's page.
+        on_cpu(0, || unsafe { w().write_volatile(5) });
+        // Five passes end the early phase (`numa_scan_seq <= 4`); each is followed by a local
+        // fault, which records node 0 as the last.
+        for _ in 0..5 {
+            b.scan_now();
+            // SAFETY: as above.
+            on_cpu(0, || unsafe { w().read_volatile() });
+        }
+        assert_eq!(r.node_pages(), vec![1, 0]);
+        b.scan_now();
+        // SAFETY: as above.
+        on_cpu(1, || unsafe { w().read_volatile() });
+        assert_eq!(r.node_pages(), vec![1, 0], "first fault from node 1: the filter holds it");
+        b.scan_now();
+        // SAFETY: as above.
+        on_cpu(1, || unsafe { w().read_volatile() });
+        assert_eq!(r.node_pages(), vec![0, 1], "second in a row from node 1: it moves");
+        b.set_enabled(false);
         b.scan_now();
         // SAFETY: as above.
         on_cpu(0, || unsafe { w().read_volatile() });
+        on_cpu(0, || unsafe { w().read_volatile() });
+        assert_eq!(r.node_pages(), vec![0, 1], "off: hint faults map pages back where they are");
+        // SAFETY: as above.
+        assert_eq!(unsafe { w().read_volatile() }, 5);
     }
-    assert_eq!(r.node_pages(), vec![1, 0]);
-    b.scan_now();
-    // SAFETY: as above.
-    on_cpu(1, || unsafe { w().read_volatile() });
-    assert_eq!(r.node_pages(), vec![1, 0], "first fault from node 1: the filter holds it");
-    b.scan_now();
-    // SAFETY: as above.
-    on_cpu(1, || unsafe { w().read_volatile() });
-    assert_eq!(r.node_pages(), vec![0, 1], "second in a row from node 1: it moves");
-    b.set_enabled(false);
-    b.scan_now();
-    // SAFETY: as above.
-    on_cpu(0, || unsafe { w().read_volatile() });
-    on_cpu(0, || unsafe { w().read_volatile() });
-    assert_eq!(r.node_pages(), vec![0, 1], "off: hint faults map pages back where they are");
-    // SAFETY: as above.
-    assert_eq!(unsafe { w().read_volatile() }, 5);
 }
 
 #[test]
 fn bad_input_gets_a_clear_error() {
-    let z = zonal();
-    let b = balancer(&z, MigrateMode::Delayed);
-    assert_eq!(b.region(0, MemPolicy::Local).err(), Some(Error::InvalidSize { bytes: 0 }));
-    assert!(matches!(b.region(usize::MAX, MemPolicy::Local), Err(Error::InvalidSize { .. })));
-    assert!(matches!(b.region(PAGE, MemPolicy::Preferred(NodeId(7))), Err(Error::Zonal(_))));
-    assert!(matches!(b.region(PAGE, MemPolicy::Bind(NodeMask::new())), Err(Error::Zonal(_))));
-    let r = b.region(3 * PAGE + 1, MemPolicy::Local).unwrap();
-    assert_eq!(r.len(), 4 * PAGE);
-    let out = r.as_ptr().wrapping_add(4 * PAGE);
-    assert!(matches!(r.page_to_nid(out), Err(Error::OutOfRange { .. })));
-    assert!(matches!(r.prefault(PAGE, 4 * PAGE), Err(Error::OutOfRange { .. })));
-    // A region address is not a zonal frame: freeing it is refused and changes nothing.
-    r.prefault(0, PAGE).unwrap();
-    assert!(matches!(z.free_pages(r.as_ptr(), 0), Err(zonal::Error::NotOwned { .. })));
-    // SAFETY: prefaulted above.
-    assert_eq!(unsafe { r.as_ptr().cast::<u64>().read_volatile() }, 0);
-    assert_eq!(b.stats().first_touch, 1);
+    for backend in backends() {
+        let z = zonal();
+        let b = balancer(&z, MigrateMode::Delayed, backend);
+        assert_eq!(b.region(0, MemPolicy::Local).err(), Some(Error::InvalidSize { bytes: 0 }));
+        assert!(matches!(b.region(usize::MAX, MemPolicy::Local), Err(Error::InvalidSize { .. })));
+        assert!(matches!(b.region(PAGE, MemPolicy::Preferred(NodeId(7))), Err(Error::Zonal(_))));
+        assert!(matches!(b.region(PAGE, MemPolicy::Bind(NodeMask::new())), Err(Error::Zonal(_))));
+        let r = b.region(3 * PAGE + 1, MemPolicy::Local).unwrap();
+        assert_eq!(r.len(), 4 * PAGE);
+        let out = r.as_ptr().wrapping_add(4 * PAGE);
+        assert!(matches!(r.page_to_nid(out), Err(Error::OutOfRange { .. })));
+        assert!(matches!(r.prefault(PAGE, 4 * PAGE), Err(Error::OutOfRange { .. })));
+        // A region address is not a zonal frame: freeing it is refused and changes nothing.
+        r.prefault(0, PAGE).unwrap();
+        assert!(matches!(z.free_pages(r.as_ptr(), 0), Err(zonal::Error::NotOwned { .. })));
+        // SAFETY: prefaulted above.
+        assert_eq!(unsafe { r.as_ptr().cast::<u64>().read_volatile() }, 0);
+        assert_eq!(b.stats().first_touch, 1);
+    }
 }
 
 /// `prefault` maps pages so that system calls can use them: a `read(2)` into a region page
 /// the scanner marked would get EFAULT; after `prefault` it lands.
 #[test]
 fn prefault_makes_pages_usable_by_system_calls() {
-    let z = zonal();
-    let b = balancer(&z, MigrateMode::Delayed);
-    let r = b.region(2 * PAGE, MemPolicy::Local).unwrap();
-    r.prefault(0, 2 * PAGE).unwrap();
-    assert_eq!(r.node_pages().iter().sum::<usize>(), 2);
-    b.scan_now();
-    let f = std::fs::File::open("/proc/self/stat").unwrap();
-    let read = |buf: *mut u8| {
-        // SAFETY: `buf` points at a region page (mapped or not: the kernel checks).
-        unsafe { libc::read(std::os::fd::AsRawFd::as_raw_fd(&f), buf.cast(), 16) }
-    };
-    assert_eq!(read(r.as_ptr()), -1, "a marked page: EFAULT, not a fault");
-    r.prefault(0, PAGE).unwrap();
-    assert_eq!(read(r.as_ptr()), 16);
+    for backend in backends() {
+        let z = zonal();
+        let b = balancer(&z, MigrateMode::Delayed, backend);
+        let r = b.region(2 * PAGE, MemPolicy::Local).unwrap();
+        r.prefault(0, 2 * PAGE).unwrap();
+        assert_eq!(r.node_pages().iter().sum::<usize>(), 2);
+        b.scan_now();
+        let f = std::fs::File::open("/proc/self/stat").unwrap();
+        let read = |buf: *mut u8| {
+            // SAFETY: `buf` points at a region page (mapped or not: the kernel checks).
+            unsafe { libc::read(std::os::fd::AsRawFd::as_raw_fd(&f), buf.cast(), 16) }
+        };
+        assert_eq!(read(r.as_ptr()), -1, "a marked page: EFAULT, not a fault");
+        r.prefault(0, PAGE).unwrap();
+        assert_eq!(read(r.as_ptr()), 16);
+    }
 }

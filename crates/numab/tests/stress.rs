@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use zonal::topology::Machine;
 use zonal::{Config, MemPolicy, Topology, Zonal};
-use zonal_numab::{Balancer, MigrateMode, PAGE};
+use zonal_numab::{Backend, Balancer, MigrateMode, PAGE};
 
 const PAGES: usize = 256;
 const THREADS: usize = 4;
@@ -19,11 +19,12 @@ const WANT_MIGRATIONS: u64 = 2_000;
 const MIN_OPS: u64 = 200_000;
 const MAX_OPS: u64 = 50_000_000;
 
-fn run(mode: MigrateMode) {
+fn run(mode: MigrateMode, backend: Backend) {
     let t = Topology::parse_for("nodes=2,size=64M,cpus=0:1", Machine { nr_cpus: 2, mem_total: 1 << 30 }).unwrap();
     let z = Arc::new(Zonal::new(Config::new(t)).unwrap());
     let cfg = zonal_numab::Config {
         mode,
+        backend,
         scan_delay_ms: 0,
         scan_period_min_ms: 1,
         scan_period_max_ms: 1,
@@ -74,7 +75,7 @@ fn run(mode: MigrateMode) {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let s = b.stats();
-    assert!(s.numa_pages_migrated > 0, "{mode:?}: no page migrated ({s:?})");
+    assert!(s.numa_pages_migrated > 0, "{mode:?} {backend:?}: no page migrated ({s:?})");
     for pg in 0..PAGES {
         let want: u64 = tallies.iter().map(|t| t[pg]).sum();
         // SAFETY: as above; every thread has stopped.
@@ -90,11 +91,32 @@ fn run(mode: MigrateMode) {
 }
 
 #[test]
-fn delayed_loses_nothing() {
-    run(MigrateMode::Delayed);
+fn mprotect_delayed_loses_nothing() {
+    run(MigrateMode::Delayed, Backend::Mprotect);
 }
 
 #[test]
-fn eager_loses_nothing() {
-    run(MigrateMode::Eager);
+fn mprotect_eager_loses_nothing() {
+    run(MigrateMode::Eager, Backend::Mprotect);
+}
+
+/// The userfaultfd backend where the machine has it (else said on stderr).
+fn uffd_run(mode: MigrateMode) {
+    match zonal_numab::userfaultfd_available() {
+        Ok(()) => run(mode, Backend::Userfaultfd),
+        Err((call, errno)) if errno == libc::EPERM || errno == libc::ENOSYS || errno == libc::ENOTSUP => {
+            eprintln!("userfaultfd backend not tested: {call} refused with errno {errno} on this machine")
+        }
+        Err(e) => panic!("userfaultfd failed unexpectedly: {e:?}"),
+    }
+}
+
+#[test]
+fn userfaultfd_delayed_loses_nothing() {
+    uffd_run(MigrateMode::Delayed);
+}
+
+#[test]
+fn userfaultfd_eager_loses_nothing() {
+    uffd_run(MigrateMode::Eager);
 }

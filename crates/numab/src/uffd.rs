@@ -1,0 +1,128 @@
+//! The userfaultfd backend's system calls: a userfaultfd with MINOR faults on shmem delivered
+//! as `SIGBUS` in the faulting thread, registration of a mapped page, and `UFFDIO_CONTINUE`,
+//! which maps the page the file already holds. All are raw `ioctl`s, async-signal-safe.
+//!
+//! The constants are Linux's UAPI (include/uapi/linux/userfaultfd.h), which the libc crate
+//! does not carry.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+const UFFD_API: u64 = 0xaa;
+const UFFDIO: u64 = 0xaa;
+/// `_IOWR(UFFDIO, nr, size)`: read and write, the size, the type, the number.
+const fn iowr(nr: u64, size: usize) -> u64 {
+    (3 << 30) | ((size as u64) << 16) | (UFFDIO << 8) | nr
+}
+const UFFDIO_API: u64 = iowr(0x3f, std::mem::size_of::<UffdioApi>());
+const UFFDIO_REGISTER: u64 = iowr(0x00, std::mem::size_of::<UffdioRegister>());
+const UFFDIO_CONTINUE: u64 = iowr(0x07, std::mem::size_of::<UffdioContinue>());
+const UFFDIO_REGISTER_MODE_MINOR: u64 = 1 << 2;
+const UFFD_FEATURE_SIGBUS: u64 = 1 << 7;
+const UFFD_FEATURE_MINOR_SHMEM: u64 = 1 << 10;
+/// `userfaultfd(2)` flag: only faults from user mode (what an unprivileged process may ask
+/// for when `vm.unprivileged_userfaultfd` is 0).
+const UFFD_USER_MODE_ONLY: libc::c_int = 1;
+
+#[repr(C)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
+}
+
+#[repr(C)]
+struct UffdioRegister {
+    range: UffdioRange,
+    mode: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+struct UffdioContinue {
+    range: UffdioRange,
+    mode: u64,
+    mapped: i64,
+}
+
+/// A userfaultfd set up for MINOR faults on shmem, delivered as `SIGBUS`.
+#[derive(Debug)]
+pub struct Uffd {
+    fd: OwnedFd,
+}
+
+impl Uffd {
+    /// Opens one, user-mode faults only first (allowed unprivileged), else any. `Err` names
+    /// the call and errno, or `ENOTSUP` when the kernel lacks MINOR shmem faults or SIGBUS
+    /// delivery.
+    pub fn open() -> Result<Uffd, (&'static str, i32)> {
+        let mut last = 0;
+        for flags in [UFFD_USER_MODE_ONLY, 0] {
+            // SAFETY: userfaultfd takes flags only.
+            let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK | flags) };
+            if fd < 0 {
+                last = crate::os::errno();
+                continue;
+            }
+            // SAFETY: a fresh descriptor that nothing else owns.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+            let want = UFFD_FEATURE_SIGBUS | UFFD_FEATURE_MINOR_SHMEM;
+            let mut api = UffdioApi { api: UFFD_API, features: want, ioctls: 0 };
+            // SAFETY: `api` is valid for the ioctl's read and write.
+            if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, &mut api) } != 0 {
+                return Err(("ioctl(UFFDIO_API)", crate::os::errno()));
+            }
+            if api.features & want != want {
+                return Err(("ioctl(UFFDIO_API)", libc::ENOTSUP));
+            }
+            return Ok(Uffd { fd });
+        }
+        Err(("userfaultfd", last))
+    }
+
+    /// Registers `addr..addr + len` (mapped from the arena's memfd) for MINOR faults.
+    pub fn register_minor(&self, addr: usize, len: usize) -> Result<(), i32> {
+        let mut r = UffdioRegister {
+            range: UffdioRange { start: addr as u64, len: len as u64 },
+            mode: UFFDIO_REGISTER_MODE_MINOR,
+            ioctls: 0,
+        };
+        // SAFETY: `r` is valid for the ioctl; registration changes only how faults in the
+        // range are reported.
+        if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_REGISTER as _, &mut r) } != 0 {
+            return Err(crate::os::errno());
+        }
+        Ok(())
+    }
+
+    /// Maps the pages the file holds at `addr..addr + len` (`UFFDIO_CONTINUE`), which must
+    /// have no page-table entry (zapped).
+    pub fn continue_(&self, addr: usize, len: usize) -> Result<(), i32> {
+        let mut c = UffdioContinue { range: UffdioRange { start: addr as u64, len: len as u64 }, mode: 0, mapped: 0 };
+        // SAFETY: `c` is valid for the ioctl, which maps file pages into the caller's range.
+        if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_CONTINUE as _, &mut c) } != 0 {
+            let e = crate::os::errno();
+            // Already mapped (another path mapped it first): what the caller wanted.
+            return if e == libc::EEXIST { Ok(()) } else { Err(e) };
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ioctl numbers are Linux's (from the UAPI header on x86_64 and arm64).
+    #[test]
+    fn ioctl_numbers_match_linux() {
+        assert_eq!(UFFDIO_API, 0xc018_aa3f);
+        assert_eq!(UFFDIO_REGISTER, 0xc020_aa00);
+        assert_eq!(UFFDIO_CONTINUE, 0xc020_aa07);
+    }
+}
