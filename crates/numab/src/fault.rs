@@ -220,6 +220,7 @@ impl RegionShared {
             st.fail_room.fetch_add(1, Ordering::Relaxed);
             return self.fail_and_map_back(idx);
         }
+        let t0 = os::now_ns();
         let eager = self.bal.mode() == MigrateMode::Eager;
         if eager {
             // The page is made accessible first, as before the seed: other threads use it
@@ -253,6 +254,7 @@ impl RegionShared {
         unsafe { self.bal.to_free.push(frame) };
         st.pages_migrated.fetch_add(1, Ordering::Relaxed);
         st.migrate_success.fetch_add(1, Ordering::Relaxed);
+        st.migrate_ns.fetch_add(os::now_ns().saturating_sub(t0), Ordering::Relaxed);
         self.bal.kick_if_low(dst);
         e.release(PRESENT);
     }

@@ -197,6 +197,7 @@ pub(crate) struct Counters {
     pub(crate) map_fail: AtomicU64,
     pub(crate) scan_fail: AtomicU64,
     pub(crate) register_fail: AtomicU64,
+    pub(crate) migrate_ns: AtomicU64,
     pub(crate) first_touch: AtomicU64,
     pub(crate) scans: AtomicU64,
 }
@@ -228,6 +229,9 @@ pub struct Stats {
     pub scan_fail: u64,
     /// Pages whose mapping could not be registered with the userfaultfd (they take no hints).
     pub register_fail: u64,
+    /// Time the faulting threads spent in successful migrations (from the decision to the
+    /// new frame mapped), in ns: divided by `pgmigrate_success`, a migration's cost.
+    pub migrate_ns: u64,
     /// Pages given a frame on first touch.
     pub first_touch: u64,
     /// Scan passes made.
@@ -252,6 +256,7 @@ impl Stats {
             ("numab_map_fail", self.map_fail),
             ("numab_scan_fail", self.scan_fail),
             ("numab_register_fail", self.register_fail),
+            ("numab_migrate_ns", self.migrate_ns),
             ("numab_first_touch", self.first_touch),
             ("numab_scans", self.scans),
             ("numab_scan_period_ms", self.scan_period_ms),
@@ -369,6 +374,7 @@ impl Shared {
             map_fail: l(&s.map_fail),
             scan_fail: l(&s.scan_fail),
             register_fail: l(&s.register_fail),
+            migrate_ns: l(&s.migrate_ns),
             first_touch: l(&s.first_touch),
             scans: l(&s.scans),
             scan_period_ms: self.period_ms.load(Ordering::Relaxed),

@@ -112,6 +112,14 @@ pub unsafe fn zap(addr: usize, len: usize) -> Result<(), i32> {
     Ok(())
 }
 
+/// Nanoseconds on the monotonic clock (`clock_gettime`, async-signal-safe).
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is valid for the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// This thread's id (`gettid`).
 pub fn gettid() -> u32 {
     // SAFETY: gettid has no preconditions.
