@@ -287,6 +287,8 @@ pub(crate) struct Shared {
     high: Vec<usize>,
     /// The userfaultfd of the userfaultfd backend; `None` under mprotect.
     pub(crate) uffd: Option<uffd::Uffd>,
+    /// The id of the counters added to the zonal handle's reports.
+    source: std::sync::OnceLock<u64>,
 }
 
 impl Shared {
@@ -416,6 +418,9 @@ impl Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        if let Some(&id) = self.source.get() {
+            self.z.remove_counter_source(id);
+        }
         for f in self.to_free.take_all() {
             let _ = self.z.free_pages(f as *mut u8, 0);
         }
@@ -472,8 +477,18 @@ impl Balancer {
             period_ms: AtomicU64::new(cfg.scan_period_min_ms.max(1)),
             high,
             uffd,
+            source: std::sync::OnceLock::new(),
             z,
         });
+        // The layer's counters in the handle's vmstat, JSON and Prometheus reports. A weak
+        // reference: the handle must not keep the balancer alive (it holds the handle).
+        let weak = Arc::downgrade(&shared);
+        let id = shared.z.add_counter_source(Box::new(move || {
+            weak.upgrade()
+                .map(|s| s.stats().items().into_iter().map(|(n, v)| (n.to_string(), v)).collect())
+                .unwrap_or_default()
+        }));
+        let _ = shared.source.set(id);
         shared.housekeep();
         let weak = Arc::downgrade(&shared);
         let thread = std::thread::Builder::new()

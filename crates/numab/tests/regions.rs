@@ -149,9 +149,16 @@ fn hint_faults_move_pages_to_the_faulting_node() {
                     page(p, i).write_volatile(i as u64);
                 })
             });
+            // The layer's counters are in the handle's reports.
+            assert_eq!(z.vmstat_value("numa_pages_migrated").unwrap(), n as u64 / 2);
+            assert_eq!(z.vmstat_value("numa_hint_faults_local").unwrap(), n as u64 / 2);
+            assert!(z.vmstat().contains(&format!("numa_pte_updates {n}\n")));
+            assert!(z.prometheus().contains("numa_pages_migrated"));
             drop(r);
             b.housekeep();
             assert_eq!(b.stats().numa_pages_migrated, n as u64 / 2);
+            drop(b);
+            assert!(z.vmstat_value("numa_pages_migrated").is_err(), "gone with the balancer");
         }
     }
 }

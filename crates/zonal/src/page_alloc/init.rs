@@ -118,6 +118,7 @@ impl Zonal {
                 fast_base: (0..nr_cpus).map(|_| AtomicU64::new(0)).collect(),
                 fast_frozen: (0..nr_cpus).map(|_| AtomicU64::new(0)).collect(),
             },
+            sources: CounterSources::default(),
             tun: Tunables {
                 bulk_per_page: std::sync::atomic::AtomicBool::new(false),
                 free_check_atomic: std::sync::atomic::AtomicBool::new(false),

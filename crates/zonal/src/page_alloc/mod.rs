@@ -75,7 +75,51 @@ pub struct Zonal {
     numa: NumaCounting,
     /// The run-time tunables.
     tun: Tunables,
+    /// Counters that layers on top of this handle add to its reports (NUMA balancing's).
+    sources: CounterSources,
     worker: Option<Worker>,
+}
+
+/// A function that reads a layer's counters as `(name, value)`, for the reports.
+pub type CounterSource = Box<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
+
+/// The counter sources of a handle, by id.
+/// Plain std types: no allocator protocol runs through them, so loom need not model them.
+#[derive(Default)]
+pub(crate) struct CounterSources {
+    next: std::sync::atomic::AtomicU64,
+    list: std::sync::Mutex<Vec<(u64, CounterSource)>>,
+}
+
+impl CounterSources {
+    fn list(&self) -> std::sync::MutexGuard<'_, Vec<(u64, CounterSource)>> {
+        self.list.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Zonal {
+    /// Adds counters to this handle's reports (vmstat, its JSON and the Prometheus
+    /// exposition), after zonal's own: a layer built on this handle, such as NUMA
+    /// balancing, reports what it does where zonal's counters are read. Returns the id that
+    /// removes it. The function runs at every report, so it should only read counters.
+    pub fn add_counter_source(&self, f: CounterSource) -> u64 {
+        let id = self.sources.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.sources.list().push((id, f));
+        id
+    }
+
+    /// Removes a counter source; `false` if there was none with this id.
+    pub fn remove_counter_source(&self, id: u64) -> bool {
+        let mut l = self.sources.list();
+        let before = l.len();
+        l.retain(|(i, _)| *i != id);
+        l.len() != before
+    }
+
+    /// Every added source's counters, in the order they were added.
+    pub(crate) fn source_counters(&self) -> Vec<(String, u64)> {
+        self.sources.list().iter().flat_map(|(_, f)| f()).collect()
+    }
 }
 
 /// The handle's memory: the arena, its zones and how allocations find them.

@@ -43,7 +43,8 @@ impl Zonal {
     }
 
     /// Every counter of `/proc/vmstat`, in its order: the zone items summed over zones (as
-    /// snapshots), the NUMA items, then the events. A read of the NUMA counters.
+    /// snapshots), the NUMA items, the events, then the counters of the layers on this
+    /// handle ([`Zonal::add_counter_source`]). A read of the NUMA counters.
     pub fn vmstat_items(&self) -> Vec<(String, u64)> {
         let mut out = Vec::new();
         for item in ZoneStatItem::all(self.max_order()) {
@@ -60,6 +61,7 @@ impl Zonal {
         for e in VmEvent::ALL {
             out.push((e.name().into(), self.event(e)));
         }
+        out.extend(self.source_counters());
         out
     }
 
