@@ -220,6 +220,10 @@ impl RegionShared {
             st.fail_room.fetch_add(1, Ordering::Relaxed);
             return self.fail_and_map_back(idx);
         }
+        if self.bal.over_budget.load(Ordering::Relaxed) {
+            st.fail_vma.fetch_add(1, Ordering::Relaxed);
+            return self.fail_and_map_back(idx);
+        }
         let t0 = os::now_ns();
         let eager = self.bal.mode() == MigrateMode::Eager;
         if eager {

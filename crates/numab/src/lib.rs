@@ -156,6 +156,9 @@ pub struct Config {
     pub reserve_pages: usize,
     /// How hint faults are taken.
     pub backend: Backend,
+    /// Mappings the process may have before the balancer stops adding to them (no new scan,
+    /// no migration: both split mappings), `None` for three quarters of `vm.max_map_count`.
+    pub vma_budget: Option<usize>,
 }
 
 impl Default for Config {
@@ -169,6 +172,7 @@ impl Default for Config {
             scan_size_mb: 256,
             reserve_pages: 256,
             backend: Backend::Auto,
+            vma_budget: None,
         }
     }
 }
@@ -198,6 +202,7 @@ pub(crate) struct Counters {
     pub(crate) scan_fail: AtomicU64,
     pub(crate) register_fail: AtomicU64,
     pub(crate) migrate_ns: AtomicU64,
+    pub(crate) fail_vma: AtomicU64,
     pub(crate) first_touch: AtomicU64,
     pub(crate) scans: AtomicU64,
 }
@@ -229,6 +234,12 @@ pub struct Stats {
     pub scan_fail: u64,
     /// Pages whose mapping could not be registered with the userfaultfd (they take no hints).
     pub register_fail: u64,
+    /// Migrations refused because the process was at its mapping budget.
+    pub pgmigrate_fail_vma: u64,
+    /// The process's mappings at the last check, and the most seen (`vm.max_map_count`
+    /// counts them).
+    pub vmas: u64,
+    pub vmas_peak: u64,
     /// Time the faulting threads spent in successful migrations (from the decision to the
     /// new frame mapped), in ns: divided by `pgmigrate_success`, a migration's cost.
     pub migrate_ns: u64,
@@ -255,6 +266,9 @@ impl Stats {
             ("pgmigrate_fail_room", self.pgmigrate_fail_room),
             ("numab_map_fail", self.map_fail),
             ("numab_scan_fail", self.scan_fail),
+            ("pgmigrate_fail_vma", self.pgmigrate_fail_vma),
+            ("numab_vmas", self.vmas),
+            ("numab_vmas_peak", self.vmas_peak),
             ("numab_register_fail", self.register_fail),
             ("numab_migrate_ns", self.migrate_ns),
             ("numab_first_touch", self.first_touch),
@@ -289,6 +303,13 @@ pub(crate) struct Shared {
     pub(crate) uffd: Option<uffd::Uffd>,
     /// The id of the counters added to the zonal handle's reports.
     source: std::sync::OnceLock<u64>,
+    /// The mapping budget, the mappings at the last check and the most seen, and whether
+    /// the process is at the budget (scans and migrations wait).
+    vma_budget: AtomicUsize,
+    vmas: AtomicUsize,
+    vmas_peak: AtomicUsize,
+    pub(crate) over_budget: AtomicBool,
+    last_vma_check: Mutex<Option<Instant>>,
 }
 
 impl Shared {
@@ -377,6 +398,9 @@ impl Shared {
             scan_fail: l(&s.scan_fail),
             register_fail: l(&s.register_fail),
             migrate_ns: l(&s.migrate_ns),
+            pgmigrate_fail_vma: l(&s.fail_vma),
+            vmas: self.vmas.load(Ordering::Relaxed) as u64,
+            vmas_peak: self.vmas_peak.load(Ordering::Relaxed) as u64,
             first_touch: l(&s.first_touch),
             scans: l(&s.scans),
             scan_period_ms: self.period_ms.load(Ordering::Relaxed),
@@ -386,6 +410,7 @@ impl Shared {
     /// Frees the frames handlers left, and tops the reserves up (zeroed frames, as a first
     /// touch of anonymous memory reads zeros). Returns whether any reserve is still empty.
     fn housekeep(&self) -> bool {
+        self.check_mappings(false);
         for f in self.to_free.take_all() {
             // A frame is put on the stack only once, allocated: the free cannot fail.
             let _ = self.z.free_pages(f as *mut u8, 0);
@@ -406,6 +431,22 @@ impl Shared {
             }
         }
         short
+    }
+
+    /// Counts the process's mappings (at most every 50 ms unless `now`) and sets
+    /// `over_budget`: a region must never push the process past `vm.max_map_count`, and both
+    /// a scan (`mprotect` splits) and a migration (a mapping of another frame) can add some.
+    fn check_mappings(&self, now: bool) {
+        let mut last = self.last_vma_check.lock().unwrap_or_else(|p| p.into_inner());
+        if !now && last.is_some_and(|t| t.elapsed() < Duration::from_millis(50)) {
+            return;
+        }
+        *last = Some(Instant::now());
+        if let Some(n) = os::nr_mappings() {
+            self.vmas.store(n, Ordering::Relaxed);
+            self.vmas_peak.fetch_max(n, Ordering::Relaxed);
+            self.over_budget.store(n >= self.vma_budget.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
     }
 
     /// The live regions, dropping the dead ones from the list.
@@ -478,6 +519,11 @@ impl Balancer {
             high,
             uffd,
             source: std::sync::OnceLock::new(),
+            vma_budget: AtomicUsize::new(cfg.vma_budget.unwrap_or(os::max_map_count() / 4 * 3)),
+            vmas: AtomicUsize::new(0),
+            vmas_peak: AtomicUsize::new(0),
+            over_budget: AtomicBool::new(false),
+            last_vma_check: Mutex::new(None),
             z,
         });
         // The layer's counters in the handle's vmstat, JSON and Prometheus reports. A weak
@@ -611,15 +657,27 @@ impl Balancer {
     /// Runs one scan pass now, from the calling thread, over every region past its scan
     /// delay; returns the pages marked. For tests and benchmarks that drive the scanner.
     pub fn scan_now(&self) -> usize {
+        self.shared.check_mappings(true);
+        if self.shared.over_budget.load(Ordering::Relaxed) {
+            return 0;
+        }
         let regions = self.shared.live_regions();
         let mut cur = scan::Cursor::default();
         self.shared.stats.scans.fetch_add(1, Ordering::Relaxed);
         scan::scan_pass(&self.shared, &regions, &mut cur)
     }
 
-    /// Frees what handlers left and refills the reserves now, from the calling thread.
+    /// Frees what handlers left, refills the reserves and counts the process's mappings
+    /// now, from the calling thread.
     pub fn housekeep(&self) {
+        self.shared.check_mappings(true);
         self.shared.housekeep();
+    }
+
+    /// Sets the mapping budget (see [`Config::vma_budget`]) and checks it now.
+    pub fn set_vma_budget(&self, mappings: usize) {
+        self.shared.vma_budget.store(mappings, Ordering::Relaxed);
+        self.shared.check_mappings(true);
     }
 
     /// The zonal handle.
@@ -659,7 +717,8 @@ fn worker(weak: Weak<Shared>) {
         let regions = s.live_regions();
         let delay = Duration::from_millis(s.cfg.scan_delay_ms.load(Ordering::Relaxed));
         let due: Vec<Arc<RegionShared>> = regions.into_iter().filter(|r| now.duration_since(r.born) >= delay).collect();
-        if s.enabled() && !due.is_empty() && next_scan.is_none_or(|t| now >= t) {
+        let over = s.over_budget.load(Ordering::Relaxed);
+        if s.enabled() && !over && !due.is_empty() && next_scan.is_none_or(|t| now >= t) {
             s.stats.scans.fetch_add(1, Ordering::Relaxed);
             scan::scan_pass(&s, &due, &mut cur);
             let (min, max) =

@@ -158,3 +158,23 @@ pub fn write_stderr(msg: &[u8]) {
     // SAFETY: `msg` is valid for its length.
     unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
 }
+
+/// The system's `vm.max_map_count`, or Linux's default when it cannot be read.
+pub fn max_map_count() -> usize {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(65_530)
+}
+
+/// The process's mappings now (lines of `/proc/self/maps`), or `None` when unreadable.
+pub fn nr_mappings() -> Option<usize> {
+    use std::io::Read;
+    let mut f = std::fs::File::open("/proc/self/maps").ok()?;
+    let mut buf = vec![0u8; 1 << 16];
+    let mut n = 0;
+    loop {
+        match f.read(&mut buf) {
+            Ok(0) => return Some(n),
+            Ok(k) => n += buf[..k].iter().filter(|&&b| b == b'\n').count(),
+            Err(_) => return None,
+        }
+    }
+}

@@ -246,3 +246,30 @@ fn prefault_makes_pages_usable_by_system_calls() {
         assert_eq!(read(r.as_ptr()), 16);
     }
 }
+
+/// At the mapping budget the balancer adds no mapping: no scan, and hint faults map pages
+/// back where they are, counted as `pgmigrate_fail_vma`; nothing is lost.
+#[test]
+fn the_mapping_budget_stops_scans_and_migrations() {
+    for backend in backends() {
+        let z = zonal();
+        let b = balancer(&z, MigrateMode::Delayed, backend);
+        let n = 8;
+        let r = b.region(n * PAGE, MemPolicy::Local).unwrap();
+        let p = r.as_ptr() as usize;
+        // SAFETY: pages of the region.
+        on_cpu(0, || (0..n).for_each(|i| unsafe { page(p, i).write_volatile(i as u64 + 1) }));
+        assert_eq!(b.scan_now(), n);
+        b.set_vma_budget(1);
+        let s = b.stats();
+        assert!(s.vmas > 1 && s.vmas_peak >= s.vmas, "{s:?}");
+        // SAFETY: pages of the region.
+        on_cpu(1, || (0..n).for_each(|i| unsafe { assert_eq!(page(p, i).read_volatile(), i as u64 + 1) }));
+        let s = b.stats();
+        assert_eq!((s.pgmigrate_fail_vma, s.numa_pages_migrated), (n as u64, 0), "{backend:?}");
+        assert_eq!(r.node_pages(), vec![n, 0]);
+        assert_eq!(b.scan_now(), 0, "over budget: no scan");
+        b.set_vma_budget(usize::MAX);
+        assert_eq!(b.scan_now(), n);
+    }
+}
