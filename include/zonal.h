@@ -91,7 +91,8 @@ extern "C" {
 int zonal_create(const char *config, struct zonal_t **out);
 
 /*
- Destroys an allocator, unmapping its memory. Null is ignored.
+ Destroys an allocator, unmapping its memory once nothing built on it (a NUMA balancer)
+ holds it any more. Null is ignored.
 
  # Safety
  `z` is null or a handle from [`zonal_create`], destroyed once, with no call on it running.

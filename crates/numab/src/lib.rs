@@ -23,6 +23,7 @@
 //! `_last_cpupid` (`table`), `update_task_scan_period` (`scan::next_period`).
 
 mod fault;
+pub mod ffi;
 mod os;
 mod reserve;
 mod scan;
@@ -53,6 +54,21 @@ pub enum Error {
     TooManyRegions,
     /// An address outside the region.
     OutOfRange { addr: usize },
+    /// A config or policy string that does not parse.
+    InvalidConfig(String),
+}
+
+impl Error {
+    /// The errno the C ABI returns negated for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::InvalidSize { .. } | Error::InvalidConfig(_) => libc::EINVAL,
+            Error::Zonal(e) => e.errno(),
+            Error::Os { errno, .. } => *errno,
+            Error::TooManyRegions => libc::EMFILE,
+            Error::OutOfRange { .. } => libc::EFAULT,
+        }
+    }
 }
 
 impl std::fmt::Display for Error {
@@ -65,6 +81,7 @@ impl std::fmt::Display for Error {
             }
             Error::TooManyRegions => write!(f, "too many regions (at most {} at once)", fault::MAX_REGIONS),
             Error::OutOfRange { addr } => write!(f, "address {addr:#x} is not in the region"),
+            Error::InvalidConfig(m) => write!(f, "{m}"),
         }
     }
 }
@@ -174,6 +191,56 @@ impl Default for Config {
             backend: Backend::Auto,
             vma_budget: None,
         }
+    }
+}
+
+impl Config {
+    /// Parses `key=value` items separated by `;` over the defaults: `numa_balancing` (0 or
+    /// 1), `mode` (delayed or eager), `backend` (auto, mprotect, userfaultfd),
+    /// `scan_delay_ms`, `scan_period_min_ms`, `scan_period_max_ms`, `scan_size_mb`,
+    /// `reserve_pages`, `vma_budget`. An empty string is the defaults.
+    pub fn parse(s: &str) -> Result<Config> {
+        let mut c = Config::default();
+        for item in s.split(';').map(str::trim).filter(|i| !i.is_empty()) {
+            let (k, v) = item
+                .split_once('=')
+                .ok_or_else(|| Error::InvalidConfig(format!("numab config: `{item}` is not key=value")))?;
+            let num = |v: &str| -> Result<u64> {
+                v.trim()
+                    .parse::<u64>()
+                    .map_err(|_| Error::InvalidConfig(format!("numab config: {k}: `{v}` is not a number")))
+            };
+            match k.trim() {
+                "numa_balancing" => {
+                    c.enabled = match v.trim() {
+                        "0" => false,
+                        "1" => true,
+                        _ => return Err(Error::InvalidConfig(format!("numa_balancing: `{v}` is not 0 or 1"))),
+                    }
+                }
+                "mode" | "numa_balancing_migrate" => c.mode = v.trim().parse().map_err(Error::InvalidConfig)?,
+                "backend" | "numa_balancing_backend" => c.backend = v.trim().parse().map_err(Error::InvalidConfig)?,
+                "scan_delay_ms" => c.scan_delay_ms = num(v)?,
+                "scan_period_min_ms" => c.scan_period_min_ms = num(v)?.max(1),
+                "scan_period_max_ms" => c.scan_period_max_ms = num(v)?.max(1),
+                "scan_size_mb" => c.scan_size_mb = num(v)?.clamp(1, 1 << 20),
+                "reserve_pages" => c.reserve_pages = num(v)?.clamp(1, 1 << 20) as usize,
+                "vma_budget" => c.vma_budget = Some(num(v)? as usize),
+                other => {
+                    return Err(Error::InvalidConfig(format!(
+                        "numab config: unknown key `{other}` (numa_balancing, mode, backend, scan_delay_ms, \
+                         scan_period_min_ms, scan_period_max_ms, scan_size_mb, reserve_pages, vma_budget)"
+                    )))
+                }
+            }
+        }
+        if c.scan_period_min_ms > c.scan_period_max_ms {
+            return Err(Error::InvalidConfig(format!(
+                "numab config: scan_period_min_ms {} is above scan_period_max_ms {}",
+                c.scan_period_min_ms, c.scan_period_max_ms
+            )));
+        }
+        Ok(c)
     }
 }
 
@@ -1001,5 +1068,34 @@ impl RegionShared {
         self.bal.stats.first_touch.fetch_add(1, Ordering::Relaxed);
         e.release(PRESENT);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_parses_every_key_and_refuses_the_rest() {
+        let c = Config::parse(
+            "numa_balancing=0; mode=eager;backend=mprotect;scan_delay_ms=5;scan_period_min_ms=10;\
+             scan_period_max_ms=20;scan_size_mb=4;reserve_pages=8;vma_budget=100",
+        )
+        .unwrap();
+        assert!(!c.enabled);
+        assert_eq!((c.mode, c.backend), (MigrateMode::Eager, Backend::Mprotect));
+        assert_eq!((c.scan_delay_ms, c.scan_period_min_ms, c.scan_period_max_ms), (5, 10, 20));
+        assert_eq!((c.scan_size_mb, c.reserve_pages, c.vma_budget), (4, 8, Some(100)));
+        assert_eq!(Config::parse("").unwrap().scan_size_mb, 256);
+        for bad in [
+            "mode=sideways",
+            "numa_balancing=2",
+            "colour=red",
+            "scan_size_mb=lots",
+            "novalue",
+            "scan_period_min_ms=9;scan_period_max_ms=3",
+        ] {
+            assert!(matches!(Config::parse(bad), Err(Error::InvalidConfig(_))), "{bad}");
+        }
     }
 }

@@ -147,8 +147,10 @@ pub unsafe extern "C" fn zonal_create(config: *const c_char, out: *mut *mut Zona
         let cfg = or_return!(unsafe { str_arg(config) });
         match Config::parse(cfg).and_then(Zonal::new) {
             Ok(z) => {
+                // An `Arc`, so that a layer built on the handle (NUMA balancing's C calls) can
+                // share it: see [`layer::handle_arc`].
                 // SAFETY: `out` is non-null and valid for a write (contract).
-                unsafe { *out = Box::into_raw(Box::new(z)) };
+                unsafe { *out = std::sync::Arc::into_raw(std::sync::Arc::new(z)).cast_mut() };
                 0
             }
             Err(e) => fail(&e),
@@ -156,7 +158,8 @@ pub unsafe extern "C" fn zonal_create(config: *const c_char, out: *mut *mut Zona
     })
 }
 
-/// Destroys an allocator, unmapping its memory. Null is ignored.
+/// Destroys an allocator, unmapping its memory once nothing built on it (a NUMA balancer)
+/// holds it any more. Null is ignored.
 ///
 /// # Safety
 /// `z` is null or a handle from [`zonal_create`], destroyed once, with no call on it running.
@@ -164,8 +167,8 @@ pub unsafe extern "C" fn zonal_create(config: *const c_char, out: *mut *mut Zona
 pub unsafe extern "C" fn zonal_destroy(z: *mut Zonal) {
     if !z.is_null() {
         let r = catch_unwind(AssertUnwindSafe(|| {
-            // SAFETY: `z` came from Box::into_raw in zonal_create and is destroyed once.
-            drop(unsafe { Box::from_raw(z) });
+            // SAFETY: `z` came from Arc::into_raw in zonal_create and is destroyed once.
+            drop(unsafe { std::sync::Arc::from_raw(z.cast_const()) });
         }));
         // As in `guard`: a payload's Drop must not run outside the catch.
         if let Err(payload) = r {
@@ -584,5 +587,56 @@ mod tests {
         // SAFETY: zonal_last_error NUL-terminates within `buf`.
         let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap();
         assert_eq!(msg, "internal error (panic) in zonal");
+    }
+}
+
+/// What a layer's own C calls on top of a zonal handle need (NUMA balancing's, in the
+/// `zonal-numab` crate): the handle as a shared `Arc`, this ABI's error conventions, and its
+/// string arguments. Rust functions, not part of the C ABI.
+pub mod layer {
+    use super::*;
+    use std::sync::Arc;
+
+    /// The handle behind a C `zonal_t *` as an `Arc` of its own (the count is raised), or
+    /// `Err` (`-EINVAL`, with the message set) for null.
+    ///
+    /// # Safety
+    /// `z` is null or a handle from [`zonal_create`] not yet destroyed.
+    pub unsafe fn handle_arc(z: *const Zonal) -> Result<Arc<Zonal>, c_int> {
+        if z.is_null() {
+            return Err(invalid("null zonal handle"));
+        }
+        // SAFETY: a live handle is an `Arc::into_raw` pointer (zonal_create); raising the
+        // count first makes the `Arc` built from it an owned reference of its own.
+        unsafe {
+            Arc::increment_strong_count(z);
+            Ok(Arc::from_raw(z))
+        }
+    }
+
+    /// Runs a C call's body: a panic becomes `-EIO` and none unwinds into C.
+    pub fn guard(f: impl FnOnce() -> c_int) -> c_int {
+        super::guard(f)
+    }
+
+    /// Records `msg` as this thread's last error ([`zonal_last_error`]) and returns
+    /// `-errno`.
+    pub fn fail(msg: String, errno: c_int) -> c_int {
+        set_last_error(msg);
+        -errno
+    }
+
+    /// Records a zonal error as the last error and returns its negated errno.
+    pub fn fail_zonal(e: &Error) -> c_int {
+        super::fail(e)
+    }
+
+    /// A C string argument, or `-EINVAL` (message set) for null or non-UTF-8.
+    ///
+    /// # Safety
+    /// `p` is null or a NUL-terminated string valid for the call.
+    pub unsafe fn str_arg<'a>(p: *const c_char) -> Result<&'a str, c_int> {
+        // SAFETY: per this function's contract.
+        unsafe { super::str_arg(p) }
     }
 }
