@@ -270,6 +270,7 @@ pub(crate) struct Counters {
     pub(crate) register_fail: AtomicU64,
     pub(crate) migrate_ns: AtomicU64,
     pub(crate) fail_vma: AtomicU64,
+    pub(crate) scan_capped: AtomicU64,
     pub(crate) first_touch: AtomicU64,
     pub(crate) scans: AtomicU64,
 }
@@ -301,6 +302,11 @@ pub struct Stats {
     pub scan_fail: u64,
     /// Pages whose mapping could not be registered with the userfaultfd (they take no hints).
     pub register_fail: u64,
+    /// Scan periods lengthened by the overhead cap.
+    pub scan_capped: u64,
+    /// Runs of pages mapped as one over every live region (`Region::vma_runs`), what the
+    /// regions add to the process's mappings at most.
+    pub vma_runs: u64,
     /// Migrations refused because the process was at its mapping budget.
     pub pgmigrate_fail_vma: u64,
     /// The process's mappings at the last check, and the most seen (`vm.max_map_count`
@@ -334,6 +340,8 @@ impl Stats {
             ("numab_map_fail", self.map_fail),
             ("numab_scan_fail", self.scan_fail),
             ("pgmigrate_fail_vma", self.pgmigrate_fail_vma),
+            ("numab_scan_capped", self.scan_capped),
+            ("numab_vma_runs", self.vma_runs),
             ("numab_vmas", self.vmas),
             ("numab_vmas_peak", self.vmas_peak),
             ("numab_register_fail", self.register_fail),
@@ -466,6 +474,8 @@ impl Shared {
             register_fail: l(&s.register_fail),
             migrate_ns: l(&s.migrate_ns),
             pgmigrate_fail_vma: l(&s.fail_vma),
+            scan_capped: l(&s.scan_capped),
+            vma_runs: self.live_regions().iter().map(|r| r.vma_runs() as u64).sum(),
             vmas: self.vmas.load(Ordering::Relaxed) as u64,
             vmas_peak: self.vmas_peak.load(Ordering::Relaxed) as u64,
             first_touch: l(&s.first_touch),
@@ -791,6 +801,7 @@ fn worker(weak: Weak<Shared>) {
         if s.enabled() && !over && !due.is_empty() && next_scan.is_none_or(|t| now >= t) {
             s.stats.scans.fetch_add(1, Ordering::Relaxed);
             scan::scan_pass(&s, &due, &mut cur);
+            let cost = now.elapsed();
             let (min, max) =
                 (s.cfg.scan_period_min_ms.load(Ordering::Relaxed), s.cfg.scan_period_max_ms.load(Ordering::Relaxed));
             let p = scan::next_period(
@@ -801,8 +812,14 @@ fn worker(weak: Weak<Shared>) {
                 min,
                 max,
             );
-            s.period_ms.store(p, Ordering::Relaxed);
-            next_scan = Some(now + Duration::from_millis(p));
+            // The overhead cap: a pass may take at most `SCAN_OVERHEAD_PCT` of the time
+            // between passes (Linux keeps `task_numa_work` near 3% of the task's run time).
+            let capped = scan::capped_period(p, cost, max);
+            if capped > p {
+                s.stats.scan_capped.fetch_add(1, Ordering::Relaxed);
+            }
+            s.period_ms.store(capped, Ordering::Relaxed);
+            next_scan = Some(now + Duration::from_millis(capped));
         }
         let wait = if short {
             Duration::from_millis(1)
@@ -852,6 +869,25 @@ fn allowed(policy: &MemPolicy, nid: u16) -> bool {
 }
 
 impl RegionShared {
+    /// Runs of pages mapped as one (consecutive frames with the same access), what the
+    /// region adds to the process's mappings (`vm.max_map_count`) at most.
+    pub(crate) fn vma_runs(&self) -> usize {
+        let mut runs = 0;
+        let mut prev: Option<(usize, u8)> = None;
+        for e in self.entries.iter() {
+            let f = e.frame.load(Ordering::Relaxed);
+            let s = e.state.load(Ordering::Relaxed);
+            let class = if s == PRESENT { 1 } else { 2 };
+            let cur = (f != 0).then_some((f, class));
+            match (prev, cur) {
+                (Some((pf, pc)), Some((f, c))) if f == pf + PAGE && c == pc => {}
+                (_, Some(_)) => runs += 1,
+                _ => {}
+            }
+            prev = cur;
+        }
+        runs
+    }
     fn is_dead(&self) -> bool {
         *self.scan_lock.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -1020,21 +1056,7 @@ impl Region {
     /// Runs of pages mapped as one (consecutive frames with the same access), what the
     /// region adds to the process's mappings (`vm.max_map_count`) at most.
     pub fn vma_runs(&self) -> usize {
-        let mut runs = 0;
-        let mut prev: Option<(usize, u8)> = None;
-        for e in self.shared.entries.iter() {
-            let f = e.frame.load(Ordering::Relaxed);
-            let s = e.state.load(Ordering::Relaxed);
-            let class = if s == PRESENT { 1 } else { 2 };
-            let cur = (f != 0).then_some((f, class));
-            match (prev, cur) {
-                (Some((pf, pc)), Some((f, c))) if f == pf + PAGE && c == pc => {}
-                (_, Some(_)) => runs += 1,
-                _ => {}
-            }
-            prev = cur;
-        }
-        runs
+        self.shared.vma_runs()
     }
 }
 

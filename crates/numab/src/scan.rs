@@ -124,9 +124,30 @@ pub fn next_period(period: u64, local: u64, remote: u64, failed: u64, min: u64, 
     p.clamp(min, max.max(min))
 }
 
+/// The most of the time between passes a pass may take, in percent.
+pub const SCAN_OVERHEAD_PCT: u64 = 3;
+
+/// The period after a pass that took `cost`: at least `cost / 3%`, so scanning takes at most
+/// `SCAN_OVERHEAD_PCT` of the time (capped at `max` ms unless the pass alone is longer).
+pub fn capped_period(period: u64, cost: std::time::Duration, max: u64) -> u64 {
+    let floor = (cost.as_micros() as u64 * 100 / SCAN_OVERHEAD_PCT).div_ceil(1000);
+    period.max(floor.min(max.max(period)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pass_takes_at_most_three_percent() {
+        use std::time::Duration;
+        // 3 ms of scanning: the next pass no sooner than 100 ms later.
+        assert_eq!(capped_period(10, Duration::from_millis(3), 60_000), 100);
+        // Cheap passes leave the period alone.
+        assert_eq!(capped_period(1000, Duration::from_micros(50), 60_000), 1000);
+        // The cap does not go past the slowest period.
+        assert_eq!(capped_period(10, Duration::from_secs(10), 60_000), 60_000);
+    }
 
     #[test]
     fn the_period_follows_the_local_share() {
