@@ -86,6 +86,57 @@ pub fn unregister(slot: usize) {
     }
 }
 
+/// Runs `f` on the registered region that holds `addr`, if any, keeping it alive meanwhile.
+fn with_region<R>(addr: usize, f: impl FnOnce(&RegionShared) -> R) -> Option<R> {
+    let n = HIGH_WATER.load(Ordering::Acquire);
+    for s in &SLOTS[..n] {
+        s.users.fetch_add(1, Ordering::SeqCst);
+        let r = s.region.load(Ordering::SeqCst);
+        // SAFETY: as in `on_fault`: `users` held up keeps a registered region alive.
+        if let Some(r) = unsafe { r.as_ref() }.filter(|r| r.contains(addr)) {
+            let out = f(r);
+            s.users.fetch_sub(1, Ordering::SeqCst);
+            return Some(out);
+        }
+        s.users.fetch_sub(1, Ordering::SeqCst);
+    }
+    None
+}
+
+/// The node of the CPU thread `tid` of this process last ran on (field 39 of its
+/// `/proc/self/task/<tid>/stat`), for faults a handler thread serves for another thread.
+fn node_of_thread(bal: &crate::Shared, tid: u32) -> u16 {
+    let cpu = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(36)?.parse::<u32>().ok()));
+    match cpu {
+        Some(c) => bal.z.topology().cpu_to_node(zonal::CpuId(c)).0,
+        None => bal.z.local_node().0,
+    }
+}
+
+/// Serves one fault read by the handler thread (the userfaultfd handler-thread backend): a
+/// hint fault like the signal handler's, for the thread that took it (in user mode or in a
+/// system call), then wakes it to retry.
+pub(crate) fn serve_thread_fault(bal: &crate::Shared, f: crate::uffd::Fault) {
+    let page = f.address & !(PAGE - 1);
+    with_region(page, |r| {
+        let idx = (page - r.start) / PAGE;
+        let e = &r.entries[idx];
+        loop {
+            match e.state.load(Ordering::Acquire) {
+                HINT if e.claim(HINT) => break r.hint_fault(idx, node_of_thread(bal, f.tid), f.tid),
+                BUSY => os::yield_cpu(),
+                HINT => {}
+                _ => break,
+            }
+        }
+    });
+    if let Some(u) = &bal.uffd {
+        u.wake(page, PAGE);
+    }
+}
+
 extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: errno is this thread's; the handler restores it so the interrupted code sees
     // no change.
@@ -146,7 +197,7 @@ impl RegionShared {
         loop {
             match e.state.load(Ordering::Acquire) {
                 UNMAPPED if e.claim(UNMAPPED) => return self.first_touch(idx),
-                HINT if e.claim(HINT) => return self.hint_fault(idx),
+                HINT if e.claim(HINT) => return self.hint_fault(idx, self.bal.z.local_node().0, os::gettid()),
                 // Mapped by another thread since this access faulted: run it again.
                 PRESENT => return,
                 // Another thread is changing the page: wait for it, then look again. Only
@@ -192,14 +243,14 @@ impl RegionShared {
         e.release(PRESENT);
     }
 
-    /// A hint fault (`do_numa_page`): counts it, decides, and maps the page back or moves it.
-    fn hint_fault(&self, idx: usize) {
+    /// A hint fault (`do_numa_page`) on page `idx` (claimed) by thread `tid` on a CPU of node
+    /// `here`: counts it, decides, and maps the page back or moves it.
+    fn hint_fault(&self, idx: usize, here: u16, tid: u32) {
         let e = &self.entries[idx];
         let addr = self.start + idx * PAGE;
         let st = &self.bal.stats;
         let frame = e.frame.load(Ordering::Relaxed);
         let z = &self.bal.z;
-        let here = z.local_node().0;
         let src = z.page_to_nid(frame as *const u8).map(|n| n.0).unwrap_or(here);
         st.hint_faults.fetch_add(1, Ordering::Relaxed);
         if src == here {
@@ -211,8 +262,8 @@ impl RegionShared {
         // The decision records this fault as the page's last even when the page stays (as
         // `mpol_misplaced` calls `should_numa_migrate_memory` for local faults too), so the
         // two-stage filter sees where the page was used.
-        let wanted = self.bal.enabled()
-            && dst.is_some_and(|d| should_migrate(e, Cpupid::new(here, os::gettid()), d, early) && d != src);
+        let wanted =
+            self.bal.enabled() && dst.is_some_and(|d| should_migrate(e, Cpupid::new(here, tid), d, early) && d != src);
         let Some(dst) = dst.filter(|_| wanted) else {
             return self.map_back(idx);
         };

@@ -104,6 +104,12 @@ pub fn userfaultfd_available() -> std::result::Result<(), (&'static str, i32)> {
     uffd::Uffd::open().map(drop)
 }
 
+/// Whether this machine lets a process use the userfaultfd handler-thread backend (kernel-mode
+/// faults need privilege): `Ok`, or the call and errno that refused it.
+pub fn userfaultfd_thread_available() -> std::result::Result<(), (&'static str, i32)> {
+    uffd::Uffd::open_for_thread().map(drop)
+}
+
 /// The largest region: 1 TiB.
 pub const MAX_REGION_BYTES: usize = 1 << 40;
 
@@ -140,6 +146,12 @@ pub enum Backend {
     /// `MADV_DONTNEED` to scan, userfaultfd MINOR faults delivered as `SIGBUS` in the faulting
     /// thread: the delayed mapping maps the new frame over an empty entry, with no TLB flush.
     Userfaultfd,
+    /// The same, with the faults served by a handler thread of the balancer: slower per
+    /// fault, but it serves faults taken in the kernel too, so a system call that reads or
+    /// writes a region page (a `read(2)` into it) waits for its hint fault instead of getting
+    /// `EFAULT`. Needs the privilege kernel-mode userfaultfd asks for
+    /// (`vm.unprivileged_userfaultfd` or `CAP_SYS_PTRACE`).
+    UserfaultfdThread,
 }
 
 impl std::str::FromStr for Backend {
@@ -149,7 +161,8 @@ impl std::str::FromStr for Backend {
             "auto" => Ok(Backend::Auto),
             "mprotect" => Ok(Backend::Mprotect),
             "userfaultfd" | "uffd" => Ok(Backend::Userfaultfd),
-            _ => Err(format!("numa_balancing_backend: `{s}` is not auto, mprotect or userfaultfd")),
+            "userfaultfd-thread" | "uffd-thread" => Ok(Backend::UserfaultfdThread),
+            _ => Err(format!("numa_balancing_backend: `{s}` is not auto, mprotect, userfaultfd or userfaultfd-thread")),
         }
     }
 }
@@ -557,6 +570,8 @@ impl Drop for Shared {
 pub struct Balancer {
     shared: Arc<Shared>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The handler thread of the userfaultfd handler-thread backend.
+    server: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Balancer {
@@ -567,6 +582,9 @@ impl Balancer {
         let uffd = match cfg.backend {
             Backend::Mprotect => None,
             Backend::Userfaultfd => Some(uffd::Uffd::open().map_err(|(call, errno)| Error::Os { call, errno })?),
+            Backend::UserfaultfdThread => {
+                Some(uffd::Uffd::open_for_thread().map_err(|(call, errno)| Error::Os { call, errno })?)
+            }
             Backend::Auto => uffd::Uffd::open().ok(),
         };
         let nodes = z.topology().nr_nodes();
@@ -621,7 +639,19 @@ impl Balancer {
             .name("zonal-numab".into())
             .spawn(move || worker(weak))
             .map_err(|e| Error::Os { call: "pthread_create", errno: e.raw_os_error().unwrap_or(0) })?;
-        Ok(Balancer { shared, thread: Some(thread) })
+        let server = match shared.uffd.as_ref().is_some_and(|u| u.is_thread()) {
+            true => {
+                let weak = Arc::downgrade(&shared);
+                Some(
+                    std::thread::Builder::new()
+                        .name("zonal-numab-faults".into())
+                        .spawn(move || fault_server(weak))
+                        .map_err(|e| Error::Os { call: "pthread_create", errno: e.raw_os_error().unwrap_or(0) })?,
+                )
+            }
+            false => None,
+        };
+        Ok(Balancer { shared, thread: Some(thread), server })
     }
 
     /// A region of `bytes` (rounded up to pages) under `policy`: no frame until a page is
@@ -710,10 +740,10 @@ impl Balancer {
 
     /// The backend in use (`Auto` resolved).
     pub fn backend(&self) -> Backend {
-        if self.shared.uffd.is_some() {
-            Backend::Userfaultfd
-        } else {
-            Backend::Mprotect
+        match &self.shared.uffd {
+            Some(u) if u.is_thread() => Backend::UserfaultfdThread,
+            Some(_) => Backend::Userfaultfd,
+            None => Backend::Mprotect,
         }
     }
 
@@ -775,7 +805,7 @@ impl Drop for Balancer {
         if self.shared.live_regions().is_empty() {
             self.shared.stop.store(true, Ordering::Release);
             self.shared.kick();
-            if let Some(t) = self.thread.take() {
+            for t in [self.thread.take(), self.server.take()].into_iter().flatten() {
                 let _ = t.join();
             }
         }
@@ -836,6 +866,21 @@ fn worker(weak: Weak<Shared>) {
             // SAFETY: `word` points into `s`, alive for this call.
             os::futex_wait(unsafe { &*word }, kick, wait);
             drop(s);
+        }
+    }
+}
+
+/// The handler thread of the userfaultfd handler-thread backend: serves faults until the
+/// balancer and its regions are gone.
+fn fault_server(weak: Weak<Shared>) {
+    loop {
+        let Some(s) = weak.upgrade() else { return };
+        if s.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(u) = &s.uffd else { return };
+        if let Some(f) = u.next_fault(50) {
+            fault::serve_thread_fault(&s, f);
         }
     }
 }

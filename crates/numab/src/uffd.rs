@@ -16,6 +16,10 @@ const fn iowr(nr: u64, size: usize) -> u64 {
 const UFFDIO_API: u64 = iowr(0x3f, std::mem::size_of::<UffdioApi>());
 const UFFDIO_REGISTER: u64 = iowr(0x00, std::mem::size_of::<UffdioRegister>());
 const UFFDIO_CONTINUE: u64 = iowr(0x07, std::mem::size_of::<UffdioContinue>());
+/// `_IOR(UFFDIO, _UFFDIO_WAKE, struct uffdio_range)`.
+const UFFDIO_WAKE: u64 = (2 << 30) | ((std::mem::size_of::<UffdioRange>() as u64) << 16) | (UFFDIO << 8) | 0x02;
+const UFFD_FEATURE_THREAD_ID: u64 = 1 << 8;
+const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 const UFFDIO_REGISTER_MODE_MINOR: u64 = 1 << 2;
 const UFFD_FEATURE_SIGBUS: u64 = 1 << 7;
 const UFFD_FEATURE_MINOR_SHMEM: u64 = 1 << 10;
@@ -50,10 +54,33 @@ struct UffdioContinue {
     mapped: i64,
 }
 
-/// A userfaultfd set up for MINOR faults on shmem, delivered as `SIGBUS`.
+/// `struct uffd_msg` for a page fault: the event, then (at 8) flags, address and the
+/// faulting thread's id.
+#[repr(C)]
+#[derive(Default)]
+struct UffdMsg {
+    event: u8,
+    _reserved: [u8; 7],
+    flags: u64,
+    address: u64,
+    ptid: u32,
+    _pad: u32,
+}
+
+/// A fault read from a handler-thread userfaultfd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    pub address: usize,
+    pub tid: u32,
+}
+
+/// A userfaultfd set up for MINOR faults on shmem: delivered as `SIGBUS` in the faulting
+/// thread, or (`thread`) queued for a handler thread, which also serves faults taken in
+/// the kernel (a system call's access to a region page).
 #[derive(Debug)]
 pub struct Uffd {
     fd: OwnedFd,
+    thread: bool,
 }
 
 impl Uffd {
@@ -61,8 +88,20 @@ impl Uffd {
     /// the call and errno, or `ENOTSUP` when the kernel lacks MINOR shmem faults or SIGBUS
     /// delivery.
     pub fn open() -> Result<Uffd, (&'static str, i32)> {
+        Uffd::open_with(false)
+    }
+
+    /// Opens one for a handler thread: faults are queued, kernel-mode faults included, which
+    /// needs the privilege `userfaultfd(2)` asks for them (`vm.unprivileged_userfaultfd`, or
+    /// `CAP_SYS_PTRACE`).
+    pub fn open_for_thread() -> Result<Uffd, (&'static str, i32)> {
+        Uffd::open_with(true)
+    }
+
+    fn open_with(thread: bool) -> Result<Uffd, (&'static str, i32)> {
         let mut last = 0;
-        for flags in [UFFD_USER_MODE_ONLY, 0] {
+        let modes: &[libc::c_int] = if thread { &[0] } else { &[UFFD_USER_MODE_ONLY, 0] };
+        for &flags in modes {
             // SAFETY: userfaultfd takes flags only.
             let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK | flags) };
             if fd < 0 {
@@ -71,7 +110,7 @@ impl Uffd {
             }
             // SAFETY: a fresh descriptor that nothing else owns.
             let fd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
-            let want = UFFD_FEATURE_SIGBUS | UFFD_FEATURE_MINOR_SHMEM;
+            let want = UFFD_FEATURE_MINOR_SHMEM | if thread { UFFD_FEATURE_THREAD_ID } else { UFFD_FEATURE_SIGBUS };
             let mut api = UffdioApi { api: UFFD_API, features: want, ioctls: 0 };
             // SAFETY: `api` is valid for the ioctl's read and write.
             if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, &mut api) } != 0 {
@@ -80,9 +119,38 @@ impl Uffd {
             if api.features & want != want {
                 return Err(("ioctl(UFFDIO_API)", libc::ENOTSUP));
             }
-            return Ok(Uffd { fd });
+            return Ok(Uffd { fd, thread });
         }
         Err(("userfaultfd", last))
+    }
+
+    /// Whether faults go to a handler thread (not `SIGBUS`).
+    pub fn is_thread(&self) -> bool {
+        self.thread
+    }
+
+    /// Waits up to `timeout_ms` for a fault (handler-thread mode); `None` on a timeout or a
+    /// message that is not a page fault.
+    pub fn next_fault(&self, timeout_ms: i32) -> Option<Fault> {
+        let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: `pfd` is valid for the call.
+        if unsafe { libc::poll(&mut pfd, 1, timeout_ms) } <= 0 {
+            return None;
+        }
+        let mut m = UffdMsg::default();
+        let size = std::mem::size_of::<UffdMsg>();
+        // SAFETY: `m` is valid for `size` bytes of writes.
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut m as *mut UffdMsg).cast(), size) };
+        (n == size as isize && m.event == UFFD_EVENT_PAGEFAULT)
+            .then_some(Fault { address: m.address as usize, tid: m.ptid })
+    }
+
+    /// Wakes the threads waiting on a fault in `addr..addr + len` (handler-thread mode), so
+    /// they retry their access.
+    pub fn wake(&self, addr: usize, len: usize) {
+        let mut r = UffdioRange { start: addr as u64, len: len as u64 };
+        // SAFETY: `r` is valid for the ioctl.
+        unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_WAKE as _, &mut r) };
     }
 
     /// Registers `addr..addr + len` (mapped from the arena's memfd) for MINOR faults.
@@ -124,5 +192,7 @@ mod tests {
         assert_eq!(UFFDIO_API, 0xc018_aa3f);
         assert_eq!(UFFDIO_REGISTER, 0xc020_aa00);
         assert_eq!(UFFDIO_CONTINUE, 0xc020_aa07);
+        assert_eq!(UFFDIO_WAKE, 0x8010_aa02);
+        assert_eq!(std::mem::size_of::<UffdMsg>(), 32);
     }
 }

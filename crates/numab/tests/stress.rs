@@ -120,3 +120,24 @@ fn userfaultfd_delayed_loses_nothing() {
 fn userfaultfd_eager_loses_nothing() {
     uffd_run(MigrateMode::Eager);
 }
+
+/// The handler-thread backend where the machine allows kernel-mode userfaultfd.
+fn uffd_thread_run(mode: MigrateMode) {
+    match zonal_numab::userfaultfd_thread_available() {
+        Ok(()) => run(mode, Backend::UserfaultfdThread),
+        Err((call, errno)) if errno == libc::EPERM || errno == libc::ENOSYS || errno == libc::ENOTSUP => {
+            eprintln!("userfaultfd-thread backend not tested: {call} refused with errno {errno} on this machine")
+        }
+        Err(e) => panic!("userfaultfd failed unexpectedly: {e:?}"),
+    }
+}
+
+#[test]
+fn userfaultfd_thread_delayed_loses_nothing() {
+    uffd_thread_run(MigrateMode::Delayed);
+}
+
+#[test]
+fn userfaultfd_thread_eager_loses_nothing() {
+    uffd_thread_run(MigrateMode::Eager);
+}
