@@ -19,6 +19,7 @@ const UFFDIO_CONTINUE: u64 = iowr(0x07, std::mem::size_of::<UffdioContinue>());
 /// `_IOR(UFFDIO, _UFFDIO_WAKE, struct uffdio_range)`.
 const UFFDIO_WAKE: u64 = (2 << 30) | ((std::mem::size_of::<UffdioRange>() as u64) << 16) | (UFFDIO << 8) | 0x02;
 const UFFD_FEATURE_THREAD_ID: u64 = 1 << 8;
+const UFFDIO_CONTINUE_MODE_DONTWAKE: u64 = 1 << 0;
 const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 const UFFDIO_REGISTER_MODE_MINOR: u64 = 1 << 2;
 const UFFD_FEATURE_SIGBUS: u64 = 1 << 7;
@@ -169,9 +170,12 @@ impl Uffd {
     }
 
     /// Maps the pages the file holds at `addr..addr + len` (`UFFDIO_CONTINUE`), which must
-    /// have no page-table entry (zapped).
+    /// have no page-table entry (zapped). In handler-thread mode the faulting threads are not
+    /// woken here (`DONTWAKE`): the handler wakes them once the page's state says it is
+    /// done, so a woken thread never finds its page still changing.
     pub fn continue_(&self, addr: usize, len: usize) -> Result<(), i32> {
-        let mut c = UffdioContinue { range: UffdioRange { start: addr as u64, len: len as u64 }, mode: 0, mapped: 0 };
+        let mode = if self.thread { UFFDIO_CONTINUE_MODE_DONTWAKE } else { 0 };
+        let mut c = UffdioContinue { range: UffdioRange { start: addr as u64, len: len as u64 }, mode, mapped: 0 };
         // SAFETY: `c` is valid for the ioctl, which maps file pages into the caller's range.
         if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_CONTINUE as _, &mut c) } != 0 {
             let e = crate::os::errno();

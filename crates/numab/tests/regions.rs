@@ -137,7 +137,8 @@ fn hint_faults_move_pages_to_the_faulting_node() {
             let s = b.stats();
             assert_eq!(
                 (s.numa_hint_faults, s.numa_hint_faults_local, s.numa_pages_migrated),
-                (n as u64 / 2, n as u64 / 2, 0)
+                (n as u64 / 2, n as u64 / 2, 0),
+                "{mode:?} {backend:?}"
             );
             // The other half from node 1: they move (early phase, nobody faulted on them).
             // SAFETY: pages of the region.
@@ -145,7 +146,11 @@ fn hint_faults_move_pages_to_the_faulting_node() {
             let s = b.stats();
             assert_eq!(s.numa_hint_faults, n as u64, "{mode:?} {backend:?}");
             assert_eq!(s.numa_hint_faults_local, n as u64 / 2);
-            assert_eq!((s.numa_pages_migrated, s.pgmigrate_success, s.pgmigrate_fail), (n as u64 / 2, n as u64 / 2, 0));
+            assert_eq!(
+                (s.numa_pages_migrated, s.pgmigrate_success, s.pgmigrate_fail),
+                (n as u64 / 2, n as u64 / 2, 0),
+                "{mode:?} {backend:?} {s:?}"
+            );
             assert_eq!(r.node_pages(), vec![n / 2, n / 2]);
             // Contents survived and the pages are writable again.
             // SAFETY: pages of the region.
@@ -196,7 +201,7 @@ fn the_two_stage_filter_and_the_switch() {
         b.scan_now();
         // SAFETY: as above.
         on_cpu(1, || unsafe { w().read_volatile() });
-        assert_eq!(r.node_pages(), vec![0, 1], "second in a row from node 1: it moves");
+        assert_eq!(r.node_pages(), vec![0, 1], "second in a row from node 1: it moves ({backend:?})");
         b.set_enabled(false);
         b.scan_now();
         // SAFETY: as above.
