@@ -100,44 +100,34 @@ fn mprotect_eager_loses_nothing() {
     run(MigrateMode::Eager, Backend::Mprotect);
 }
 
-/// The userfaultfd backend where the machine has it (else said on stderr).
-fn uffd_run(mode: MigrateMode) {
-    match zonal_numab::userfaultfd_available() {
-        Ok(()) => run(mode, Backend::Userfaultfd),
+/// A userfaultfd backend where the machine allows it (else said on stderr): `available` is
+/// the crate's check for that backend.
+fn uffd_run(mode: MigrateMode, backend: Backend, available: fn() -> Result<(), (&'static str, i32)>) {
+    match available() {
+        Ok(()) => run(mode, backend),
         Err((call, errno)) if errno == libc::EPERM || errno == libc::ENOSYS || errno == libc::ENOTSUP => {
-            eprintln!("userfaultfd backend not tested: {call} refused with errno {errno} on this machine")
+            eprintln!("{backend:?} backend not tested: {call} refused with errno {errno} on this machine")
         }
-        Err(e) => panic!("userfaultfd failed unexpectedly: {e:?}"),
+        Err(e) => panic!("{backend:?}: userfaultfd failed unexpectedly: {e:?}"),
     }
 }
 
 #[test]
 fn userfaultfd_delayed_loses_nothing() {
-    uffd_run(MigrateMode::Delayed);
+    uffd_run(MigrateMode::Delayed, Backend::Userfaultfd, zonal_numab::userfaultfd_available);
 }
 
 #[test]
 fn userfaultfd_eager_loses_nothing() {
-    uffd_run(MigrateMode::Eager);
-}
-
-/// The handler-thread backend where the machine allows kernel-mode userfaultfd.
-fn uffd_thread_run(mode: MigrateMode) {
-    match zonal_numab::userfaultfd_thread_available() {
-        Ok(()) => run(mode, Backend::UserfaultfdThread),
-        Err((call, errno)) if errno == libc::EPERM || errno == libc::ENOSYS || errno == libc::ENOTSUP => {
-            eprintln!("userfaultfd-thread backend not tested: {call} refused with errno {errno} on this machine")
-        }
-        Err(e) => panic!("userfaultfd failed unexpectedly: {e:?}"),
-    }
+    uffd_run(MigrateMode::Eager, Backend::Userfaultfd, zonal_numab::userfaultfd_available);
 }
 
 #[test]
 fn userfaultfd_thread_delayed_loses_nothing() {
-    uffd_thread_run(MigrateMode::Delayed);
+    uffd_run(MigrateMode::Delayed, Backend::UserfaultfdThread, zonal_numab::userfaultfd_thread_available);
 }
 
 #[test]
 fn userfaultfd_thread_eager_loses_nothing() {
-    uffd_thread_run(MigrateMode::Eager);
+    uffd_run(MigrateMode::Eager, Backend::UserfaultfdThread, zonal_numab::userfaultfd_thread_available);
 }
