@@ -127,6 +127,24 @@ pub(crate) fn claim(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
     }
 }
 
+/// Splits a live block of `order` into `2^order` live order-0 frames (`split_page`): the
+/// head's tag goes `ALLOCATED|order -> ALLOCATED|0` with a CAS (so a racing free of the
+/// block, or a second split, fails with its reason), then every tail is tagged
+/// `ALLOCATED|0`. Nothing else changes: the frames were allocated and stay so.
+pub(crate) fn split(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
+    let head = zone.state(pfn);
+    if let Err(s) =
+        head.compare_exchange(state(ALLOCATED, order), state(ALLOCATED, Order(0)), Ordering::AcqRel, Ordering::Relaxed)
+    {
+        return Err(classify_bad_free(zone, pfn, order, s));
+    }
+    for i in 1..order.pages() {
+        // Release: pairs with the Acquire of a later free's claim of this frame.
+        zone.state(Pfn(pfn.0 + i)).store(state(ALLOCATED, Order(0)), Ordering::Release);
+    }
+    Ok(())
+}
+
 /// Claims an order-0 frame for a free as `free_check` says, leaving its head state `to`
 /// (`NONE` for the locked paths, `PCP` for a push onto the cache). `atomic`: one CAS, so
 /// of two racing frees exactly one wins. `sequential`: a load and a store, so a free that

@@ -668,3 +668,29 @@ fn policies_place_blocks() {
     });
     assert_eq!(z.check_invariants(), Ok(8));
 }
+
+/// `split_pages`: a live block becomes order-0 frames each freed on its own, and every bad
+/// split is refused with the free's reason and changes nothing.
+#[test]
+fn split_pages_makes_frames_of_a_block() {
+    let z = tiny(false);
+    let b = z.alloc_pages_node(NodeId(0), Gfp::THISNODE, 2).unwrap().as_ptr();
+    refused(&z, Error::InvalidOrder { order: 9, max_order: Order::new(3).unwrap() }, || z.split_pages(b, 9));
+    refused(&z, Error::Misaligned { addr: b as usize + PAGE_SIZE, order: Order::new(2).unwrap() }, || {
+        z.split_pages(b.wrapping_add(PAGE_SIZE), 2)
+    });
+    let pfn = z.addr_to_pfn(b).unwrap();
+    refused(&z, Error::OrderMismatch { pfn, freed: Order::new(1).unwrap(), allocated: Order::new(2).unwrap() }, || {
+        z.split_pages(b, 1)
+    });
+    let before = z.check_invariants().unwrap();
+    z.split_pages(b, 2).unwrap();
+    assert_eq!(z.check_invariants().unwrap(), before, "the same frames allocated");
+    // A second split, or a free at the old order, is refused: the block is gone.
+    assert!(z.split_pages(b, 2).is_err());
+    assert!(z.free_pages(b, 2).is_err());
+    for i in (0..4).rev() {
+        z.free_pages(b.wrapping_add(i * PAGE_SIZE), 0).unwrap();
+    }
+    assert_eq!(z.check_invariants().unwrap(), 0);
+}

@@ -18,6 +18,16 @@ impl Zonal {
         self.free_pages_general(addr, order)
     }
 
+    /// Splits a block of `order` at `addr` into `2^order` order-0 frames, each then freed on
+    /// its own (`split_page`); for a layer that takes a large block and hands out or frees
+    /// its frames one by one (NUMA balancing's contiguous reserves). The same checks as
+    /// [`Zonal::free_pages`]; a failure changes nothing.
+    pub fn split_pages(&self, addr: *mut u8, order: u32) -> Result<()> {
+        let order = self.check_order(order)?;
+        let (zone, pfn) = self.addr_to_zone(addr as usize, order)?;
+        mem_map::split(zone, pfn, order)
+    }
+
     #[inline]
     pub(super) fn free_pages_general(&self, addr: *mut u8, order: u32) -> Result<()> {
         let order = self.check_order(order)?;
