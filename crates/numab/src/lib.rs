@@ -508,15 +508,34 @@ impl Shared {
         let mut short = false;
         for (nid, r) in self.reserves.iter().enumerate() {
             while r.len() < r.capacity() {
-                let Ok(p) = self.z.alloc_pages_node(NodeId(nid as u16), Gfp::THISNODE, 0) else {
+                // Runs of consecutive frames (a block split into frames, queued in order), so
+                // pages first touched in order get consecutive frames and their mappings
+                // merge into one VMA: the largest block that fits the room left, down to a
+                // single frame when the node has no larger block.
+                let room = r.capacity() - r.len();
+                let mut order = (usize::BITS - 1 - room.leading_zeros()).min(9);
+                let block = loop {
+                    match self.z.alloc_pages_node(NodeId(nid as u16), Gfp::THISNODE, order) {
+                        Ok(p) => break Some(p.as_ptr()),
+                        Err(_) if order > 0 => order -= 1,
+                        Err(_) => break None,
+                    }
+                };
+                let Some(block) = block else {
                     short |= r.len() == 0;
                     break;
                 };
-                // SAFETY: a frame zonal just handed out, 4 KiB, ours.
-                unsafe { std::ptr::write_bytes(p.as_ptr(), 0, PAGE) };
-                if let Err(f) = r.put(p.as_ptr() as usize) {
-                    let _ = self.z.free_pages(f as *mut u8, 0);
+                if order > 0 && self.z.split_pages(block, order).is_err() {
+                    let _ = self.z.free_pages(block, order);
                     break;
+                }
+                // SAFETY: a block zonal just handed out, 2^order frames, ours.
+                unsafe { std::ptr::write_bytes(block, 0, PAGE << order) };
+                for i in 0..1usize << order {
+                    let f = block as usize + i * PAGE;
+                    if r.put(f).is_err() {
+                        let _ = self.z.free_pages(f as *mut u8, 0);
+                    }
                 }
             }
         }
