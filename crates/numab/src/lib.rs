@@ -398,6 +398,8 @@ pub(crate) struct Shared {
     vmas_peak: AtomicUsize,
     pub(crate) over_budget: AtomicBool,
     last_vma_check: Mutex<Option<Instant>>,
+    /// Where `Balancer::scan_now` stopped.
+    scan_cursor: Mutex<scan::Cursor>,
 }
 
 impl Shared {
@@ -641,6 +643,7 @@ impl Balancer {
             vmas_peak: AtomicUsize::new(0),
             over_budget: AtomicBool::new(false),
             last_vma_check: Mutex::new(None),
+            scan_cursor: Mutex::new(scan::Cursor::default()),
             z,
         });
         // The layer's counters in the handle's vmstat, JSON and Prometheus reports. A weak
@@ -791,8 +794,9 @@ impl Balancer {
             return 0;
         }
         let regions = self.shared.live_regions();
-        let mut cur = scan::Cursor::default();
         self.shared.stats.scans.fetch_add(1, Ordering::Relaxed);
+        // Resumes where the last call stopped, as the balancer's own passes do.
+        let mut cur = self.shared.scan_cursor.lock().unwrap_or_else(|p| p.into_inner());
         scan::scan_pass(&self.shared, &regions, &mut cur)
     }
 
