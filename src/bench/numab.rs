@@ -8,7 +8,11 @@
 //!
 //! Reported per variant (medians over repetitions): pages migrated, TLB shootdowns received
 //! per migrated page during the migration phase (the `TLB:` row of `/proc/interrupts`, summed
-//! over CPUs: machine-wide, so anything else flushing on the machine counts too), accesses/s
+//! over CPUs) and remote flushes requested (the `tlb:tlb_flush` tracepoint with reason
+//! `TLB_REMOTE_SEND_IPI`, counted by perf on every CPU where tracefs is mounted and perf
+//! allows it; under KVM a preempted vCPU is skipped, so fewer are received than requested),
+//! both machine-wide, so anything else flushing on the machine counts too, and both split
+//! into those while a scan pass ran and the rest (faults and migrations), accesses/s
 //! per phase, migration cost per page (`numab_migrate_ns / pgmigrate_success`), the local
 //! share of hint faults per 100 ms window, the most VMAs the region needed
 //! (`Region::vma_runs`), and a log2 histogram of sampled access latencies. Every page carries
@@ -151,14 +155,164 @@ fn tlb_shootdowns() -> Option<u64> {
     parse_tlb_row(&std::fs::read_to_string("/proc/interrupts").ok()?)
 }
 
-/// Where the `tlb:tlb_flush` tracepoint would be, and why its counts are not reported.
-fn tracepoint_note() -> String {
-    const PATHS: [&str; 2] =
-        ["/sys/kernel/tracing/events/tlb/tlb_flush", "/sys/kernel/debug/tracing/events/tlb/tlb_flush"];
-    match PATHS.iter().find(|p| std::path::Path::new(p).exists()) {
-        Some(p) => format!("tlb:tlb_flush (flushes requested): n/a, {p} is there but counting it is not built yet"),
-        None => "tlb:tlb_flush (flushes requested): n/a, tracefs is not mounted here".into(),
+/// Flush counts at one instant (or their difference over a span): TLB shootdowns received
+/// (`/proc/interrupts`) and remote flushes requested (the `tlb:tlb_flush` tracepoint with
+/// reason `TLB_REMOTE_SEND_IPI`), each `None` where it cannot be read. Both are machine-wide.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Flushes {
+    received: Option<u64>,
+    requested: Option<u64>,
+}
+
+impl Flushes {
+    /// `self - earlier`, per count.
+    fn since(self, earlier: Flushes) -> Flushes {
+        let d = |a: Option<u64>, b: Option<u64>| a.zip(b).map(|(a, b)| a.saturating_sub(b));
+        Flushes { received: d(self.received, earlier.received), requested: d(self.requested, earlier.requested) }
     }
+
+    /// `self + other`, per count.
+    fn plus(self, other: Flushes) -> Flushes {
+        let s = |a: Option<u64>, b: Option<u64>| a.zip(b).map(|(a, b)| a + b);
+        Flushes { received: s(self.received, other.received), requested: s(self.requested, other.requested) }
+    }
+}
+
+/// Reads both flush counts.
+struct FlushMeter {
+    /// The tracepoint's counters, or why there are none.
+    requests: Result<TracepointCounter, String>,
+}
+
+impl FlushMeter {
+    fn new() -> FlushMeter {
+        FlushMeter { requests: TracepointCounter::open() }
+    }
+
+    fn read(&self) -> Flushes {
+        Flushes { received: tlb_shootdowns(), requested: self.requests.as_ref().ok().map(TracepointCounter::read) }
+    }
+
+    /// What the requested count is, or why it is n/a.
+    fn note(&self) -> String {
+        match &self.requests {
+            Ok(t) => format!(
+                "tlb:tlb_flush with reason TLB_REMOTE_SEND_IPI ({}) counted on every CPU with perf (req columns)",
+                t.reason
+            ),
+            Err(why) => format!("tlb:tlb_flush (remote flushes requested): n/a, {why}"),
+        }
+    }
+}
+
+/// `tlb:tlb_flush` events with reason `TLB_REMOTE_SEND_IPI`, counted on every CPU by perf
+/// counters on the tracepoint (system-wide, so root or `CAP_PERFMON`, and tracefs mounted
+/// for the tracepoint's id).
+struct TracepointCounter {
+    counters: Vec<std::fs::File>,
+    reason: u32,
+}
+
+/// The first 64 bytes of `struct perf_event_attr` (`PERF_ATTR_SIZE_VER0`): all a counting
+/// tracepoint event needs; the kernel takes the rest as zero.
+#[repr(C)]
+#[derive(Default)]
+struct PerfEventAttr {
+    type_: u32,
+    size: u32,
+    config: u64,
+    sample_period: u64,
+    sample_type: u64,
+    read_format: u64,
+    flags: u64,
+    wakeup_events: u32,
+    bp_type: u32,
+    config1: u64,
+}
+
+const PERF_TYPE_TRACEPOINT: u32 = 2;
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+/// `_IOW('$', 6, char *)`.
+const PERF_EVENT_IOC_SET_FILTER: u64 = 0x4008_2406;
+
+impl TracepointCounter {
+    const TRACEFS: [&'static str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
+
+    fn open() -> Result<TracepointCounter, String> {
+        if !cfg!(target_arch = "x86_64") {
+            return Err("the tracepoint is x86's".into());
+        }
+        let dir = Self::TRACEFS
+            .iter()
+            .map(|t| format!("{t}/events/tlb/tlb_flush"))
+            .find(|d| std::path::Path::new(d).exists())
+            .ok_or("tracefs is not mounted here (/sys/kernel/tracing)")?;
+        let id: u64 = std::fs::read_to_string(format!("{dir}/id"))
+            .map_err(|e| format!("cannot read {dir}/id: {e}"))?
+            .trim()
+            .parse()
+            .map_err(|_| format!("{dir}/id is not a number"))?;
+        let format = std::fs::read_to_string(format!("{dir}/format")).unwrap_or_default();
+        let reason = remote_ipi_reason(&format).unwrap_or(4);
+        let filter = std::ffi::CString::new(format!("reason == {reason}")).expect("no NUL in the filter");
+        let mut counters = Vec::new();
+        for cpu in 0..zonal::cpu::nr_cpus_online() {
+            let attr = PerfEventAttr {
+                type_: PERF_TYPE_TRACEPOINT,
+                size: std::mem::size_of::<PerfEventAttr>() as u32,
+                config: id,
+                sample_period: 1,
+                ..Default::default()
+            };
+            // SAFETY: perf_event_open reads `size` bytes of a valid, initialised attr that
+            // outlives the call; pid -1 with a CPU counts every task on that CPU.
+            let fd = unsafe {
+                libc::syscall(
+                    libc::SYS_perf_event_open,
+                    &attr as *const PerfEventAttr,
+                    -1,
+                    cpu as i32,
+                    -1,
+                    PERF_FLAG_FD_CLOEXEC,
+                )
+            };
+            if fd < 0 {
+                return Err(format!("perf_event_open on the tracepoint: {}", std::io::Error::last_os_error()));
+            }
+            // SAFETY: `fd` was just returned by perf_event_open and nothing else owns it.
+            let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+            // SAFETY: the ioctl reads a NUL-terminated string that outlives the call, from a
+            // perf event fd this function owns.
+            let r = unsafe {
+                libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&file), PERF_EVENT_IOC_SET_FILTER as _, filter.as_ptr())
+            };
+            if r != 0 {
+                return Err(format!("setting the filter `reason == {reason}`: {}", std::io::Error::last_os_error()));
+            }
+            counters.push(file);
+        }
+        Ok(TracepointCounter { counters, reason })
+    }
+
+    /// Events so far, summed over CPUs.
+    fn read(&self) -> u64 {
+        use std::io::Read;
+        self.counters
+            .iter()
+            .map(|mut f| {
+                let mut b = [0u8; 8];
+                f.read_exact(&mut b).map_or(0, |()| u64::from_ne_bytes(b))
+            })
+            .sum()
+    }
+}
+
+/// The value of `TLB_REMOTE_SEND_IPI` in a `tlb_flush` format file, from its print format's
+/// `{ 4, "remote ipi send" }`.
+fn remote_ipi_reason(format: &str) -> Option<u32> {
+    let at = format.find("\"remote ipi send\"")?;
+    let open = format[..at].rfind('{')?;
+    format[open + 1..at].trim().trim_end_matches(',').trim().parse().ok()
 }
 
 /// The log2 bucket of a latency in ns: 0 for 0 ns, else b with 2^(b-1) <= ns < 2^b.
@@ -309,9 +463,9 @@ struct Sample {
     at: Duration,
     accesses: u64,
     stats: Stats,
-    tlb: Option<u64>,
-    /// Of `tlb`, received while scan passes ran (since the start).
-    scan_tlb: u64,
+    flushes: Flushes,
+    /// Of those since the start, the ones while scan passes ran.
+    scan_flushes: Flushes,
     vmas: usize,
 }
 
@@ -326,10 +480,10 @@ struct RunResult {
     /// Of which during the migration phase.
     migrated_during: u64,
     pgmigrate_fail: u64,
-    /// TLB shootdowns received during the migration phase outside scan passes ...
-    tlb_during: Option<u64>,
+    /// Flushes during the migration phase outside scan passes ...
+    flushes_during: Flushes,
     /// ... and inside them.
-    scan_tlb_during: u64,
+    scan_flushes_during: Flushes,
     /// Accesses/s before, during, after.
     rate: [f64; 3],
     /// Time from the eater's free until 95% of the run's migrations were done.
@@ -400,8 +554,20 @@ fn on_workers<R: Send>(f: impl Fn(usize) -> R + Sync) -> Result<Vec<R>, String> 
     })
 }
 
+/// What every run of the experiment shares.
+struct Setup<'a> {
+    opts: &'a BenchOpts,
+    phases: Phases,
+    /// The busy-wait per access to a remote page.
+    penalty: Duration,
+    /// `normal_table(PAGES)`.
+    table: Vec<u32>,
+    meter: FlushMeter,
+}
+
 /// One run of one variant on a fresh allocator.
-fn run_one(v: Variant, opts: &BenchOpts, ph: Phases, penalty: Duration, table: &[u32]) -> Result<RunResult, String> {
+fn run_one(v: Variant, setup: &Setup) -> Result<RunResult, String> {
+    let Setup { opts, phases: ph, penalty, ref table, ref meter } = *setup;
     let z = allocator(opts)?;
     let eater = eat(&z, NodeId(1));
     let cfg = zonal_numab::Config {
@@ -458,18 +624,18 @@ fn run_one(v: Variant, opts: &BenchOpts, ph: Phases, penalty: Duration, table: &
         let t0 = Instant::now();
         // Flushes received while a scan pass ran (cumulative): the scanner's own, told apart
         // from those of hint faults and migrations, which happen outside the passes.
-        let mut scan_tlb = 0u64;
+        let mut scan_flushes = Flushes { received: Some(0), requested: Some(0) };
         let mut next_scan = t0;
         let (mut scan_time, mut passes) = (Duration::ZERO, 0u32);
-        let take = |at: Duration, scan_tlb: u64| Sample {
+        let take = |at: Duration, scan_flushes: Flushes| Sample {
             at,
             accesses: ctl.done.iter().map(|d| d.0.load(Ordering::Relaxed)).sum(),
             stats: bal.stats(),
-            tlb: tlb_shootdowns(),
-            scan_tlb,
+            flushes: meter.read(),
+            scan_flushes,
             vmas: region.vma_runs(),
         };
-        samples.push(take(Duration::ZERO, 0));
+        samples.push(take(Duration::ZERO, scan_flushes));
         let ends = [ph.before, ph.before + ph.during, ph.before + ph.during + ph.after];
         let mut k = 1u32;
         for (i, &end) in ends.iter().enumerate() {
@@ -485,16 +651,15 @@ fn run_one(v: Variant, opts: &BenchOpts, ph: Phases, penalty: Duration, table: &
                         std::thread::sleep(next_scan.min(t0 + next) - now);
                         continue;
                     }
-                    let before = tlb_shootdowns();
+                    let before = meter.read();
                     let t = Instant::now();
                     bal.scan_now();
                     scan_time += t.elapsed();
                     passes += 1;
-                    let after = tlb_shootdowns();
-                    scan_tlb += after.zip(before).map_or(0, |(a, b)| a.saturating_sub(b));
+                    scan_flushes = scan_flushes.plus(meter.read().since(before));
                     next_scan += SCAN_PERIOD;
                 }
-                samples.push(take(t0.elapsed(), scan_tlb));
+                samples.push(take(t0.elapsed(), scan_flushes));
                 if next >= end {
                     break;
                 }
@@ -566,8 +731,8 @@ fn run_one(v: Variant, opts: &BenchOpts, ph: Phases, penalty: Duration, table: &
         migrated,
         migrated_during: a.stats.numa_pages_migrated - d.stats.numa_pages_migrated,
         pgmigrate_fail: end_stats.pgmigrate_fail,
-        scan_tlb_during: a.scan_tlb - d.scan_tlb,
-        tlb_during: a.tlb.zip(d.tlb).map(|(x, y)| x.saturating_sub(y).saturating_sub(a.scan_tlb - d.scan_tlb)),
+        scan_flushes_during: a.scan_flushes.since(d.scan_flushes),
+        flushes_during: a.flushes.since(d.flushes).since(a.scan_flushes.since(d.scan_flushes)),
         rate: [rate(b, d), rate(d, a), rate(a, e)],
         converge_ms: (converged - d.at).as_secs_f64() * 1e3,
         cost_ns: end_stats.migrate_ns as f64 / end_stats.pgmigrate_success.max(1) as f64,
@@ -584,19 +749,26 @@ fn run_one(v: Variant, opts: &BenchOpts, ph: Phases, penalty: Duration, table: &
 }
 
 impl RunResult {
-    /// Shootdowns outside scan passes per page migrated, during the migration phase.
-    fn tlb_per_page(&self) -> Option<f64> {
-        self.tlb_during.map(|t| t as f64 / self.migrated_during.max(1) as f64)
-    }
-
-    /// Shootdowns inside scan passes per page migrated, during the migration phase.
-    fn scan_tlb_per_page(&self) -> Option<f64> {
-        self.tlb_during.map(|_| self.scan_tlb_during as f64 / self.migrated_during.max(1) as f64)
+    /// Per page migrated in the migration phase: flushes in it, outside scan passes
+    /// (`in_scans` false) or inside them, received or requested.
+    fn per_page(&self, in_scans: bool, requested: bool) -> Option<f64> {
+        let f = if in_scans { self.scan_flushes_during } else { self.flushes_during };
+        let n = if requested { f.requested } else { f.received };
+        n.map(|n| n as f64 / self.migrated_during.max(1) as f64)
     }
 }
 
 fn fmt_share(s: Option<f64>) -> String {
     s.map_or("-".into(), |s| format!("{:.0}%", s * 100.0))
+}
+
+/// `x` with `digits` decimals, `n/a` for NaN (a count that could not be read).
+fn fmt_opt(x: f64, digits: usize) -> String {
+    if x.is_nan() {
+        "n/a".into()
+    } else {
+        format!("{x:.digits$}")
+    }
 }
 
 fn fmt_rate(r: f64) -> String {
@@ -613,7 +785,7 @@ fn verdict(ok: bool) -> &'static str {
 
 /// Runs the experiment, prints its table and targets, and returns its records.
 pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
-    let ph = Phases::from_env()?;
+    let phases = Phases::from_env()?;
     let penalty = remote_penalty()?;
     let mut variants = Vec::new();
     let mut notes = Vec::new();
@@ -631,14 +803,14 @@ pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
         .into_iter()
         .flat_map(|backend| [MigrateMode::Delayed, MigrateMode::Eager].map(|mode| Variant { backend, mode }))
         .collect();
-    let table = normal_table(PAGES);
+    let setup = Setup { opts, phases, penalty, table: normal_table(PAGES), meter: FlushMeter::new() };
     let mut results: Vec<Vec<RunResult>> = vec![Vec::new(); variants.len()];
     let mut err = None;
     super::rotate(opts, "numab", variants.len(), |i| {
         if err.is_some() {
             return;
         }
-        match run_one(variants[i], opts, ph, penalty, &table) {
+        match run_one(variants[i], &setup) {
             Ok(r) => results[i].push(r),
             Err(e) => err = Some(e),
         }
@@ -646,17 +818,16 @@ pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
     if let Some(e) = err {
         return Err(e);
     }
-    report(opts, ph, penalty, &variants, &results, &notes)
+    report(&setup, &variants, &results, &notes)
 }
 
 fn report(
-    opts: &BenchOpts,
-    ph: Phases,
-    penalty: Duration,
+    setup: &Setup,
     variants: &[Variant],
     results: &[Vec<RunResult>],
     notes: &[String],
 ) -> Result<Vec<Record>, String> {
+    let Setup { opts, phases: ph, penalty, ref meter, .. } = *setup;
     let col = |i: usize, f: &dyn Fn(&RunResult) -> f64| results[i].iter().map(f).collect::<Vec<f64>>();
     let med = |i: usize, f: &dyn Fn(&RunResult) -> f64| Summary::of(&col(i, f)).median;
     let opt = |x: Option<f64>| x.unwrap_or(f64::NAN);
@@ -694,8 +865,16 @@ fn report(
             v.name(),
             format!("{:.0}", med(i, &|r| r.migrated as f64)),
             format!("{:.0}", med(i, &|r| r.pgmigrate_fail as f64)),
-            format!("{:.3}", med(i, &|r| opt(r.tlb_per_page()))),
-            format!("{:.2}", med(i, &|r| opt(r.scan_tlb_per_page()))),
+            format!(
+                "{:.3} / {}",
+                med(i, &|r| opt(r.per_page(false, false))),
+                fmt_opt(med(i, &|r| opt(r.per_page(false, true))), 3)
+            ),
+            format!(
+                "{:.2} / {}",
+                med(i, &|r| opt(r.per_page(true, false))),
+                fmt_opt(med(i, &|r| opt(r.per_page(true, true))), 2)
+            ),
             fmt_rate(med(i, &|r| r.rate[0])),
             fmt_rate(med(i, &|r| r.rate[1])),
             fmt_rate(med(i, &|r| r.rate[2])),
@@ -713,8 +892,8 @@ fn report(
             "variant",
             "migrated",
             "fail",
-            "TLB/page",
-            "scan TLB/page",
+            "TLB/page recv / req",
+            "scan TLB/page recv / req",
             "acc/s before",
             "during",
             "after",
@@ -730,14 +909,14 @@ fn report(
     );
     println!(
         "  migrated: numa_pages_migrated; fail: pgmigrate_fail, nearly all before the eater's free (node 1 below its \
-         high watermark); TLB/page: TLB shootdowns received (/proc/interrupts TLB:, summed over CPUs, machine-wide) \
-         during the migration phase outside scan passes, per page migrated in it; scan TLB/page: those received while \
-         scan passes ran, per migrated page; µs/migration: numab_migrate_ns / pgmigrate_success; conv ms: from the \
+         high watermark); TLB/page: TLB shootdowns received (recv: /proc/interrupts TLB:, summed over CPUs) and remote \
+         flushes requested (req: tlb:tlb_flush), machine-wide, during the migration phase outside scan passes, per page \
+         migrated in it; scan TLB/page: those while scan passes ran, per migrated page; µs/migration: numab_migrate_ns / pgmigrate_success; conv ms: from the \
          eater's free to 95% of the pages migrated; ms/pass: a scan pass's mean time; local: numa_hint_faults_local / numa_hint_faults after \
          convergence and in the last window; peak VMAs: Region::vma_runs at its highest; bytes bad: every byte of every \
          page checked after the run"
     );
-    println!("  {}", tracepoint_note());
+    println!("  {}", meter.note());
 
     // Local share of hint faults per window from the eater's free, the first repetition.
     println!("  local share of hint faults per {} ms window from the eater's free (repetition 1):", WINDOW.as_millis());
@@ -793,11 +972,16 @@ fn report(
             lines.push(format!("{} delayed against eager: not measured (backend unavailable)", backend_name(b)));
             continue;
         };
-        let tlb = |i| col(i, &|r: &RunResult| opt(r.tlb_per_page()));
-        let (td, te) = (Summary::of(&tlb(d)).median, Summary::of(&tlb(e)).median);
+        let tlb = |i, req| Summary::of(&col(i, &|r: &RunResult| opt(r.per_page(false, req)))).median;
+        let (td, te) = (tlb(d, false), tlb(e, false));
         let r = td / te;
+        let req = match (tlb(d, true), tlb(e, true)) {
+            (x, y) if x.is_nan() || y.is_nan() => String::new(),
+            (x, y) => format!(" (requested: {x:.3} against {y:.3}, {:.1}%)", x / y * 100.0),
+        };
         lines.push(format!(
-            "{} delayed TLB shootdowns per migrated page {td:.3} against eager's {te:.3}: {:.1}% (≤ {:.0}%: {})",
+            "{} delayed TLB shootdowns received per migrated page {td:.3} against eager's {te:.3}: {:.1}%{req} \
+             (≤ {:.0}%: {})",
             backend_name(b),
             r * 100.0,
             limit * 100.0,
@@ -882,8 +1066,14 @@ fn report(
                 "remote_penalty_ns": penalty.as_nanos() as u64,
                 "pages_migrated": Summary::of(&col(i, &|r| r.migrated as f64)),
                 "pgmigrate_fail": Summary::of(&col(i, &|r| r.pgmigrate_fail as f64)),
-                "tlb_shootdowns_per_migrated_page_outside_scans": Summary::of(&col(i, &|r| opt(r.tlb_per_page()))),
-                "tlb_shootdowns_per_migrated_page_in_scans": Summary::of(&col(i, &|r| opt(r.scan_tlb_per_page()))),
+                "tlb_shootdowns_received_per_migrated_page_outside_scans":
+                    Summary::of(&col(i, &|r| opt(r.per_page(false, false)))),
+                "tlb_shootdowns_received_per_migrated_page_in_scans":
+                    Summary::of(&col(i, &|r| opt(r.per_page(true, false)))),
+                "remote_flushes_requested_per_migrated_page_outside_scans":
+                    Summary::of(&col(i, &|r| opt(r.per_page(false, true)))),
+                "remote_flushes_requested_per_migrated_page_in_scans":
+                    Summary::of(&col(i, &|r| opt(r.per_page(true, true)))),
                 "accesses_per_s": {
                     "before": Summary::of(&col(i, &|r| r.rate[0])),
                     "during": Summary::of(&col(i, &|r| r.rate[1])),
@@ -929,6 +1119,15 @@ mod tests {
         assert_eq!(parse_tlb_row(text), Some(2721482 + 2744677));
         assert_eq!(parse_tlb_row("CPU0\nNMI: 1 Non-maskable\n"), None);
         assert_eq!(parse_tlb_row("TLB: TLB shootdowns\n"), None);
+    }
+
+    #[test]
+    fn the_remote_ipi_reason_is_read_from_the_format() {
+        let f = "print fmt: \"pages:%ld reason:%s (%d)\", REC->pages, __print_symbolic(REC->reason, \
+                 { 0, \"flush on task switch\" }, { 1, \"remote shootdown\" }, { 2, \"local shootdown\" }, \
+                 { 3, \"local mm shootdown\" }, { 4, \"remote ipi send\" }), REC->reason\n";
+        assert_eq!(remote_ipi_reason(f), Some(4));
+        assert_eq!(remote_ipi_reason("print fmt: \"pages:%ld\""), None);
     }
 
     #[test]
