@@ -334,8 +334,9 @@ fn bucket_label(b: usize) -> String {
 
 /// pmbench's "normal" pattern: page indices in `NORMAL_TABLE` slots, slot i holding the page
 /// where the cumulative weight of a normal distribution centred on the region's middle with
-/// σ = pages / 6 (cut at ±3σ) first reaches (i + ½) / slots. Pages in the far tails get no
-/// slot and are never accessed, as in pmbench's tails most of the time.
+/// σ = pages / 6 (cut at ±3σ) first reaches (i + ½) / slots. Pages far in the tails, whose
+/// weight is under a slot's, get a slot only now and then: 742 of the 8192 get none and are
+/// never accessed (so never migrate either, in any variant).
 fn normal_table(pages: usize) -> Vec<u32> {
     let mu = (pages as f64 - 1.0) / 2.0;
     let sigma = pages as f64 / 6.0;
@@ -421,7 +422,9 @@ fn worker(
     let mut n = 0u64;
     while !ctl.stop.load(Ordering::Relaxed) {
         let phase = ctl.phase.load(Ordering::Relaxed).min(2);
-        for _ in 0..1024 {
+        // Small batches, so that a stop or a phase change is seen within 64 accesses even
+        // with the largest remote penalty.
+        for _ in 0..64 {
             let r = xorshift(&mut rng);
             let p = table[(r >> 48) as usize] as usize;
             let w = FIRST_DATA + (r as usize % (WORDS - FIRST_DATA));
@@ -512,9 +515,12 @@ fn allocator(opts: &BenchOpts) -> Result<Arc<Zonal>, String> {
     Zonal::new(config).map(Arc::new).map_err(|e| format!("numab: cannot build the two-node allocator: {e}"))
 }
 
+/// The eater's blocks: (address, order).
+type Eater = Vec<(NonNull<u8>, u32)>;
+
 /// The eater: every block node 1 gives, largest first, then back the smallest until
 /// `EATER_LEAVES` bytes are free again.
-fn eat(z: &Zonal, nid: NodeId) -> Vec<(NonNull<u8>, u32)> {
+fn eat(z: &Zonal, nid: NodeId) -> Eater {
     let mut held = Vec::new();
     for o in (0..=z.max_order().get() as u32).rev() {
         while let Ok(p) = z.alloc_pages_node(nid, Gfp::THISNODE, o) {
@@ -530,28 +536,116 @@ fn eat(z: &Zonal, nid: NodeId) -> Vec<(NonNull<u8>, u32)> {
     held
 }
 
-fn release(z: &Zonal, held: Vec<(NonNull<u8>, u32)>) -> Result<(), String> {
+fn release(z: &Zonal, held: Eater) -> Result<(), String> {
     for (p, o) in held {
         z.free_pages(p.as_ptr(), o).map_err(|e| format!("numab: freeing the eater: {e}"))?;
     }
     Ok(())
 }
 
-/// Runs `f(t)` on THREADS threads, thread t pinned to CPU t (mod the CPUs), all of node 1.
-fn on_workers<R: Send>(f: impl Fn(usize) -> R + Sync) -> Result<Vec<R>, String> {
+/// Runs `work(t)` on THREADS threads, thread t pinned to CPU t (mod the CPUs), all of node
+/// 1, and `meanwhile()` on the calling thread; returns what each gave.
+fn on_workers<R: Send, M>(
+    work: impl Fn(usize) -> R + Sync,
+    meanwhile: impl FnOnce() -> M,
+) -> Result<(Vec<R>, M), String> {
     let ncpu = zonal::cpu::nr_cpus_online().max(1) as u32;
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..THREADS)
             .map(|t| {
-                let f = &f;
+                let work = &work;
                 s.spawn(move || {
                     zonal::cpu::set_affinity(t as u32 % ncpu).map_err(|e| format!("numab: pinning a thread: {e}"))?;
-                    Ok(f(t))
+                    Ok(work(t))
                 })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("numab: a worker panicked".into()))).collect()
+        let m = meanwhile();
+        let rs = hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("numab: a worker panicked".into())));
+        Ok((rs.collect::<Result<Vec<R>, String>>()?, m))
     })
+}
+
+/// The main thread's record of a run: a sample per window, the samples that end each phase,
+/// and a scan pass's mean time.
+struct Timeline {
+    samples: Vec<Sample>,
+    /// `samples[marks[i]]` ends phase i.
+    marks: [usize; 3],
+    pass_ms: f64,
+}
+
+/// The main thread's part of a run, while the workers access the region: balancing on,
+/// scan passes every `SCAN_PERIOD` (the flushes while each runs counted apart), a sample every
+/// window, the eater freed at the end of the first phase, and the workers stopped at the
+/// end of the last.
+fn drive(
+    z: &Zonal,
+    bal: &Balancer,
+    region: &Region,
+    ctl: &Ctl,
+    setup: &Setup,
+    eater: Eater,
+) -> Result<Timeline, String> {
+    let (ph, meter) = (setup.phases, &setup.meter);
+    let mut eater = Some(eater);
+    let mut release_err = Ok(());
+    bal.set_enabled(true);
+    let t0 = Instant::now();
+    // Flushes while a scan pass ran, cumulative: the scanner's own, told apart from those of
+    // hint faults and migrations, which happen outside the passes.
+    let mut scan_flushes = Flushes { received: Some(0), requested: Some(0) };
+    let mut next_scan = t0;
+    let (mut scan_time, mut passes) = (Duration::ZERO, 0u32);
+    let take = |at: Duration, scan_flushes: Flushes| Sample {
+        at,
+        accesses: ctl.done.iter().map(|d| d.0.load(Ordering::Relaxed)).sum(),
+        stats: bal.stats(),
+        flushes: meter.read(),
+        scan_flushes,
+        vmas: region.vma_runs(),
+    };
+    let mut samples = vec![take(Duration::ZERO, scan_flushes)];
+    let mut marks = [0; 3];
+    let ends = [ph.before, ph.before + ph.during, ph.before + ph.during + ph.after];
+    let mut k = 1u32;
+    for (i, &end) in ends.iter().enumerate() {
+        loop {
+            let next = (WINDOW * k).min(end);
+            // Scan passes until the window ends.
+            loop {
+                let now = Instant::now();
+                if now >= t0 + next {
+                    break;
+                }
+                if now < next_scan {
+                    std::thread::sleep(next_scan.min(t0 + next) - now);
+                    continue;
+                }
+                let before = meter.read();
+                let t = Instant::now();
+                bal.scan_now();
+                scan_time += t.elapsed();
+                passes += 1;
+                scan_flushes = scan_flushes.plus(meter.read().since(before));
+                next_scan += SCAN_PERIOD;
+            }
+            samples.push(take(t0.elapsed(), scan_flushes));
+            if next >= end {
+                break;
+            }
+            k += 1;
+        }
+        marks[i] = samples.len() - 1;
+        if i == 0 {
+            // The eater goes: node 1 has room and the pages start moving.
+            release_err = release(z, eater.take().unwrap_or_default());
+        }
+        ctl.phase.store(i + 1, Ordering::Relaxed);
+    }
+    ctl.stop.store(true, Ordering::Relaxed);
+    release_err?;
+    Ok(Timeline { samples, marks, pass_ms: scan_time.as_secs_f64() * 1e3 / passes.max(1) as f64 })
 }
 
 /// What every run of the experiment shares.
@@ -567,8 +661,7 @@ struct Setup<'a> {
 
 /// One run of one variant on a fresh allocator.
 fn run_one(v: Variant, setup: &Setup) -> Result<RunResult, String> {
-    let Setup { opts, phases: ph, penalty, ref table, ref meter } = *setup;
-    let z = allocator(opts)?;
+    let z = allocator(setup.opts)?;
     let eater = eat(&z, NodeId(1));
     let cfg = zonal_numab::Config {
         enabled: false,
@@ -585,7 +678,7 @@ fn run_one(v: Variant, setup: &Setup) -> Result<RunResult, String> {
     let region = bal.region(REGION_BYTES, MemPolicy::Local).map_err(|e| format!("numab: region: {e}"))?;
     let base = region.as_ptr() as usize;
     // First touch from node 1's CPUs, writing each page's content: tag, zero counters, pattern.
-    on_workers(|t| {
+    let init = |t: usize| {
         for p in t * PAGES / THREADS..(t + 1) * PAGES / THREADS {
             for w in 0..WORDS {
                 let val = match w {
@@ -599,95 +692,31 @@ fn run_one(v: Variant, setup: &Setup) -> Result<RunResult, String> {
                 unsafe { (*((base + p * PAGE + w * 8) as *const AtomicU64)).store(val, Ordering::Relaxed) };
             }
         }
-    })?;
+    };
+    on_workers(init, || ())?;
     let placed = region.node_pages();
 
     let ctl = Ctl { stop: AtomicBool::new(false), phase: AtomicUsize::new(0), done: Default::default() };
-    let mut samples: Vec<Sample> = Vec::new();
-    let mut eater = Some(eater);
-    let mut marks = [0usize; 3];
-    let mut release_err = None;
-    let mut pass_ms = 0.0;
-    let outs = std::thread::scope(|s| -> Result<Vec<WorkerOut>, String> {
-        let (ctl, region) = (&ctl, &region);
-        let ncpu = zonal::cpu::nr_cpus_online().max(1) as u32;
-        let hs: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let z = &z;
-                s.spawn(move || -> Result<WorkerOut, String> {
-                    zonal::cpu::set_affinity(t as u32 % ncpu).map_err(|e| format!("numab: pinning a thread: {e}"))?;
-                    Ok(worker(t, base, region, table, ctl, penalty, z.local_node()))
-                })
-            })
-            .collect();
-        bal.set_enabled(true);
-        let t0 = Instant::now();
-        // Flushes received while a scan pass ran (cumulative): the scanner's own, told apart
-        // from those of hint faults and migrations, which happen outside the passes.
-        let mut scan_flushes = Flushes { received: Some(0), requested: Some(0) };
-        let mut next_scan = t0;
-        let (mut scan_time, mut passes) = (Duration::ZERO, 0u32);
-        let take = |at: Duration, scan_flushes: Flushes| Sample {
-            at,
-            accesses: ctl.done.iter().map(|d| d.0.load(Ordering::Relaxed)).sum(),
-            stats: bal.stats(),
-            flushes: meter.read(),
-            scan_flushes,
-            vmas: region.vma_runs(),
-        };
-        samples.push(take(Duration::ZERO, scan_flushes));
-        let ends = [ph.before, ph.before + ph.during, ph.before + ph.during + ph.after];
-        let mut k = 1u32;
-        for (i, &end) in ends.iter().enumerate() {
-            loop {
-                let next = (WINDOW * k).min(end);
-                // Scan passes every SCAN_PERIOD until the window ends.
-                loop {
-                    let now = Instant::now();
-                    if now >= t0 + next {
-                        break;
-                    }
-                    if now < next_scan {
-                        std::thread::sleep(next_scan.min(t0 + next) - now);
-                        continue;
-                    }
-                    let before = meter.read();
-                    let t = Instant::now();
-                    bal.scan_now();
-                    scan_time += t.elapsed();
-                    passes += 1;
-                    scan_flushes = scan_flushes.plus(meter.read().since(before));
-                    next_scan += SCAN_PERIOD;
-                }
-                samples.push(take(t0.elapsed(), scan_flushes));
-                if next >= end {
-                    break;
-                }
-                k += 1;
-            }
-            marks[i] = samples.len() - 1;
-            if i == 0 {
-                // The eater goes: node 1 has room and the pages start moving.
-                if let Err(e) = release(&z, eater.take().unwrap_or_default()) {
-                    release_err = Some(e);
-                }
-            }
-            ctl.phase.store(i + 1, Ordering::Relaxed);
-        }
-        ctl.stop.store(true, Ordering::Relaxed);
-        pass_ms = scan_time.as_secs_f64() * 1e3 / passes.max(1) as f64;
-        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("numab: a worker panicked".into()))).collect()
-    });
-    if let Some(e) = release_err {
-        return Err(e);
-    }
-    let outs = outs?;
+    let (outs, timeline) = on_workers(
+        |t| worker(t, base, &region, &setup.table, &ctl, setup.penalty, z.local_node()),
+        || drive(&z, &bal, &region, &ctl, setup, eater),
+    )?;
+    let Timeline { samples, marks, pass_ms } = timeline?;
     bal.set_enabled(false);
     let end_stats = bal.stats();
     let placed_end = region.node_pages();
 
+    let mut hist = [[0u64; BUCKETS]; 3];
+    for o in &outs {
+        for (h, oh) in hist.iter_mut().zip(&o.hist) {
+            for (x, y) in h.iter_mut().zip(oh) {
+                *x += y;
+            }
+        }
+    }
+    let bad_reads = outs.iter().map(|o| o.bad_reads).sum();
     // Every byte of every page against what it must hold.
-    let tallies: Vec<Vec<u64>> = outs.iter().map(|o| o.tally.clone()).collect();
+    let tallies: Vec<Vec<u64>> = outs.into_iter().map(|o| o.tally).collect();
     let mut corrupted_bytes = 0u64;
     for p in 0..PAGES {
         for w in 0..WORDS {
@@ -712,19 +741,11 @@ fn run_one(v: Variant, setup: &Setup) -> Result<RunResult, String> {
     };
     let share_windows: Vec<Option<f64>> = samples[marks[0]..].windows(2).map(|w| share(&w[0], &w[1])).collect();
     let migrated = end_stats.numa_pages_migrated;
-    let target = migrated - d.stats.numa_pages_migrated;
+    let moved = migrated - d.stats.numa_pages_migrated;
     let converged = samples[marks[0]..]
         .iter()
-        .find(|s| (s.stats.numa_pages_migrated - d.stats.numa_pages_migrated) * 100 >= target * 95)
+        .find(|s| (s.stats.numa_pages_migrated - d.stats.numa_pages_migrated) * 100 >= moved * 95)
         .map_or(e.at, |s| s.at);
-    let mut hist = [[0u64; BUCKETS]; 3];
-    for o in &outs {
-        for (h, oh) in hist.iter_mut().zip(&o.hist) {
-            for (x, y) in h.iter_mut().zip(oh) {
-                *x += y;
-            }
-        }
-    }
     Ok(RunResult {
         placed,
         placed_end,
@@ -743,7 +764,7 @@ fn run_one(v: Variant, setup: &Setup) -> Result<RunResult, String> {
         peak_vmas: samples.iter().map(|s| s.vmas).max().unwrap_or(0),
         hist,
         corrupted_bytes,
-        bad_reads: outs.iter().map(|o| o.bad_reads).sum(),
+        bad_reads,
         invariants,
     })
 }
