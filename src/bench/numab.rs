@@ -975,8 +975,10 @@ fn report(
                     "0".into()
                 } else if pct >= 1.0 {
                     format!("{pct:.1}")
-                } else {
+                } else if pct >= 0.001 {
                     format!("{pct:.3}")
+                } else {
+                    "<0.001".into()
                 }
             }));
             row
