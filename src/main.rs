@@ -145,7 +145,11 @@ enum Command {
     /// (N pages per call, page_bench04_bulk), cross (allocated on one CPU, freed on another),
     /// threshold (seed 000's NUMA counter threshold), modes (seed 001's numa_stats_mode),
     /// stats (seed 002: shared against per-CPU NUMA counters, per-page against batched bulk
-    /// accounting), zlc (seed 003: the zonelist cache on 8 and 28 fake nodes).
+    /// accounting), zlc (seed 003: the zonelist cache on 8 and 28 fake nodes), numab (seed 004:
+    /// NUMA balancing moving a region to its threads' node, delayed against eager mapping on
+    /// the userfaultfd and mprotect backends; one run's length from ZONAL_NUMAB_SECONDS,
+    /// default 1.3, and an optional busy-wait per remote access from
+    /// ZONAL_NUMAB_REMOTE_PENALTY_NS).
     Bench {
         /// Experiments to run (default: all).
         #[arg(value_name = "EXPERIMENT")]
@@ -372,6 +376,7 @@ fn run(cli: Cli) -> Result<(), String> {
                     "modes" => bench::vmstat_exp::run_modes(&z, &opts)?,
                     "stats" => bench::vmstat_exp::run_stats(&z, &opts)?,
                     "zlc" => bench::zlc::run(&opts)?,
+                    "numab" => bench::numab::run(&opts)?,
                     _ => unreachable!("checked against EXPERIMENTS"),
                 });
             }

@@ -9,6 +9,7 @@
 
 pub mod bulk;
 pub mod cross;
+pub mod numab;
 pub mod page_api;
 pub mod parallel;
 pub mod peers;
@@ -32,6 +33,11 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
         "seed 002: accurate shared NUMA counters against per-CPU events, per-page against batched bulk accounting",
     ),
     ("zlc", "seed 003: the zonelist cache on and off, 8 and 28 fake nodes, most full ahead"),
+    (
+        "numab",
+        "seed 004: NUMA balancing moving a region to its threads' node, delayed against eager mapping, \
+         userfaultfd and mprotect",
+    ),
 ];
 
 /// The experiments with tcmalloc among their peers.
