@@ -93,6 +93,7 @@ fn backend_name(b: Backend) -> &'static str {
     match b {
         Backend::Userfaultfd => "userfaultfd",
         Backend::Mprotect => "mprotect",
+        Backend::UserfaultfdThread => "userfaultfd-thread",
         Backend::Auto => "auto",
     }
 }
@@ -673,6 +674,7 @@ fn run_one(v: Variant, setup: &Setup) -> Result<RunResult, String> {
         scan_period_max_ms: SCAN_PERIOD.as_millis() as u64,
         scan_size_mb: SCAN_SIZE_MB,
         reserve_pages: RESERVE_PAGES,
+        ..Default::default()
     };
     let bal = Balancer::new(z.clone(), cfg).map_err(|e| format!("numab: {}: {e}", v.name()))?;
     let region = bal.region(REGION_BYTES, MemPolicy::Local).map_err(|e| format!("numab: region: {e}"))?;
