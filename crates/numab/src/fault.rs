@@ -276,6 +276,9 @@ impl RegionShared {
             return self.fail_and_map_back(idx);
         }
         let t0 = os::now_ns();
+        if self.try_chunk(idx, src, dst, Cpupid::new(here, tid), t0) {
+            return;
+        }
         let eager = self.bal.mode() == MigrateMode::Eager;
         if eager {
             // The page is made accessible first, as before the seed: other threads use it
@@ -312,6 +315,119 @@ impl RegionShared {
         st.migrate_ns.fetch_add(os::now_ns().saturating_sub(t0), Ordering::Relaxed);
         self.bal.kick_if_low(dst);
         e.release(PRESENT);
+    }
+
+    /// Moves the whole aligned chunk of `CHUNK_PAGES` pages around page `idx` (claimed) to
+    /// `dst` in one step when every other page of it is hinted with its frame on `src`: the
+    /// others are claimed one by one (a page another thread claimed first ends the attempt,
+    /// and everything claimed is put back), the chunk is copied into consecutive frames and
+    /// mapped with one `mmap`, so its 512 mappings become one. `false`: nothing changed, and
+    /// the single page moves as usual.
+    fn try_chunk(&self, idx: usize, src: u16, dst: u16, this: Cpupid, t0: u64) -> bool {
+        let n = crate::CHUNK_PAGES;
+        let c = idx / n * n;
+        let z = &self.bal.z;
+        if self.bal.chunks[dst as usize].capacity() == 0 || c + n > self.entries.len() {
+            return false;
+        }
+        let on_src = |j: usize| {
+            let f = self.entries[j].frame.load(Ordering::Relaxed);
+            f != 0 && z.page_to_nid(f as *const u8).is_ok_and(|nid| nid.0 == src)
+        };
+        // A look first, without claiming: most chunks have a page in use.
+        if (c..c + n).any(|j| j != idx && self.entries[j].state.load(Ordering::Relaxed) != HINT)
+            || !self.bal.has_room_for(dst, n)
+        {
+            return false;
+        }
+        let Some(block) = self.bal.chunks[dst as usize].take() else { return false };
+        let mut claimed = c;
+        while claimed < c + n && (claimed == idx || self.entries[claimed].claim(HINT)) {
+            claimed += 1;
+        }
+        let all = claimed == c + n && (c..c + n).all(on_src);
+        let release = |to: usize| {
+            for j in (c..to).filter(|&j| j != idx) {
+                self.entries[j].release(HINT);
+            }
+        };
+        if !all {
+            release(claimed);
+            self.bal.give_back_chunk(dst, block);
+            return false;
+        }
+        let addr = self.start + c * PAGE;
+        let eager = self.bal.mode() == MigrateMode::Eager;
+        // SAFETY: the chunk's pages are this region's, mapped and claimed by this thread.
+        if eager && (!self.reveal_pages(addr, n) || unsafe { self.hide(addr, n * PAGE) }.is_err()) {
+            // Revealed or not, the pages are hidden or mapped as before: map each back.
+            for j in (c..c + n).filter(|&j| j != idx) {
+                self.map_back(j);
+            }
+            self.bal.give_back_chunk(dst, block);
+            return false;
+        }
+        for (k, j) in (c..c + n).enumerate() {
+            let old = self.entries[j].frame.load(Ordering::Relaxed);
+            // SAFETY: both frames are allocated and mapped read-write in the arena; the
+            // chunk's pages are inaccessible and claimed, so nobody writes the old frames.
+            unsafe { std::ptr::copy_nonoverlapping(old as *const u8, (block + k * PAGE) as *mut u8, PAGE) };
+        }
+        let mapped = z.frame_offset(block as *const u8).ok().and_then(|off| {
+            // SAFETY: the chunk is this region's and claimed; the block's frames are ours.
+            unsafe { os::map_frame(addr, n * PAGE, z.frame_file(), off, false) }.ok()
+        });
+        if mapped.is_none() {
+            // The old mappings may be gone with a failed MAP_FIXED: map each old frame back.
+            self.bal.stats.map_fail.fetch_add(1, Ordering::Relaxed);
+            for j in c..c + n {
+                let f = self.entries[j].frame.load(Ordering::Relaxed);
+                // SAFETY: as above.
+                if unsafe { self.map(self.start + j * PAGE, f) }.is_err() {
+                    self.bal.stats.map_fail.fetch_add(1, Ordering::Relaxed);
+                }
+                if j != idx {
+                    self.entries[j].release(PRESENT);
+                }
+            }
+            self.bal.give_back_chunk(dst, block);
+            // Page `idx` is mapped back; the caller's single-page path must not run again.
+            self.bal.stats.migrate_fail.fetch_add(1, Ordering::Relaxed);
+            self.entries[idx].release(PRESENT);
+            return true;
+        }
+        if let Some(u) = &self.bal.uffd {
+            if u.register_minor(addr, n * PAGE).is_err() {
+                self.bal.stats.register_fail.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let st = &self.bal.stats;
+        for (k, j) in (c..c + n).enumerate() {
+            let e = &self.entries[j];
+            let old = e.frame.swap(block + k * PAGE, Ordering::Relaxed);
+            // SAFETY: the old frame is mapped nowhere now but the arena, and ours alone.
+            unsafe { self.bal.to_free.push(old) };
+            e.last.store(this.0, Ordering::Relaxed);
+        }
+        st.pages_migrated.fetch_add(n as u64, Ordering::Relaxed);
+        st.migrate_success.fetch_add(n as u64, Ordering::Relaxed);
+        st.chunks_migrated.fetch_add(1, Ordering::Relaxed);
+        st.migrate_ns.fetch_add(os::now_ns().saturating_sub(t0), Ordering::Relaxed);
+        self.bal.kick();
+        for j in c..c + n {
+            self.entries[j].release(PRESENT);
+        }
+        true
+    }
+
+    /// Reveals `n` pages from `addr`: one call under mprotect, one per page under
+    /// userfaultfd (`UFFDIO_CONTINUE` works within one mapping, and the pages may be several).
+    fn reveal_pages(&self, addr: usize, n: usize) -> bool {
+        // SAFETY: the callers pass mapped pages of this region they have claimed.
+        match &self.bal.uffd {
+            Some(_) => (0..n).all(|k| unsafe { self.reveal(addr + k * PAGE, PAGE) }.is_ok()),
+            None => unsafe { self.reveal(addr, n * PAGE) }.is_ok(),
+        }
     }
 
     /// Maps the page back read-write (no migration).

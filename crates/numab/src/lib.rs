@@ -189,6 +189,10 @@ pub struct Config {
     /// Mappings the process may have before the balancer stops adding to them (no new scan,
     /// no migration: both split mappings), `None` for three quarters of `vm.max_map_count`.
     pub vma_budget: Option<usize>,
+    /// Move a whole aligned 2 MiB chunk (order 9) in one migration when a hint fault finds
+    /// every page of it hinted on the same node: one copy loop and one mapping for 512
+    /// pages, and the chunk's mappings merged into one.
+    pub chunk_migration: bool,
 }
 
 impl Default for Config {
@@ -203,6 +207,7 @@ impl Default for Config {
             reserve_pages: 256,
             backend: Backend::Auto,
             vma_budget: None,
+            chunk_migration: true,
         }
     }
 }
@@ -239,10 +244,12 @@ impl Config {
                 "scan_size_mb" => c.scan_size_mb = num(v)?.clamp(1, 1 << 20),
                 "reserve_pages" => c.reserve_pages = num(v)?.clamp(1, 1 << 20) as usize,
                 "vma_budget" => c.vma_budget = Some(num(v)? as usize),
+                "chunk_migration" => c.chunk_migration = num(v)? != 0,
                 other => {
                     return Err(Error::InvalidConfig(format!(
                         "numab config: unknown key `{other}` (numa_balancing, mode, backend, scan_delay_ms, \
-                         scan_period_min_ms, scan_period_max_ms, scan_size_mb, reserve_pages, vma_budget)"
+                         scan_period_min_ms, scan_period_max_ms, scan_size_mb, reserve_pages, vma_budget, \
+                         chunk_migration)"
                     )))
                 }
             }
@@ -284,6 +291,7 @@ pub(crate) struct Counters {
     pub(crate) migrate_ns: AtomicU64,
     pub(crate) fail_vma: AtomicU64,
     pub(crate) scan_capped: AtomicU64,
+    pub(crate) chunks_migrated: AtomicU64,
     pub(crate) first_touch: AtomicU64,
     pub(crate) scans: AtomicU64,
 }
@@ -317,6 +325,8 @@ pub struct Stats {
     pub register_fail: u64,
     /// Scan periods lengthened by the overhead cap.
     pub scan_capped: u64,
+    /// Chunk migrations (512 pages each, counted in `numa_pages_migrated` too).
+    pub chunks_migrated: u64,
     /// Runs of pages mapped as one over every live region (`Region::vma_runs`), what the
     /// regions add to the process's mappings at most.
     pub vma_runs: u64,
@@ -354,6 +364,7 @@ impl Stats {
             ("numab_scan_fail", self.scan_fail),
             ("pgmigrate_fail_vma", self.pgmigrate_fail_vma),
             ("numab_scan_capped", self.scan_capped),
+            ("numab_chunks_migrated", self.chunks_migrated),
             ("numab_vma_runs", self.vma_runs),
             ("numab_vmas", self.vmas),
             ("numab_vmas_peak", self.vmas_peak),
@@ -373,6 +384,11 @@ pub(crate) struct Shared {
     pub(crate) stats: Counters,
     /// Frames ready for the handler, per node.
     pub(crate) reserves: Vec<Reserve>,
+    /// Per node: whether its last refill found the node without a free frame.
+    pub(crate) node_out: Vec<AtomicBool>,
+    /// Per node: blocks of `CHUNK_PAGES` consecutive frames (order 9, split) for chunk
+    /// migrations, by first frame; empty when chunk migration is off.
+    pub(crate) chunks: Vec<Reserve>,
     /// Frames to free (old frames of migrated pages, frames a handler could not use).
     pub(crate) to_free: FreeStack,
     /// Regions to scan, in registration order.
@@ -444,18 +460,41 @@ impl Shared {
     /// Whether node `nid` has room for one more page above its high watermark
     /// (`migrate_balanced_pgdat`).
     pub(crate) fn has_room(&self, nid: u16) -> bool {
-        self.z.nr_free_pages(NodeId(nid)).is_ok_and(|f| f > self.high[nid as usize] + 1)
+        self.has_room_for(nid, 1)
+    }
+
+    /// Whether node `nid` has room for `pages` more above its high watermark.
+    pub(crate) fn has_room_for(&self, nid: u16, pages: usize) -> bool {
+        self.z.nr_free_pages(NodeId(nid)).is_ok_and(|f| f > self.high[nid as usize] + pages)
+    }
+
+    /// Returns a chunk a handler took but could not use (to its queue, or frame by frame to
+    /// the free stack).
+    pub(crate) fn give_back_chunk(&self, nid: u16, block: usize) {
+        if self.chunks[nid as usize].put(block).is_err() {
+            for i in 0..CHUNK_PAGES {
+                // SAFETY: the chunk's frames are allocated, split and mapped nowhere else.
+                unsafe { self.to_free.push(block + i * PAGE) };
+            }
+            self.kick();
+        }
     }
 
     /// A frame for node `nid`, or the nearest node that has one in reserve, waiting for the
     /// balancer's thread to refill when every reserve is empty. `None` only when it cannot
     /// (no memory on any of these nodes).
     pub(crate) fn frame_for(&self, nid: u16, fallback: &[u16]) -> Option<usize> {
-        for _round in 0..10_000 {
+        for _round in 0..100_000 {
+            // The node's own reserve; the others only once the node itself has run out (an
+            // empty reserve is only a refill behind), as a first touch falls back by distance
+            // when the node is full.
             for &n in std::iter::once(&nid).chain(fallback) {
                 if let Some(f) = self.reserves[n as usize].take() {
                     self.kick_if_low(n);
                     return Some(f);
+                }
+                if !self.node_out[n as usize].load(Ordering::Relaxed) {
+                    break;
                 }
             }
             self.kick();
@@ -490,6 +529,7 @@ impl Shared {
             migrate_ns: l(&s.migrate_ns),
             pgmigrate_fail_vma: l(&s.fail_vma),
             scan_capped: l(&s.scan_capped),
+            chunks_migrated: l(&s.chunks_migrated),
             vma_runs: self.live_regions().iter().map(|r| r.vma_runs() as u64).sum(),
             vmas: self.vmas.load(Ordering::Relaxed) as u64,
             vmas_peak: self.vmas_peak.load(Ordering::Relaxed) as u64,
@@ -506,6 +546,20 @@ impl Shared {
         for f in self.to_free.take_all() {
             // A frame is put on the stack only once, allocated: the free cannot fail.
             let _ = self.z.free_pages(f as *mut u8, 0);
+        }
+        for (nid, c) in self.chunks.iter().enumerate() {
+            while c.len() < c.capacity() {
+                let Ok(b) = self.z.alloc_pages_node(NodeId(nid as u16), Gfp::THISNODE, 9) else { break };
+                if self.z.split_pages(b.as_ptr(), 9).is_err() {
+                    let _ = self.z.free_pages(b.as_ptr(), 9);
+                    break;
+                }
+                if c.put(b.as_ptr() as usize).is_err() {
+                    for i in 0..CHUNK_PAGES {
+                        let _ = self.z.free_pages(b.as_ptr().wrapping_add(i * PAGE), 0);
+                    }
+                }
+            }
         }
         let mut short = false;
         for (nid, r) in self.reserves.iter().enumerate() {
@@ -525,8 +579,10 @@ impl Shared {
                 };
                 let Some(block) = block else {
                     short |= r.len() == 0;
+                    self.node_out[nid].store(true, Ordering::Relaxed);
                     break;
                 };
+                self.node_out[nid].store(false, Ordering::Relaxed);
                 if order > 0 && self.z.split_pages(block, order).is_err() {
                     let _ = self.z.free_pages(block, order);
                     break;
@@ -584,8 +640,18 @@ impl Drop for Shared {
                 let _ = self.z.free_pages(f as *mut u8, 0);
             }
         }
+        for c in &self.chunks {
+            while let Some(b) = c.take() {
+                for i in 0..CHUNK_PAGES {
+                    let _ = self.z.free_pages((b + i * PAGE) as *mut u8, 0);
+                }
+            }
+        }
     }
 }
+
+/// Pages of a chunk migration: an aligned 2 MiB, order 9.
+pub const CHUNK_PAGES: usize = 512;
 
 /// NUMA balancing over one zonal handle: the regions, the reserves, the scanner.
 pub struct Balancer {
@@ -627,6 +693,8 @@ impl Balancer {
             },
             stats: Counters::default(),
             reserves: (0..nodes).map(|_| Reserve::new(cfg.reserve_pages.max(1))).collect(),
+            chunks: (0..nodes).map(|_| Reserve::new(if cfg.chunk_migration { 2 } else { 0 })).collect(),
+            node_out: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
             to_free: FreeStack::default(),
             regions: Mutex::new(Vec::new()),
             kick: AtomicU32::new(0),

@@ -13,12 +13,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// One node's reserve: arena addresses of allocated frames, zeroed.
 pub struct Reserve {
     frames: ArrayQueue<usize>,
+    cap: usize,
 }
 
 impl Reserve {
-    /// An empty reserve of at most `cap` frames.
+    /// An empty reserve of at most `cap` frames (0: a reserve that stays empty).
     pub fn new(cap: usize) -> Reserve {
-        Reserve { frames: ArrayQueue::new(cap.max(1)) }
+        Reserve { frames: ArrayQueue::new(cap.max(1)), cap }
     }
 
     /// Takes a frame (async-signal-safe).
@@ -29,6 +30,9 @@ impl Reserve {
 
     /// Adds a frame; gives it back when the reserve is full.
     pub fn put(&self, frame: usize) -> Result<(), usize> {
+        if self.frames.len() >= self.cap {
+            return Err(frame);
+        }
         self.frames.push(frame)
     }
 
@@ -39,7 +43,7 @@ impl Reserve {
 
     /// Most frames held.
     pub fn capacity(&self) -> usize {
-        self.frames.capacity()
+        self.cap
     }
 }
 

@@ -320,3 +320,55 @@ fn touching_a_destroyed_region_is_a_segfault() {
     drop(b);
     assert_eq!(z.check_invariants().unwrap(), 0, "every frame is back");
 }
+
+/// A hint fault on a chunk whose 512 pages are all hinted on one node moves the whole chunk
+/// in one migration into consecutive frames: one mapping instead of 512, every byte kept.
+/// With chunk migration off, the same fault moves its page alone.
+#[test]
+fn a_hinted_chunk_moves_whole() {
+    for backend in backends() {
+        for (chunks, mode) in [(true, MigrateMode::Delayed), (true, MigrateMode::Eager), (false, MigrateMode::Delayed)]
+        {
+            let z = zonal();
+            let cfg = zonal_numab::Config {
+                mode,
+                backend,
+                scan_delay_ms: 3_600_000,
+                chunk_migration: chunks,
+                ..Default::default()
+            };
+            let b = Balancer::new(z.clone(), cfg).unwrap();
+            let n = 1024;
+            let r = b.region(n * PAGE, MemPolicy::Local).unwrap();
+            let p = r.as_ptr() as usize;
+            // SAFETY: pages of the region.
+            on_cpu(0, || (0..n).for_each(|i| unsafe { page(p, i).write_volatile(0xc0de_0000 + i as u64) }));
+            assert_eq!(r.node_pages(), vec![n, 0]);
+            assert_eq!(b.scan_now(), n);
+            // One access from node 1 in the second chunk.
+            // SAFETY: as above.
+            on_cpu(1, || unsafe { assert_eq!(page(p, 700).read_volatile(), 0xc0de_0000 + 700) });
+            let s = b.stats();
+            let moved = if chunks { 512 } else { 1 };
+            assert_eq!((s.numa_pages_migrated, s.chunks_migrated), (moved, chunks as u64), "{backend:?} {mode:?}");
+            assert_eq!(r.node_pages(), vec![n - moved as usize, moved as usize]);
+            if chunks {
+                // The chunk's pages are one run of consecutive frames on node 1.
+                for i in 512..1024 {
+                    assert_eq!(r.page_to_nid(page(p, i).cast()).unwrap(), Some(NodeId(1)));
+                }
+            }
+            // Every byte kept, the pages writable.
+            // SAFETY: as above.
+            on_cpu(1, || {
+                (0..n).for_each(|i| unsafe {
+                    assert_eq!(page(p, i).read_volatile(), 0xc0de_0000 + i as u64);
+                    page(p, i).write_volatile(i as u64);
+                })
+            });
+            drop(r);
+            drop(b);
+            assert_eq!(z.check_invariants().unwrap(), 0, "every frame back");
+        }
+    }
+}

@@ -10,7 +10,9 @@ use zonal::topology::Machine;
 use zonal::{Config, MemPolicy, Topology, Zonal};
 use zonal_numab::{Backend, Balancer, MigrateMode, PAGE};
 
-const PAGES: usize = 256;
+/// Two chunks: threads work in the first and touch the second now and then, so a fault in
+/// the second often finds it all hinted and moves it whole while others touch it.
+const PAGES: usize = 1024;
 const THREADS: usize = 4;
 const WORDS: usize = PAGE / 8;
 /// Migrations each run must see before it stops (it stops at `MAX_OPS` per thread anyway,
@@ -28,7 +30,7 @@ fn run(mode: MigrateMode, backend: Backend) {
         scan_delay_ms: 0,
         scan_period_min_ms: 1,
         scan_period_max_ms: 1,
-        scan_size_mb: 1,
+        scan_size_mb: 4,
         reserve_pages: 128,
         ..Default::default()
     };
@@ -52,7 +54,11 @@ fn run(mode: MigrateMode, backend: Backend) {
                         if i % 5_000 == 0 {
                             let _ = zonal::cpu::set_affinity(((i / 5_000) as u32 + t as u32) % ncpu);
                         }
-                        let pg = (i as usize * 7 + t * 31) % PAGES;
+                        let pg = if i % 16 == 0 {
+                            PAGES / 2 + (i as usize * 13 + t) % (PAGES / 2)
+                        } else {
+                            (i as usize * 7 + t * 31) % (PAGES / 2)
+                        };
                         let w = (i as usize) % (WORDS - THREADS);
                         // SAFETY: inside the region; every page is valid, mapped on first touch.
                         unsafe { (*word(pg, w)).fetch_add(1, Ordering::Relaxed) };
@@ -76,6 +82,7 @@ fn run(mode: MigrateMode, backend: Backend) {
     });
     let s = b.stats();
     assert!(s.numa_pages_migrated > 0, "{mode:?} {backend:?}: no page migrated ({s:?})");
+    eprintln!("{mode:?} {backend:?}: {} pages migrated, {} in chunks", s.numa_pages_migrated, s.chunks_migrated * 512);
     for pg in 0..PAGES {
         let want: u64 = tallies.iter().map(|t| t[pg]).sum();
         // SAFETY: as above; every thread has stopped.
