@@ -674,6 +674,9 @@ fn run_one(v: Variant, setup: &Setup) -> Result<RunResult, String> {
         scan_period_max_ms: SCAN_PERIOD.as_millis() as u64,
         scan_size_mb: SCAN_SIZE_MB,
         reserve_pages: RESERVE_PAGES,
+        // The seed's experiment moves pages one at a time; chunk migration (2 MiB at once)
+        // would amortize eager's flushes over 512 pages and hide what the mapping order costs.
+        chunk_migration: false,
         ..Default::default()
     };
     let bal = Balancer::new(z.clone(), cfg).map_err(|e| format!("numab: {}: {e}", v.name()))?;

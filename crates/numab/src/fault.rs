@@ -288,7 +288,7 @@ impl RegionShared {
                 return self.fail_and_map_back(idx);
             }
         }
-        let Some(new) = self.bal.reserves[dst as usize].take() else {
+        let Some(new) = self.bal.reserves[dst as usize].take(z.current_cpu()) else {
             st.fail_reserve.fetch_add(1, Ordering::Relaxed);
             self.bal.kick();
             return if eager { self.fail_done(idx) } else { self.fail_and_map_back(idx) };

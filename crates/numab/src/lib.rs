@@ -30,7 +30,7 @@ mod scan;
 mod table;
 mod uffd;
 
-use reserve::{FreeStack, Reserve};
+use reserve::{FreeStack, NodeReserve, Reserve};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -382,8 +382,8 @@ pub(crate) struct Shared {
     pub(crate) z: Arc<Zonal>,
     pub(crate) cfg: Tunables,
     pub(crate) stats: Counters,
-    /// Frames ready for the handler, per node.
-    pub(crate) reserves: Vec<Reserve>,
+    /// Frames ready for the handler, per node (a slot per CPU).
+    pub(crate) reserves: Vec<NodeReserve>,
     /// Per node: whether its last refill found the node without a free frame.
     pub(crate) node_out: Vec<AtomicBool>,
     /// Per node: blocks of `CHUNK_PAGES` consecutive frames (order 9, split) for chunk
@@ -489,7 +489,7 @@ impl Shared {
             // empty reserve is only a refill behind), as a first touch falls back by distance
             // when the node is full.
             for &n in std::iter::once(&nid).chain(fallback) {
-                if let Some(f) = self.reserves[n as usize].take() {
+                if let Some(f) = self.reserves[n as usize].take(self.z.current_cpu()) {
                     self.kick_if_low(n);
                     return Some(f);
                 }
@@ -562,7 +562,8 @@ impl Shared {
             }
         }
         let mut short = false;
-        for (nid, r) in self.reserves.iter().enumerate() {
+        for (nid, r) in self.reserves.iter().flat_map(|nr| nr.slots()).enumerate() {
+            let nid = nid / self.reserves[0].slots().len();
             while r.len() < r.capacity() {
                 // Runs of consecutive frames (a block split into frames, queued in order), so
                 // pages first touched in order get consecutive frames and their mappings
@@ -578,7 +579,7 @@ impl Shared {
                     }
                 };
                 let Some(block) = block else {
-                    short |= r.len() == 0;
+                    short |= self.reserves[nid].len() == 0;
                     self.node_out[nid].store(true, Ordering::Relaxed);
                     break;
                 };
@@ -636,7 +637,7 @@ impl Drop for Shared {
             let _ = self.z.free_pages(f as *mut u8, 0);
         }
         for r in &self.reserves {
-            while let Some(f) = r.take() {
+            while let Some(f) = r.take(0) {
                 let _ = self.z.free_pages(f as *mut u8, 0);
             }
         }
@@ -692,7 +693,7 @@ impl Balancer {
                 scan_size_mb: AtomicU64::new(cfg.scan_size_mb.max(1)),
             },
             stats: Counters::default(),
-            reserves: (0..nodes).map(|_| Reserve::new(cfg.reserve_pages.max(1))).collect(),
+            reserves: (0..nodes).map(|_| NodeReserve::new(cfg.reserve_pages.max(1), z.topology().nr_cpus())).collect(),
             chunks: (0..nodes).map(|_| Reserve::new(if cfg.chunk_migration { 2 } else { 0 })).collect(),
             node_out: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
             to_free: FreeStack::default(),

@@ -47,6 +47,44 @@ impl Reserve {
     }
 }
 
+/// One node's reserve, split into a slot per CPU (up to 16): a thread takes from its CPU's
+/// slot first, so frames a slot was filled with in order reach one thread in order, and the
+/// pages it touches in order map consecutive frames (their mappings merge), where threads
+/// taking turns on one queue would interleave them.
+pub struct NodeReserve {
+    slots: Box<[Reserve]>,
+}
+
+impl NodeReserve {
+    /// `cap` frames over `slots` slots (each at least one frame).
+    pub fn new(cap: usize, slots: usize) -> NodeReserve {
+        let slots = slots.clamp(1, 16);
+        NodeReserve { slots: (0..slots).map(|_| Reserve::new(cap.div_ceil(slots).max(1))).collect() }
+    }
+
+    /// Takes a frame, from slot `cpu % slots` first, then any other (async-signal-safe).
+    #[inline]
+    pub fn take(&self, cpu: usize) -> Option<usize> {
+        let n = self.slots.len();
+        (0..n).find_map(|k| self.slots[(cpu + k) % n].take())
+    }
+
+    /// The slots, for refills.
+    pub fn slots(&self) -> &[Reserve] {
+        &self.slots
+    }
+
+    /// Frames held in every slot.
+    pub fn len(&self) -> usize {
+        self.slots.iter().map(Reserve::len).sum()
+    }
+
+    /// Most frames held.
+    pub fn capacity(&self) -> usize {
+        self.slots.iter().map(Reserve::capacity).sum()
+    }
+}
+
 /// Frames waiting to be freed.
 #[derive(Default)]
 pub struct FreeStack {
