@@ -21,6 +21,9 @@ use std::sync::Arc;
 const PERIOD_SLOTS: u64 = 10;
 const PERIOD_THRESHOLD: u64 = 7;
 
+/// Most pages one `mprotect`/`MADV_DONTNEED` of the scanner covers (2 MiB).
+const RUN_PAGES: usize = 512;
+
 /// Where the scanner stopped: a region (by registration order) and a page in it.
 #[derive(Default)]
 pub struct Cursor {
@@ -77,6 +80,14 @@ fn mark_from(bal: &Shared, r: &RegionShared, from: usize, want: usize, virt: &mu
             marked -= protect_run(bal, r, s, i);
         }
         i += 1;
+        // At most a chunk per call: `mprotect` and `MADV_DONTNEED` hold the mmap lock for
+        // the whole range, and a migration's `mmap` waiting for it behind a long one stalls
+        // every fault queued after it (the lock is fair), as Linux's scanner works a huge
+        // page-aligned chunk at a time.
+        if let Some(s) = run_start.filter(|&s| i - s == RUN_PAGES) {
+            run_start = None;
+            marked -= protect_run(bal, r, s, i);
+        }
     }
     if let Some(s) = run_start {
         marked -= protect_run(bal, r, s, i);
