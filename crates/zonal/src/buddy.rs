@@ -178,17 +178,9 @@ impl Buddy<'_> {
     /// `NONE`; the caller tags it (allocated or per-CPU).
     #[inline]
     pub fn rmqueue_smallest(&mut self, order: Order) -> Option<Pfn> {
-        for o in order.0..=self.max_order.0 {
-            let cur = Order(o);
-            if let Some(idx) = self.area.first(cur) {
-                self.area.del(idx, cur);
-                let pfn = Pfn(self.start.0 + idx as usize);
-                self.set(pfn, NONE);
-                self.expand(pfn, order, cur);
-                return Some(pfn);
-            }
-        }
-        None
+        let (pfn, cur) = self.take_smallest(order)?;
+        self.list_range(pfn + order.pages(), pfn + cur.pages());
+        Some(Pfn(pfn))
     }
 
     /// Takes up to `n` blocks of `order` and appends their first frames to `out`; returns how
@@ -202,47 +194,36 @@ impl Buddy<'_> {
     /// the blocks taken are left `NONE`; the caller tags them.
     pub fn rmqueue_many(&mut self, order: Order, n: usize, out: &mut Vec<usize>) -> usize {
         let mut taken = 0;
-        'blocks: while taken < n {
-            for o in order.0..=self.max_order.0 {
-                let cur = Order(o);
-                if let Some(idx) = self.area.first(cur) {
-                    self.area.del(idx, cur);
-                    let pfn = self.start.0 + idx as usize;
-                    self.set(Pfn(pfn), NONE);
-                    let k = (1usize << (o - order.0)).min(n - taken);
-                    out.extend((0..k).map(|i| pfn + (i << order.0)));
-                    taken += k;
-                    self.list_range(pfn + (k << order.0), pfn + cur.pages());
-                    continue 'blocks;
-                }
-            }
-            break;
+        while taken < n {
+            let Some((pfn, cur)) = self.take_smallest(order) else { break };
+            let k = (1usize << (cur.0 - order.0)).min(n - taken);
+            out.extend((0..k).map(|i| pfn + (i << order.0)));
+            taken += k;
+            self.list_range(pfn + (k << order.0), pfn + cur.pages());
         }
         taken
     }
 
+    /// Delists the smallest free block of at least `order` (state `NONE`); its first frame
+    /// and order.
+    #[inline]
+    fn take_smallest(&mut self, order: Order) -> Option<(usize, Order)> {
+        let cur = (order.0..=self.max_order.0).map(Order).find(|&o| self.area.first(o).is_some())?;
+        let idx = self.area.first(cur)?;
+        self.area.del(idx, cur);
+        let pfn = self.start.0 + idx as usize;
+        self.set(Pfn(pfn), NONE);
+        Some((pfn, cur))
+    }
+
     /// Lists the free frames `from..to` (the rest of a split block, whose buddies are all
-    /// taken) as the largest aligned blocks that fit, without merging.
+    /// taken) as the largest aligned blocks that fit, without merging (`expand`).
     fn list_range(&mut self, mut from: usize, to: usize) {
         while from < to {
             let o = (from.trailing_zeros() as u8).min((to - from).ilog2() as u8);
             self.area.add(self.idx(Pfn(from)), Order(o));
             self.set(Pfn(from), state(BUDDY, Order(o)));
             from += 1 << o;
-        }
-    }
-
-    /// Returns the upper halves of a block of order `high` split down to `low` to the lists.
-    #[inline]
-    fn expand(&mut self, pfn: Pfn, low: Order, high: Order) {
-        let mut size = high.pages();
-        let mut o = high.0;
-        while o > low.0 {
-            o -= 1;
-            size >>= 1;
-            let half = Pfn(pfn.0 + size);
-            self.area.add(self.idx(half), Order(o));
-            self.set(half, state(BUDDY, Order(o)));
         }
     }
 
