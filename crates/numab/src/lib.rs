@@ -16,12 +16,19 @@
 //! Backend: `mprotect` + `SIGSEGV`, handled in the faulting thread. A system call that reads
 //! or writes an inaccessible region page (a `read(2)` into it) gets `EFAULT` instead of a
 //! fault: [`Region::prefault`] maps pages first for such buffers, and [`Balancer::set_enabled`]
-//! stops the scanner. The userfaultfd backend of NUMAB.md is not built yet.
+//! stops the scanner. The userfaultfd backends (MINOR faults delivered as `SIGBUS` to the
+//! faulting thread, or read by a handler thread, which also serves faults taken inside
+//! system calls) hide a page by zapping it, which splits no mapping.
+//!
+//! Mappings: a page migrated alone maps a frame that does not follow its neighbours', so
+//! the balancer's thread collapses fragmented windows of 2 to 512 pages back into one block
+//! of consecutive frames and one mapping each (`collapse`, khugepaged's counterpart).
 //!
 //! Kernel counterparts: `task_numa_work` and `change_prot_numa` (`scan`), `do_numa_page`
-//! and `migrate_misplaced_folio` (`fault`), `should_numa_migrate_memory` and the page's
+//! and `migrate_misplaced_folio` (`fault`), `collapse_huge_page` (`collapse`), `should_numa_migrate_memory` and the page's
 //! `_last_cpupid` (`table`), `update_task_scan_period` (`scan::next_period`).
 
+mod collapse;
 mod fault;
 pub mod ffi;
 mod os;
@@ -193,6 +200,9 @@ pub struct Config {
     /// every page of it hinted on the same node: one copy loop and one mapping for 512
     /// pages, and the chunk's mappings merged into one.
     pub chunk_migration: bool,
+    /// Most MiB a second the balancer's thread copies to collapse fragmented windows of a
+    /// region into one block and one mapping each (see the `collapse` module; 0: never).
+    pub collapse_mb: u64,
 }
 
 impl Default for Config {
@@ -208,6 +218,7 @@ impl Default for Config {
             backend: Backend::Auto,
             vma_budget: None,
             chunk_migration: true,
+            collapse_mb: 64,
         }
     }
 }
@@ -245,11 +256,12 @@ impl Config {
                 "reserve_pages" => c.reserve_pages = num(v)?.clamp(1, 1 << 20) as usize,
                 "vma_budget" => c.vma_budget = Some(num(v)? as usize),
                 "chunk_migration" => c.chunk_migration = num(v)? != 0,
+                "collapse_mb" => c.collapse_mb = num(v)?.min(1 << 20),
                 other => {
                     return Err(Error::InvalidConfig(format!(
                         "numab config: unknown key `{other}` (numa_balancing, mode, backend, scan_delay_ms, \
                          scan_period_min_ms, scan_period_max_ms, scan_size_mb, reserve_pages, vma_budget, \
-                         chunk_migration)"
+                         chunk_migration, collapse_mb)"
                     )))
                 }
             }
@@ -272,6 +284,7 @@ pub(crate) struct Tunables {
     scan_period_min_ms: AtomicU64,
     scan_period_max_ms: AtomicU64,
     pub(crate) scan_size_mb: AtomicU64,
+    collapse_mb: AtomicU64,
 }
 
 /// The layer's counters, named as Linux's `/proc/vmstat` names them where it has them.
@@ -292,6 +305,9 @@ pub(crate) struct Counters {
     pub(crate) fail_vma: AtomicU64,
     pub(crate) scan_capped: AtomicU64,
     pub(crate) chunks_migrated: AtomicU64,
+    pub(crate) collapsed: AtomicU64,
+    pub(crate) collapsed_pages: AtomicU64,
+    pub(crate) collapse_fail: AtomicU64,
     pub(crate) first_touch: AtomicU64,
     pub(crate) scans: AtomicU64,
 }
@@ -327,6 +343,12 @@ pub struct Stats {
     pub scan_capped: u64,
     /// Chunk migrations (512 pages each, counted in `numa_pages_migrated` too).
     pub chunks_migrated: u64,
+    /// Windows collapsed into one block of consecutive frames and one mapping (khugepaged's
+    /// `thp_collapse_alloc`, at orders 1 to 9), and the pages they copied.
+    pub collapsed: u64,
+    pub collapsed_pages: u64,
+    /// Collapses that could not hide or map their window (it was mapped back as it was).
+    pub collapse_fail: u64,
     /// Runs of pages mapped as one over every live region (`Region::vma_runs`), what the
     /// regions add to the process's mappings at most.
     pub vma_runs: u64,
@@ -365,6 +387,9 @@ impl Stats {
             ("pgmigrate_fail_vma", self.pgmigrate_fail_vma),
             ("numab_scan_capped", self.scan_capped),
             ("numab_chunks_migrated", self.chunks_migrated),
+            ("numab_collapsed", self.collapsed),
+            ("numab_collapsed_pages", self.collapsed_pages),
+            ("numab_collapse_fail", self.collapse_fail),
             ("numab_vma_runs", self.vma_runs),
             ("numab_vmas", self.vmas),
             ("numab_vmas_peak", self.vmas_peak),
@@ -416,6 +441,8 @@ pub(crate) struct Shared {
     last_vma_check: Mutex<Option<Instant>>,
     /// Where `Balancer::scan_now` stopped.
     scan_cursor: Mutex<scan::Cursor>,
+    /// Where the last collapse pass stopped.
+    collapse_cursor: Mutex<scan::Cursor>,
 }
 
 impl Shared {
@@ -530,6 +557,9 @@ impl Shared {
             pgmigrate_fail_vma: l(&s.fail_vma),
             scan_capped: l(&s.scan_capped),
             chunks_migrated: l(&s.chunks_migrated),
+            collapsed: l(&s.collapsed),
+            collapsed_pages: l(&s.collapsed_pages),
+            collapse_fail: l(&s.collapse_fail),
             vma_runs: self.live_regions().iter().map(|r| r.vma_runs() as u64).sum(),
             vmas: self.vmas.load(Ordering::Relaxed) as u64,
             vmas_peak: self.vmas_peak.load(Ordering::Relaxed) as u64,
@@ -620,6 +650,17 @@ impl Shared {
         }
     }
 
+    /// One collapse pass copying at most `pages`, from where the last one stopped; returns
+    /// the pages copied.
+    fn collapse(&self, pages: usize) -> usize {
+        if pages == 0 {
+            return 0;
+        }
+        let regions = self.live_regions();
+        let mut cur = self.collapse_cursor.lock().unwrap_or_else(|p| p.into_inner());
+        collapse::pass(self, &regions, &mut cur, pages)
+    }
+
     /// The live regions, dropping the dead ones from the list.
     fn live_regions(&self) -> Vec<Arc<RegionShared>> {
         let mut l = self.regions.lock().unwrap_or_else(|p| p.into_inner());
@@ -691,6 +732,7 @@ impl Balancer {
                 scan_period_min_ms: AtomicU64::new(cfg.scan_period_min_ms.max(1)),
                 scan_period_max_ms: AtomicU64::new(cfg.scan_period_max_ms.max(1)),
                 scan_size_mb: AtomicU64::new(cfg.scan_size_mb.max(1)),
+                collapse_mb: AtomicU64::new(cfg.collapse_mb),
             },
             stats: Counters::default(),
             reserves: (0..nodes).map(|_| NodeReserve::new(cfg.reserve_pages.max(1), z.topology().nr_cpus())).collect(),
@@ -713,6 +755,7 @@ impl Balancer {
             over_budget: AtomicBool::new(false),
             last_vma_check: Mutex::new(None),
             scan_cursor: Mutex::new(scan::Cursor::default()),
+            collapse_cursor: Mutex::new(scan::Cursor::default()),
             z,
         });
         // The layer's counters in the handle's vmstat, JSON and Prometheus reports. A weak
@@ -869,6 +912,14 @@ impl Balancer {
         scan::scan_pass(&self.shared, &regions, &mut cur)
     }
 
+    /// Runs one collapse pass now, from the calling thread, copying at most `max_pages`
+    /// (see [`Config::collapse_mb`]); returns the pages copied. For tests and benchmarks.
+    pub fn collapse_now(&self, max_pages: usize) -> usize {
+        let n = self.shared.collapse(max_pages);
+        self.shared.check_mappings(true);
+        n
+    }
+
     /// Frees what handlers left, refills the reserves and counts the process's mappings
     /// now, from the calling thread.
     pub fn housekeep(&self) {
@@ -904,10 +955,15 @@ impl Drop for Balancer {
     }
 }
 
-/// The balancer's thread: frees and refills, and scans every period.
+/// How often the balancer's thread runs a collapse pass.
+const COLLAPSE_EVERY: Duration = Duration::from_millis(100);
+
+/// The balancer's thread: frees and refills, scans every period, and collapses fragmented
+/// windows.
 fn worker(weak: Weak<Shared>) {
     let mut cur = scan::Cursor::default();
     let mut next_scan: Option<Instant> = None;
+    let mut next_collapse = Instant::now();
     loop {
         let Some(s) = weak.upgrade() else { return };
         if s.stop.load(Ordering::Acquire) {
@@ -942,6 +998,12 @@ fn worker(weak: Weak<Shared>) {
             }
             s.period_ms.store(capped, Ordering::Relaxed);
             next_scan = Some(now + Duration::from_millis(capped));
+        }
+        // Collapses at most a tenth of `collapse_mb` each tenth of a second.
+        if now >= next_collapse {
+            let pages = (s.cfg.collapse_mb.load(Ordering::Relaxed) as usize).saturating_mul(256) / 10;
+            s.collapse(pages);
+            next_collapse = now + COLLAPSE_EVERY;
         }
         let wait = if short {
             Duration::from_millis(1)

@@ -31,9 +31,17 @@ fn zonal() -> Arc<Zonal> {
     Arc::new(Zonal::new(Config::new(t)).unwrap())
 }
 
-/// A balancer whose own thread never scans (the tests drive the scanner with `scan_now`).
+/// A balancer whose own thread never scans nor collapses (the tests drive the scanner with
+/// `scan_now` and collapses with `collapse_now`).
 fn balancer(z: &Arc<Zonal>, mode: MigrateMode, backend: Backend) -> Balancer {
-    let cfg = zonal_numab::Config { mode, backend, scan_delay_ms: 3_600_000, reserve_pages: 64, ..Default::default() };
+    let cfg = zonal_numab::Config {
+        mode,
+        backend,
+        scan_delay_ms: 3_600_000,
+        reserve_pages: 64,
+        collapse_mb: 0,
+        ..Default::default()
+    };
     let b = Balancer::new(z.clone(), cfg).unwrap();
     assert_eq!(b.backend(), backend);
     b
@@ -334,6 +342,7 @@ fn a_hinted_chunk_moves_whole() {
                 mode,
                 backend,
                 scan_delay_ms: 3_600_000,
+                collapse_mb: 0,
                 chunk_migration: chunks,
                 ..Default::default()
             };
@@ -371,4 +380,151 @@ fn a_hinted_chunk_moves_whole() {
             assert_eq!(z.check_invariants().unwrap(), 0, "every frame back");
         }
     }
+}
+
+/// The process's mappings that overlap `[start, start + len)`, from `/proc/self/maps`: what
+/// the kernel really has, where `vma_runs` is the layer's own count.
+fn kernel_mappings(start: usize, len: usize) -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
+            Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?))
+        })
+        .filter(|&(a, b)| a < start + len && b > start)
+        .count()
+}
+
+/// Pages migrated one by one in a scattered order map a frame each; a collapse pass copies
+/// every aligned window of pages on one node into one block of that node and maps it once
+/// (orders 7, 8 and 9 here, around 128 pages left on the other node), leaves a window with a
+/// misplaced page alone, keeps every byte, and gives every frame back.
+#[test]
+fn collapse_merges_what_single_page_migrations_split() {
+    for backend in backends() {
+        let z = zonal();
+        let cfg = zonal_numab::Config {
+            backend,
+            scan_delay_ms: 3_600_000,
+            // Room for every migration at once: a burst larger than the reserve fails some.
+            reserve_pages: 1024,
+            collapse_mb: 0,
+            chunk_migration: false,
+            ..Default::default()
+        };
+        let b = Balancer::new(z.clone(), cfg).unwrap();
+        let n = 1024;
+        let stay = 128;
+        let r = b.region(n * PAGE, MemPolicy::Local).unwrap();
+        let p = r.as_ptr() as usize;
+        // SAFETY: pages of the region.
+        on_cpu(0, || (0..n).for_each(|i| unsafe { page(p, i).write_volatile(0xc000 + i as u64) }));
+        assert_eq!(b.scan_now(), n);
+        // Pages `stay..` move to node 1 in a scattered order (9 is prime to 896), so
+        // neighbouring pages get frames far apart: a mapping each.
+        let moved = n - stay;
+        on_cpu(1, || {
+            for k in 0..moved {
+                let i = stay + k * 9 % moved;
+                // SAFETY: a page of the region.
+                assert_eq!(unsafe { page(p, i).read_volatile() }, 0xc000 + i as u64);
+            }
+        });
+        assert_eq!(r.node_pages(), vec![stay, moved], "{backend:?} {:?}", b.stats());
+        assert_eq!(b.stats().numa_pages_migrated, moved as u64);
+        let before = r.vma_runs();
+        assert!(before > moved / 2, "{backend:?}: {before} runs after scattered migrations");
+        // Page 700 is used from node 0 now: its hint fault leaves it on node 1 (the filter
+        // wants a second fault in a row) but marks it misplaced, so its windows stay as they are.
+        // (Pages `..stay` are still hinted from the first scan.)
+        assert_eq!(b.scan_now(), moved);
+        // SAFETY: a page of the region.
+        on_cpu(0, || unsafe { assert_eq!(page(p, 700).read_volatile(), 0xc000 + 700) });
+        assert_eq!(r.page_to_nid(page(p, 700).cast()).unwrap(), Some(NodeId(1)), "{backend:?}");
+        let mapped_700 = kernel_mappings(p + 700 * PAGE, PAGE);
+        assert_eq!(mapped_700, 1);
+
+        let copied = b.collapse_now(usize::MAX);
+        let s = b.stats();
+        assert_eq!(s.collapsed_pages, copied as u64);
+        assert_eq!(s.collapse_fail, 0, "{backend:?}");
+        assert!(copied >= 256 + 128, "{backend:?}: {copied} pages copied");
+        let after = r.vma_runs();
+        assert!(after <= 16, "{backend:?}: {before} runs before, {after} after");
+        // The kernel agrees: the region is a few mappings, not hundreds.
+        let kernel = kernel_mappings(p, n * PAGE);
+        assert!(kernel <= after + 2, "{backend:?}: {kernel} kernel mappings for {after} runs");
+        // Pages 128..256 and 256..512 held no misplaced page: one block and one run each.
+        for (lo, hi) in [(128, 256), (256, 512)] {
+            let first = r.page_to_nid(page(p, lo).cast()).unwrap();
+            assert_eq!(first, Some(NodeId(1)));
+            assert_eq!(kernel_mappings(p + lo * PAGE, (hi - lo) * PAGE), 1, "{backend:?}: {lo}..{hi}");
+        }
+        assert_eq!(r.node_pages(), vec![stay, moved], "a collapse keeps each page on its node");
+        // A second pass has nothing left to do but the misplaced page's windows.
+        let again = b.collapse_now(usize::MAX);
+        assert_eq!(again, 0, "{backend:?}");
+        // Every byte survived, and the pages are writable.
+        on_cpu(1, || {
+            for i in 0..n {
+                // SAFETY: pages of the region.
+                unsafe {
+                    assert_eq!(page(p, i).read_volatile(), 0xc000 + i as u64, "{backend:?} page {i}");
+                    page(p, i).write_volatile(i as u64);
+                }
+            }
+        });
+        drop(r);
+        drop(b);
+        assert_eq!(allocated(&z), 0, "{backend:?}");
+    }
+}
+
+/// The budget bounds a pass: at most the pages asked for are copied, and the next pass goes
+/// on where this one stopped.
+#[test]
+fn a_collapse_pass_copies_at_most_its_budget() {
+    let z = zonal();
+    let cfg = zonal_numab::Config {
+        backend: Backend::Mprotect,
+        scan_delay_ms: 3_600_000,
+        reserve_pages: 1024,
+        collapse_mb: 0,
+        chunk_migration: false,
+        ..Default::default()
+    };
+    let b = Balancer::new(z.clone(), cfg).unwrap();
+    let n = 512;
+    let r = b.region(n * PAGE, MemPolicy::Local).unwrap();
+    let p = r.as_ptr() as usize;
+    // SAFETY: pages of the region.
+    on_cpu(0, || (0..n).for_each(|i| unsafe { page(p, i).write_volatile(i as u64) }));
+    assert_eq!(b.scan_now(), n);
+    on_cpu(1, || {
+        for k in 0..n {
+            // SAFETY: a page of the region.
+            unsafe { page(p, k * 5 % n).read_volatile() };
+        }
+    });
+    // 100 pages: the 512-page window does not fit, nor its halves, its 64-page windows do;
+    // the second one would pass the budget, so the pass ends before it (no window is cut
+    // smaller than the budget allows only to fill it) and the next pass starts there.
+    assert_eq!(b.collapse_now(0), 0);
+    for k in 0..n / 64 {
+        assert_eq!(b.collapse_now(100), 64, "pass {k}");
+    }
+    assert_eq!(b.collapse_now(100), 0, "every 64-page window is one block");
+    // With the budget for it, the 512 pages become one block (unless the eight blocks
+    // already follow each other: the buddy hands out a split block's halves in order).
+    let runs = r.vma_runs();
+    let last = b.collapse_now(usize::MAX);
+    assert_eq!(last, if runs > 1 { n } else { 0 });
+    assert_eq!(r.vma_runs(), 1);
+    assert_eq!(b.stats().collapsed_pages, (n + last) as u64);
+    // SAFETY: pages of the region.
+    on_cpu(1, || (0..n).for_each(|i| unsafe { assert_eq!(page(p, i).read_volatile(), i as u64) }));
+    drop(r);
+    drop(b);
+    assert_eq!(allocated(&z), 0);
 }

@@ -32,6 +32,9 @@ fn run(mode: MigrateMode, backend: Backend) {
         scan_period_max_ms: 1,
         scan_size_mb: 4,
         reserve_pages: 128,
+        // Collapses as fast as the balancer's thread can copy, racing the threads' faults
+        // and the migrations.
+        collapse_mb: 1 << 12,
         ..Default::default()
     };
     let b = Balancer::new(z.clone(), cfg).unwrap();
@@ -82,7 +85,13 @@ fn run(mode: MigrateMode, backend: Backend) {
     });
     let s = b.stats();
     assert!(s.numa_pages_migrated > 0, "{mode:?} {backend:?}: no page migrated ({s:?})");
-    eprintln!("{mode:?} {backend:?}: {} pages migrated, {} in chunks", s.numa_pages_migrated, s.chunks_migrated * 512);
+    eprintln!(
+        "{mode:?} {backend:?}: {} pages migrated, {} in chunks; {} pages collapsed in {} windows",
+        s.numa_pages_migrated,
+        s.chunks_migrated * 512,
+        s.collapsed_pages,
+        s.collapsed
+    );
     for pg in 0..PAGES {
         let want: u64 = tallies.iter().map(|t| t[pg]).sum();
         // SAFETY: as above; every thread has stopped.
