@@ -501,6 +501,7 @@ struct RunResult {
     share_after: Option<f64>,
     share_final_window: Option<f64>,
     peak_vmas: usize,
+    collapse: Collapse,
     hist: [[u64; BUCKETS]; 3],
     corrupted_bytes: u64,
     bad_reads: u64,
@@ -574,6 +575,20 @@ struct Timeline {
     /// `samples[marks[i]]` ends phase i.
     marks: [usize; 3],
     pass_ms: f64,
+    collapse: Collapse,
+}
+
+/// The collapse after the last phase, while the workers still run: the region's mappings
+/// before and after, the pages copied, how long it took, and accesses/s in the phase before
+/// it against the same length of time after it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Collapse {
+    runs_before: usize,
+    runs_after: usize,
+    pages: usize,
+    ms: f64,
+    rate_before: f64,
+    rate_after: f64,
 }
 
 /// The main thread's part of a run, while the workers access the region: balancing on,
@@ -644,9 +659,27 @@ fn drive(
         }
         ctl.phase.store(i + 1, Ordering::Relaxed);
     }
+    // One collapse pass over the converged region, then as long again as the last phase.
+    let (runs_before, t) = (region.vma_runs(), Instant::now());
+    let pages = bal.collapse_now(usize::MAX);
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let runs_after = region.vma_runs();
+    let from = take(t0.elapsed(), scan_flushes);
+    std::thread::sleep(ph.after);
+    let to = take(t0.elapsed(), scan_flushes);
     ctl.stop.store(true, Ordering::Relaxed);
     release_err?;
-    Ok(Timeline { samples, marks, pass_ms: scan_time.as_secs_f64() * 1e3 / passes.max(1) as f64 })
+    let rate = |x: &Sample, y: &Sample| (y.accesses - x.accesses) as f64 / (y.at - x.at).as_secs_f64().max(1e-9);
+    let last = &samples[marks[2]];
+    let collapse = Collapse {
+        runs_before,
+        runs_after,
+        pages,
+        ms,
+        rate_before: rate(&samples[marks[1]], last),
+        rate_after: rate(&from, &to),
+    };
+    Ok(Timeline { samples, marks, pass_ms: scan_time.as_secs_f64() * 1e3 / passes.max(1) as f64, collapse })
 }
 
 /// What every run of the experiment shares.
@@ -677,6 +710,10 @@ fn run_one(v: Variant, setup: &Setup) -> Result<RunResult, String> {
         // The seed's experiment moves pages one at a time; chunk migration (2 MiB at once)
         // would amortize eager's flushes over 512 pages and hide what the mapping order costs.
         chunk_migration: false,
+        // Collapses (one block and one mapping for a window of pages migrated one at a
+        // time) would add their own flushes to the migration phase: the run collapses once,
+        // after it, and measures that apart.
+        collapse_mb: 0,
         ..Default::default()
     };
     let bal = Balancer::new(z.clone(), cfg).map_err(|e| format!("numab: {}: {e}", v.name()))?;
@@ -706,7 +743,7 @@ fn run_one(v: Variant, setup: &Setup) -> Result<RunResult, String> {
         |t| worker(t, base, &region, &setup.table, &ctl, setup.penalty, z.local_node()),
         || drive(&z, &bal, &region, &ctl, setup, eater),
     )?;
-    let Timeline { samples, marks, pass_ms } = timeline?;
+    let Timeline { samples, marks, pass_ms, collapse } = timeline?;
     bal.set_enabled(false);
     let end_stats = bal.stats();
     let placed_end = region.node_pages();
@@ -767,6 +804,7 @@ fn run_one(v: Variant, setup: &Setup) -> Result<RunResult, String> {
         share_final_window: share_windows.iter().rev().find_map(|s| *s),
         share_windows,
         peak_vmas: samples.iter().map(|s| s.vmas).max().unwrap_or(0),
+        collapse,
         hist,
         corrupted_bytes,
         bad_reads,
@@ -943,6 +981,21 @@ fn report(
          page checked after the run"
     );
     println!("  {}", meter.note());
+    println!("  one collapse pass after convergence (numab_collapsed_pages), medians:");
+    for (i, v) in variants.iter().enumerate() {
+        let c = |f: &dyn Fn(&Collapse) -> f64| med(i, &|r| f(&r.collapse));
+        println!(
+            "    {:<20} VMA runs {:.0} -> {:.0}, {:.0} pages copied in {:.1} ms; accesses/s {} before it, {} after ({:.2}x)",
+            v.name(),
+            c(&|c| c.runs_before as f64),
+            c(&|c| c.runs_after as f64),
+            c(&|c| c.pages as f64),
+            c(&|c| c.ms),
+            fmt_rate(c(&|c| c.rate_before)),
+            fmt_rate(c(&|c| c.rate_after)),
+            c(&|c| c.rate_after / c.rate_before.max(1.0)),
+        );
+    }
 
     // Local share of hint faults per window from the eater's free, the first repetition.
     println!("  local share of hint faults per {} ms window from the eater's free (repetition 1):", WINDOW.as_millis());
@@ -1112,6 +1165,14 @@ fn report(
                 "local_share_after": Summary::of(&col(i, &|r| opt(r.share_after))),
                 "local_share_final_window": Summary::of(&col(i, &|r| opt(r.share_final_window))),
                 "peak_vma_runs": Summary::of(&col(i, &|r| r.peak_vmas as f64)),
+                "collapse": {
+                    "vma_runs_before": Summary::of(&col(i, &|r| r.collapse.runs_before as f64)),
+                    "vma_runs_after": Summary::of(&col(i, &|r| r.collapse.runs_after as f64)),
+                    "pages_copied": Summary::of(&col(i, &|r| r.collapse.pages as f64)),
+                    "ms": Summary::of(&col(i, &|r| r.collapse.ms)),
+                    "accesses_per_s_before": Summary::of(&col(i, &|r| r.collapse.rate_before)),
+                    "accesses_per_s_after": Summary::of(&col(i, &|r| r.collapse.rate_after)),
+                },
                 "placed_per_node": results[i].iter().map(|r| r.placed.clone()).collect::<Vec<_>>(),
                 "placed_per_node_end": results[i].iter().map(|r| r.placed_end.clone()).collect::<Vec<_>>(),
                 "latency_log2_ns": PHASES.iter().enumerate().map(|(p, name)| {
