@@ -253,6 +253,7 @@ impl RegionShared {
         let z = &self.bal.z;
         let src = z.page_to_nid(frame as *const u8).map(|n| n.0).unwrap_or(here);
         st.hint_faults.fetch_add(1, Ordering::Relaxed);
+        self.group.record(here, src);
         if src == here {
             st.hint_faults_local.fetch_add(1, Ordering::Relaxed);
         }
@@ -262,8 +263,10 @@ impl RegionShared {
         // The decision records this fault as the page's last even when the page stays (as
         // `mpol_misplaced` calls `should_numa_migrate_memory` for local faults too), so the
         // two-stage filter sees where the page was used.
-        let wanted =
-            self.bal.enabled() && dst.is_some_and(|d| should_migrate(e, Cpupid::new(here, tid), d, early) && d != src);
+        let wanted = self.bal.enabled()
+            && dst.is_some_and(|d| {
+                should_migrate(e, Cpupid::new(here, tid), src, d, early, Some(&self.group)) && d != src
+            });
         let Some(dst) = dst.filter(|_| wanted) else {
             return self.map_back(idx);
         };

@@ -828,6 +828,7 @@ impl Balancer {
             policy,
             fallback,
             scan_seq: AtomicUsize::new(0),
+            group: table::Group::new(z.topology().nr_nodes()),
             born: Instant::now(),
             slot: AtomicUsize::new(usize::MAX),
             scan_lock: Mutex::new(false),
@@ -1053,6 +1054,8 @@ pub struct RegionShared {
     pub(crate) fallback: Vec<Vec<u16>>,
     /// Scan passes over the region (`numa_scan_seq`).
     pub(crate) scan_seq: AtomicUsize,
+    /// Its threads' hint faults per node, for shared pages (`numa_group`).
+    pub(crate) group: table::Group,
     born: Instant,
     slot: AtomicUsize,
     /// Held while the scanner marks the region and while it is torn down; `true` once dead.

@@ -54,6 +54,7 @@ pub fn scan_pass(bal: &Shared, regions: &[Arc<RegionShared>], cur: &mut Cursor) 
         cur.page = end;
         if end >= r.entries.len() {
             r.scan_seq.fetch_add(1, Ordering::Relaxed);
+            r.group.decay();
             cur.page = 0;
             cur.region += 1;
             if cur.region == regions.len() {

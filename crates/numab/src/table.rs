@@ -15,7 +15,7 @@
 //! Every move out of `UNMAPPED`, `HINT` and `PRESENT` into `BUSY` is a CAS, so exactly one
 //! thread owns a page while it changes; the others see `BUSY` and wait for it to end.
 
-use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 /// No frame behind the page; it is inaccessible.
 pub const UNMAPPED: u8 = 0;
@@ -81,13 +81,72 @@ impl Cpupid {
     }
 }
 
+/// The hint faults of the threads that share a region, per node: taken by CPUs of the node
+/// (`faults_cpu`) and on memory of the node (`faults`), halved at every scan pass over the
+/// region. Linux's `numa_group` gathers the tasks that fault on each other's pages; a
+/// region's threads are such a group by construction, so the region keeps the counts.
+#[derive(Debug)]
+pub struct Group {
+    cpu: Box<[AtomicU64]>,
+    mem: Box<[AtomicU64]>,
+}
+
+/// `ACTIVE_NODE_FRACTION`: a node whose CPUs fault three times as often as the source's
+/// takes a shared page at once.
+const ACTIVE_NODE_FRACTION: u64 = 3;
+
+impl Group {
+    /// Counts for `nodes` nodes, all 0.
+    pub fn new(nodes: usize) -> Group {
+        Group {
+            cpu: (0..nodes).map(|_| AtomicU64::new(0)).collect(),
+            mem: (0..nodes).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// A hint fault by a CPU of `cpu_nid` on memory of `mem_nid` (`task_numa_fault`).
+    pub fn record(&self, cpu_nid: u16, mem_nid: u16) {
+        if let Some(c) = self.cpu.get(cpu_nid as usize) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(m) = self.mem.get(mem_nid as usize) {
+            m.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Halves every count (`task_numa_placement`'s decay at each scan sequence). A fault
+    /// counted between the load and the subtraction stays counted.
+    pub fn decay(&self) {
+        for a in self.cpu.iter().chain(self.mem.iter()) {
+            a.fetch_sub(a.load(Ordering::Relaxed) / 2, Ordering::Relaxed);
+        }
+    }
+
+    fn get(v: &[AtomicU64], nid: u16) -> u64 {
+        v.get(nid as usize).map_or(0, |a| a.load(Ordering::Relaxed))
+    }
+
+    /// Whether a shared page on `src` should move to `dst`: `dst`'s CPUs fault more than
+    /// `ACTIVE_NODE_FRACTION` times as often as `src`'s, or, with a 3/4 hysteresis, the CPU
+    /// faults per memory fault are higher on `dst` (memory spread as CPU use is).
+    pub fn favours(&self, src: u16, dst: u16) -> bool {
+        let (cpu_src, cpu_dst) = (Self::get(&self.cpu, src), Self::get(&self.cpu, dst));
+        let (mem_src, mem_dst) = (Self::get(&self.mem, src), Self::get(&self.mem, dst));
+        if cpu_dst > cpu_src.saturating_mul(ACTIVE_NODE_FRACTION) {
+            return true;
+        }
+        (cpu_dst as u128) * (mem_src as u128) * 3 > (cpu_src as u128) * (mem_dst as u128) * 4
+    }
+}
+
 /// `should_numa_migrate_memory`: records this fault as the page's last and says whether a
-/// page faulted on from `this` should move to `dst` (the faulting CPU's node, not the
-/// page's). Early in a region's life (its first scan passes) a page migrates at once when
-/// nobody else faulted on it; after that, only on the second fault in a row from `dst` (the
-/// two-stage filter against ping-pong). A page faulted on by several threads migrates like a
-/// private one: zonal has no NUMA groups to weigh shared faults with.
-pub fn should_migrate(entry: &PageEntry, this: Cpupid, dst: u16, early: bool) -> bool {
+/// page on `src` faulted on from `this` should move to `dst` (the faulting CPU's node, not
+/// the page's). Early in a region's life (its first scan passes) a page migrates at once
+/// when nobody else faulted on it; after that, only on the second fault in a row from `dst`
+/// (the two-stage filter against ping-pong). Then a private page (the same thread faulted
+/// last) moves; a shared one (another thread, or nobody recorded) moves as its `group`'s
+/// faults say, and without a group it moves.
+pub fn should_migrate(entry: &PageEntry, this: Cpupid, src: u16, dst: u16, early: bool, group: Option<&Group>) -> bool {
     let last = Cpupid(entry.last.swap(this.0, Ordering::Relaxed));
     if early && (last.is_unset() || last.same_thread(this)) {
         return true;
@@ -95,7 +154,10 @@ pub fn should_migrate(entry: &PageEntry, this: Cpupid, dst: u16, early: bool) ->
     if !last.is_unset() && last.nid() != dst {
         return false;
     }
-    true
+    if !last.is_unset() && last.same_thread(this) {
+        return true;
+    }
+    group.is_none_or(|g| g.favours(src, dst))
 }
 
 #[cfg(test)]
@@ -119,11 +181,11 @@ mod tests {
         let e = PageEntry::default();
         let (a, b) = (Cpupid::new(1, 10), Cpupid::new(0, 11));
         // Unset: as Linux, the first fault passes the filter.
-        assert!(should_migrate(&e, a, 1, false));
-        assert!(should_migrate(&e, a, 1, false), "second fault from node 1");
-        assert!(!should_migrate(&e, b, 0, false), "last fault came from node 1");
-        assert!(should_migrate(&e, b, 0, false), "second in a row from node 0");
-        assert!(!should_migrate(&e, a, 1, false));
+        assert!(should_migrate(&e, a, 0, 1, false, None));
+        assert!(should_migrate(&e, a, 0, 1, false, None), "second fault from node 1");
+        assert!(!should_migrate(&e, b, 1, 0, false, None), "last fault came from node 1");
+        assert!(should_migrate(&e, b, 1, 0, false, None), "second in a row from node 0");
+        assert!(!should_migrate(&e, a, 0, 1, false, None));
     }
 
     /// Early on, a page another thread faulted on last does not skip the filter.
@@ -131,9 +193,49 @@ mod tests {
     fn the_early_phase_skips_the_filter_for_private_pages_only() {
         let e = PageEntry::default();
         let (a, b) = (Cpupid::new(1, 10), Cpupid::new(0, 11));
-        assert!(should_migrate(&e, a, 1, true));
-        assert!(!should_migrate(&e, b, 0, true), "shared: the filter applies");
-        assert!(should_migrate(&e, b, 0, true), "private to b now");
+        assert!(should_migrate(&e, a, 0, 1, true, None));
+        assert!(!should_migrate(&e, b, 1, 0, true, None), "shared: the filter applies");
+        assert!(should_migrate(&e, b, 1, 0, true, None), "private to b now");
+    }
+
+    /// A shared page (another thread faulted last, from the same node) moves as the group's
+    /// faults say: to a node whose CPUs fault more than three times as often, or whose CPU
+    /// faults per memory fault beat the source's by the 3/4 hysteresis; a private one always.
+    #[test]
+    fn shared_pages_follow_the_group_faults() {
+        let g = Group::new(2);
+        let (a, b) = (Cpupid::new(1, 10), Cpupid::new(1, 11));
+        let shared = |g: &Group| {
+            let e = PageEntry::default();
+            e.last.store(a.0, Ordering::Relaxed);
+            should_migrate(&e, b, 0, 1, false, Some(g))
+        };
+        // Node 0's CPUs fault 4 times, node 1's 10 (> 3 × 4 is false: 10 < 12), all on node 0's
+        // memory: the hysteresis 10 × 4 × 3 > 4 × 0 × 4 lets it move.
+        (0..4).for_each(|_| g.record(0, 0));
+        (0..10).for_each(|_| g.record(1, 0));
+        assert!(shared(&g));
+        // Node 1's memory already takes more faults: 10 × 14 × 3 = 420 against 4 × 30 × 4 = 480
+        // keeps it where it is.
+        let g2 = Group::new(2);
+        (0..4).for_each(|_| g2.record(0, 0));
+        (0..10).for_each(|_| g2.record(1, 0));
+        g2.mem[1].fetch_add(30, Ordering::Relaxed);
+        assert!(!g2.favours(0, 1), "node 1's memory is used out of proportion already");
+        // More than three times the CPU faults: moves whatever the memory counts.
+        (0..3).for_each(|_| g2.record(1, 1));
+        assert!(g2.favours(0, 1), "13 > 3 × 4");
+        // A private fault moves whatever the group says.
+        let e = PageEntry::default();
+        e.last.store(b.0, Ordering::Relaxed);
+        let cold = Group::new(2);
+        (0..100).for_each(|_| cold.record(0, 0));
+        assert!(should_migrate(&e, b, 0, 1, false, Some(&cold)));
+        assert!(!shared(&cold), "a shared page stays where the group's CPUs are");
+        // Decay halves every count.
+        cold.decay();
+        assert_eq!(Group::get(&cold.cpu, 0), 50);
+        assert_eq!(Group::get(&cold.mem, 0), 50);
     }
 
     #[test]
