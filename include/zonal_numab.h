@@ -61,6 +61,15 @@ int zonal_numab_stat(const struct zonal_numab_t *b, const char *name, uint64_t *
 int64_t zonal_numab_scan_now(const struct zonal_numab_t *b);
 
 /*
+ Runs one collapse pass now (the balancer's thread also collapses, `collapse_mb` a
+ second), copying at most `max_pages`; returns the pages copied, or a negated errno.
+
+ # Safety
+ `b` is a live balancer.
+ */
+int64_t zonal_numab_collapse_now(const struct zonal_numab_t *b, size_t max_pages);
+
+/*
  Creates a region of `bytes` (rounded up to pages) under `policy` (`local`,
  `preferred=1`, `bind=0-1`, `interleave=0,1`, as `zonal_set_policy`) into `*out`.
 

@@ -86,6 +86,10 @@ int main(void) {
     CHECK(stat(b, "numa_pages_migrated") == 1 && stat(b, "pgmigrate_success") == 1);
     p[0] = 43;
     CHECK(zonal_numab_scan_now(NULL) == -EINVAL);
+    /* Pages 0 (node 1) and 1 (node 0) share no node: nothing to collapse. */
+    CHECK(zonal_numab_collapse_now(b, 1024) == 0);
+    CHECK(zonal_numab_collapse_now(NULL, 1) == -EINVAL);
+    CHECK(stat(b, "numab_collapsed_pages") == 0);
 
     /* The allocator's reports carry the balancer's counters. */
     CHECK(zonal_vmstat(z, "numab_first_touch", &v) == 0 && v == 2);

@@ -114,6 +114,22 @@ pub unsafe extern "C" fn zonal_numab_scan_now(b: *const ZonalNumab) -> i64 {
     }))
 }
 
+/// Runs one collapse pass now (the balancer's thread also collapses, `collapse_mb` a
+/// second), copying at most `max_pages`; returns the pages copied, or a negated errno.
+///
+/// # Safety
+/// `b` is a live balancer.
+#[no_mangle]
+pub unsafe extern "C" fn zonal_numab_collapse_now(b: *const ZonalNumab, max_pages: usize) -> i64 {
+    i64::from(layer::guard(|| {
+        // SAFETY: per this function's contract.
+        let Some(b) = (unsafe { b.as_ref() }) else {
+            return layer::fail("null balancer".into(), libc::EINVAL);
+        };
+        c_int::try_from(b.0.collapse_now(max_pages)).unwrap_or(c_int::MAX)
+    }))
+}
+
 /// Creates a region of `bytes` (rounded up to pages) under `policy` (`local`,
 /// `preferred=1`, `bind=0-1`, `interleave=0,1`, as `zonal_set_policy`) into `*out`.
 ///
