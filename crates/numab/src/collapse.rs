@@ -209,7 +209,7 @@ fn collapse(bal: &Shared, r: &RegionShared, c: usize, order: u32, nid: u16) -> R
     }
     let addr = r.start + c * PAGE;
     // SAFETY: the window's pages are this region's, mapped and claimed by this thread.
-    if unsafe { r.hide(addr, n * PAGE) }.is_err() {
+    if unsafe { r.hide_new(addr, n * PAGE) }.is_err() {
         remap_old(r, c, n);
         st.collapse_fail.fetch_add(1, Ordering::Relaxed);
         free_block();
@@ -231,11 +231,6 @@ fn collapse(bal: &Shared, r: &RegionShared, c: usize, order: u32, nid: u16) -> R
         remap_old(r, c, n);
         free_block();
         return Err(Failed::Map);
-    }
-    if let Some(u) = &bal.uffd {
-        if u.register_minor(addr, n * PAGE).is_err() {
-            st.register_fail.fetch_add(1, Ordering::Relaxed);
-        }
     }
     for (k, e) in entries.iter().enumerate() {
         let old = e.frame.swap(block as usize + k * PAGE, Ordering::Relaxed);

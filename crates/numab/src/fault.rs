@@ -287,7 +287,7 @@ impl RegionShared {
             // The page is made accessible first, as before the seed: other threads use it
             // until it is taken away again for the copy, which is a second TLB flush.
             // SAFETY: a mapped page of this region, claimed.
-            if unsafe { self.reveal(addr, PAGE) }.is_err() {
+            if unsafe { self.reveal_in_use(addr, PAGE) }.is_err() {
                 return self.fail_and_map_back(idx);
             }
         }
@@ -399,11 +399,6 @@ impl RegionShared {
             self.entries[idx].release(PRESENT);
             return true;
         }
-        if let Some(u) = &self.bal.uffd {
-            if u.register_minor(addr, n * PAGE).is_err() {
-                self.bal.stats.register_fail.fetch_add(1, Ordering::Relaxed);
-            }
-        }
         let st = &self.bal.stats;
         for (k, j) in (c..c + n).enumerate() {
             let e = &self.entries[j];
@@ -429,7 +424,7 @@ impl RegionShared {
         // SAFETY: the callers pass mapped pages of this region they have claimed.
         match &self.bal.uffd {
             Some(_) => (0..n).all(|k| unsafe { self.reveal(addr + k * PAGE, PAGE) }.is_ok()),
-            None => unsafe { self.reveal(addr, n * PAGE) }.is_ok(),
+            None => unsafe { self.reveal_in_use(addr, n * PAGE) }.is_ok(),
         }
     }
 
@@ -465,35 +460,73 @@ impl RegionShared {
         self.entries[idx].release(PRESENT);
     }
 
-    /// Maps `frame` read-write at `addr` (and registers the new mapping with the
-    /// userfaultfd, whose registration a new mapping does not inherit).
+    /// Maps `frame` read-write at `addr`. The new mapping is not registered with the
+    /// userfaultfd (a mapping does not inherit the one it replaces): whoever hides the page
+    /// next registers it first ([`RegionShared::hide_new`]), one call per run of pages
+    /// instead of one per migration (an `UFFDIO_REGISTER` takes the mmap lock for writing,
+    /// ~35 µs a call with two threads faulting here).
     ///
     /// # Safety
     /// `addr` is a page of this region that the caller has claimed.
     pub(crate) unsafe fn map(&self, addr: usize, frame: usize) -> Result<(), i32> {
         let off = self.bal.z.frame_offset(frame as *const u8).map_err(|_| libc::EINVAL)?;
         // SAFETY: per the caller's contract; the frame is allocated and ours.
-        unsafe { os::map_frame(addr, PAGE, self.bal.z.frame_file(), off, false) }?;
-        if let Some(u) = &self.bal.uffd {
-            if u.register_minor(addr, PAGE).is_err() {
-                // The page works; its hints will not: a zap of it is refilled silently.
-                self.bal.stats.register_fail.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        Ok(())
+        unsafe { os::map_frame(addr, PAGE, self.bal.z.frame_file(), off, false) }
     }
 
-    /// Takes pages away so the next access faults: `PROT_NONE`, or a zap under userfaultfd.
+    /// [`RegionShared::hide`] for pages that may have been mapped since they were last
+    /// hidden: under userfaultfd their mappings are registered first, since a zap of an
+    /// unregistered page is refilled from the file on the next access without a fault, so
+    /// the page would not be inaccessible at all (and a copy of it could lose writes). A
+    /// failed registration hides nothing.
+    ///
+    /// # Safety
+    /// As for [`RegionShared::hide`].
+    pub(crate) unsafe fn hide_new(&self, addr: usize, len: usize) -> Result<(), i32> {
+        if let Some(u) = &self.bal.uffd {
+            if let Err(e) = u.register_minor(addr, len) {
+                self.bal.stats.register_fail.fetch_add(1, Ordering::Relaxed);
+                return Err(e);
+            }
+        }
+        // SAFETY: per the caller's contract.
+        unsafe { self.hide(addr, len) }
+    }
+
+    /// Takes pages away so the next access faults: `PROT_NONE`, or a zap under userfaultfd
+    /// (of pages whose mapping is registered: ones this layer hid before and has only
+    /// revealed since, in place; others go through [`RegionShared::hide_new`]).
     ///
     /// # Safety
     /// The pages are mapped pages of this region that the caller has claimed.
     pub(crate) unsafe fn hide(&self, addr: usize, len: usize) -> Result<(), i32> {
-        // SAFETY: per the caller's contract; the region's pages map the arena's memfd shared.
+        // SAFETY: per the caller's contract; the region's pages map the arena's memfd shared,
+        // so a zap drops page-table entries and keeps the data.
         unsafe {
             match &self.bal.uffd {
                 Some(_) => os::zap(addr, len),
-                None => os::protect(addr, len, true),
+                // Zapped first, then protected: a migration then maps its new frame over an
+                // empty entry, which needs no TLB flush, where replacing a PROT_NONE entry
+                // (present to the kernel) flushes every CPU the process ran on (NUMAB.md). A
+                // page touched between the two calls is protected present, as before.
+                None => os::zap(addr, len).and_then(|()| os::protect(addr, len, true)),
             }
+        }
+    }
+
+    /// [`RegionShared::reveal`] as eager mapping reveals: the page-table entries present, as
+    /// Linux's `do_numa_page` leaves them for the faulting access (`UFFDIO_CONTINUE` installs
+    /// them; under mprotect, whose hidden pages are zapped, they are populated).
+    ///
+    /// # Safety
+    /// As for [`RegionShared::hide`].
+    unsafe fn reveal_in_use(&self, addr: usize, len: usize) -> Result<(), i32> {
+        // SAFETY: per the caller's contract.
+        unsafe { self.reveal(addr, len) }?;
+        match &self.bal.uffd {
+            Some(_) => Ok(()),
+            // SAFETY: per the caller's contract; just made read-write.
+            None => unsafe { os::populate(addr, len) },
         }
     }
 

@@ -337,7 +337,8 @@ pub struct Stats {
     pub map_fail: u64,
     /// Scanner runs that could not be protected (out of VMAs) and were left mapped.
     pub scan_fail: u64,
-    /// Pages whose mapping could not be registered with the userfaultfd (they take no hints).
+    /// Runs a scan or a collapse could not register with the userfaultfd before hiding them
+    /// (they were left mapped, untouched).
     pub register_fail: u64,
     /// Scan periods lengthened by the overhead cap.
     pub scan_capped: u64,

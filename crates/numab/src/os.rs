@@ -112,6 +112,19 @@ pub unsafe fn zap(addr: usize, len: usize) -> Result<(), i32> {
     Ok(())
 }
 
+/// Fills the page-table entries of `addr..addr + len` writable (`MADV_POPULATE_WRITE`), as
+/// an access to each page would.
+///
+/// # Safety
+/// The range is the caller's, mapped read-write.
+pub unsafe fn populate(addr: usize, len: usize) -> Result<(), i32> {
+    // SAFETY: per the caller's contract; populating changes no contents of a shared mapping.
+    if unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) } != 0 {
+        return Err(errno());
+    }
+    Ok(())
+}
+
 /// Nanoseconds on the monotonic clock (`clock_gettime`, async-signal-safe).
 pub fn now_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };

@@ -104,7 +104,7 @@ fn protect_run(bal: &Shared, r: &RegionShared, s: usize, e: usize) -> usize {
     bal.stats.pte_updates.fetch_add((e - s) as u64, Ordering::Relaxed);
     // SAFETY: the pages are mapped pages of this region, claimed (BUSY) by this thread: no
     // handler or other path changes them until they are released below.
-    let res = unsafe { r.hide(r.start + s * PAGE, (e - s) * PAGE) };
+    let res = unsafe { r.hide_new(r.start + s * PAGE, (e - s) * PAGE) };
     let to = if res.is_ok() { HINT } else { PRESENT };
     for p in &r.entries[s..e] {
         p.release(to);

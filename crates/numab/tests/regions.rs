@@ -439,8 +439,12 @@ fn collapse_merges_what_single_page_migrations_split() {
         // wants a second fault in a row) but marks it misplaced, so its windows stay as they are.
         // (Pages `..stay` are still hinted from the first scan.)
         assert_eq!(b.scan_now(), moved);
+        let faults = b.stats().numa_hint_faults;
         // SAFETY: a page of the region.
         on_cpu(0, || unsafe { assert_eq!(page(p, 700).read_volatile(), 0xc000 + 700) });
+        // A migrated page maps a new mapping, which the scan registered before hiding it
+        // (under userfaultfd, a zap of an unregistered page refills without a fault).
+        assert_eq!(b.stats().numa_hint_faults, faults + 1, "{backend:?}: the migrated page's hint fault");
         assert_eq!(r.page_to_nid(page(p, 700).cast()).unwrap(), Some(NodeId(1)), "{backend:?}");
         let mapped_700 = kernel_mappings(p + 700 * PAGE, PAGE);
         assert_eq!(mapped_700, 1);
