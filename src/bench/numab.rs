@@ -247,7 +247,7 @@ impl TracepointCounter {
             .iter()
             .map(|t| format!("{t}/events/tlb/tlb_flush"))
             .find(|d| std::path::Path::new(d).exists())
-            .ok_or("tracefs is not mounted here (/sys/kernel/tracing)")?;
+            .ok_or("tracefs is not mounted here (/sys/kernel/tracing; as root: mount -t tracefs nodev /sys/kernel/tracing)")?;
         let id: u64 = std::fs::read_to_string(format!("{dir}/id"))
             .map_err(|e| format!("cannot read {dir}/id: {e}"))?
             .trim()
