@@ -264,3 +264,7 @@ int zonal_sysctl_set(const struct zonal_t *z, const char *name, const char *valu
 #endif  // __cplusplus
 
 #endif  /* ZONAL_H */
+
+/* Balanced regions (NUMA balancing, seed 004): zonal_numab_create, zonal_region_create,
+   zonal_region_page_to_nid, ... Link libzonal_numab.so or .a to use them. */
+#include "zonal_numab.h"
