@@ -5,11 +5,14 @@
 //! (`numa_pte_updates >= numa_hint_faults`), a collapse copies at most its budget; at the
 //! end every frame is back with zonal.
 
+mod common;
+
+use common::{driven_balancer, on_cpu};
 use proptest::prelude::*;
 use std::sync::Arc;
 use zonal::topology::Machine;
 use zonal::{Config, MemPolicy, Topology, Zonal};
-use zonal_numab::{Backend, Balancer, MigrateMode, PAGE};
+use zonal_numab::{Backend, MigrateMode, PAGE};
 
 const PAGES: usize = 48;
 
@@ -33,18 +36,6 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// Runs `f` on a thread bound to `cpu`.
-fn on_cpu<R: Send>(cpu: u32, f: impl FnOnce() -> R + Send) -> R {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            zonal::cpu::set_affinity(cpu).expect("bind to a CPU of this machine");
-            f()
-        })
-        .join()
-        .unwrap()
-    })
-}
-
 fn backend_available(b: Backend) -> bool {
     match b {
         Backend::Userfaultfd => zonal_numab::userfaultfd_available().is_ok(),
@@ -55,16 +46,7 @@ fn backend_available(b: Backend) -> bool {
 fn run(backend: Backend, mode: MigrateMode, ops: &[Op]) -> Result<(), TestCaseError> {
     let t = Topology::parse_for("nodes=2,size=16M,cpus=0:1", Machine { nr_cpus: 2, mem_total: 1 << 30 }).unwrap();
     let z = Arc::new(Zonal::new(Config::new(t)).unwrap());
-    let cfg = zonal_numab::Config {
-        mode,
-        backend,
-        scan_delay_ms: 3_600_000,
-        reserve_pages: 64,
-        collapse_mb: 0,
-        chunk_migration: false,
-        ..Default::default()
-    };
-    let b = Balancer::new(z.clone(), cfg).unwrap();
+    let b = driven_balancer(&z, backend, mode, 64);
     let r = b.region(PAGES * PAGE, MemPolicy::Local).unwrap();
     let p = r.as_ptr() as usize;
     let word = move |i: usize| (p + i * PAGE) as *mut u64;

@@ -2,6 +2,9 @@
 //! first-touch placement by policy, hint faults and migration in both mapping orders, the
 //! two-stage filter, the counters, bad input, and every frame back when a region goes.
 
+mod common;
+
+use common::{driven_balancer, on_cpu};
 use std::sync::Arc;
 use zonal::topology::Machine;
 use zonal::{Config, MemPolicy, NodeId, NodeMask, Topology, Zonal};
@@ -45,18 +48,6 @@ fn balancer(z: &Arc<Zonal>, mode: MigrateMode, backend: Backend) -> Balancer {
     let b = Balancer::new(z.clone(), cfg).unwrap();
     assert_eq!(b.backend(), backend);
     b
-}
-
-/// Runs `f` on a thread bound to `cpu` (both CPUs exist here: the machine has 2).
-fn on_cpu<R: Send>(cpu: u32, f: impl FnOnce() -> R + Send) -> R {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            zonal::cpu::set_affinity(cpu).expect("bind to a CPU of this machine");
-            f()
-        })
-        .join()
-        .unwrap()
-    })
 }
 
 fn allocated(z: &Zonal) -> usize {
@@ -404,16 +395,8 @@ fn kernel_mappings(start: usize, len: usize) -> usize {
 fn collapse_merges_what_single_page_migrations_split() {
     for backend in backends() {
         let z = zonal();
-        let cfg = zonal_numab::Config {
-            backend,
-            scan_delay_ms: 3_600_000,
-            // Room for every migration at once: a burst larger than the reserve fails some.
-            reserve_pages: 1024,
-            collapse_mb: 0,
-            chunk_migration: false,
-            ..Default::default()
-        };
-        let b = Balancer::new(z.clone(), cfg).unwrap();
+        // Room for every migration at once: a burst larger than the reserve fails some.
+        let b = driven_balancer(&z, backend, MigrateMode::Delayed, 1024);
         let n = 1024;
         let stay = 128;
         let r = b.region(n * PAGE, MemPolicy::Local).unwrap();
@@ -490,15 +473,7 @@ fn collapse_merges_what_single_page_migrations_split() {
 #[test]
 fn a_collapse_pass_copies_at_most_its_budget() {
     let z = zonal();
-    let cfg = zonal_numab::Config {
-        backend: Backend::Mprotect,
-        scan_delay_ms: 3_600_000,
-        reserve_pages: 1024,
-        collapse_mb: 0,
-        chunk_migration: false,
-        ..Default::default()
-    };
-    let b = Balancer::new(z.clone(), cfg).unwrap();
+    let b = driven_balancer(&z, Backend::Mprotect, MigrateMode::Delayed, 1024);
     let n = 512;
     let r = b.region(n * PAGE, MemPolicy::Local).unwrap();
     let p = r.as_ptr() as usize;
