@@ -87,6 +87,26 @@ fn an_allocation_that_would_fail_drains_other_cpus_first() {
     z.free_pages(big.as_ptr(), 10).unwrap();
 }
 
+/// A one-frame bulk call takes the single path (the rseq cache when it has a frame) and is
+/// still counted as one bulk call and one page, whichever path served it.
+#[test]
+fn a_one_frame_bulk_call_counts_as_one_call() {
+    let z = zonal("nodes=1,size=16M");
+    // Warm this CPU's lists and cache, so the second call may take the fast path.
+    let warm = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+    z.free_pages(warm.as_ptr(), 0).unwrap();
+    for round in 0..2 {
+        let (calls, pgalloc) = (z.event(VmEvent::AllocBulk), z.event(VmEvent::PgallocNormal));
+        let mut one = vec![None];
+        assert_eq!(z.alloc_pages_bulk_array(Gfp::KERNEL, &mut one), 1);
+        assert_eq!(z.event(VmEvent::AllocBulk), calls + 1, "round {round}");
+        assert_eq!(z.event(VmEvent::PgallocNormal), pgalloc + 1, "round {round}");
+        assert_eq!(z.check_invariants(), Ok(1));
+        z.free_pages_bulk(&[one[0].unwrap().as_ptr()]).unwrap();
+    }
+    assert_eq!(z.check_invariants(), Ok(0));
+}
+
 #[test]
 fn bulk_array_fills_exactly_the_empty_slots() {
     let z = zonal("nodes=1,size=16M");

@@ -14,7 +14,7 @@ impl Zonal {
     #[inline]
     pub fn alloc_pages(&self, gfp: Gfp, order: u32) -> Result<NonNull<u8>> {
         if order == 0 {
-            if let Some(p) = self.alloc_order0_fast() {
+            if let Some(p) = self.alloc_order0_fast(None) {
                 return Ok(p);
             }
         }

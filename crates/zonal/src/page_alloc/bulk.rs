@@ -42,6 +42,15 @@ impl Zonal {
         if nr == 0 {
             return 0;
         }
+        // One frame: the single fast path, with the call counted on the CPU it ran on, so a
+        // one-frame call costs what a single allocation does (Linux sends N = 1 to the single
+        // path too, before any set-up of its own).
+        if nr == 1 {
+            if let Some(p) = self.alloc_order0_fast(Some(VmEvent::AllocBulk)) {
+                put(p);
+                return 1;
+            }
+        }
         let cpu = self.current_cpu();
         self.count_event(cpu, VmEvent::AllocBulk, 1);
         let local = self.topo.cpu_to_node(CpuId(cpu as u32));

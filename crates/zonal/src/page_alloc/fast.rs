@@ -12,12 +12,18 @@ impl Zonal {
     /// restartable sequence, with no lock and no atomic read-modify-write. Anything else (no
     /// rseq, a thread policy, a zone near its watermarks, an empty cache, an interrupted
     /// section) returns `None`, and the general path runs with the same semantics.
+    ///
+    /// `also`: an event to count on the CPU the path ran on (a bulk call of one frame counts
+    /// itself as a bulk call); `None` from the single path, which the inlining removes.
     #[inline(always)]
-    pub(super) fn alloc_order0_fast(&self) -> Option<NonNull<u8>> {
+    pub(super) fn alloc_order0_fast(&self, also: Option<VmEvent>) -> Option<NonNull<u8>> {
         let area = self.rseq_area()?;
         let (cpu, z) = self.local_fast_zone(area, 0)?;
         let pfn = self.pop_cached(area, z)?;
         self.account_local_alloc(cpu, z, 1);
+        if let Some(e) = also {
+            self.count_event(cpu, e, 1);
+        }
         Some(self.pfn_to_ptr(pfn))
     }
 
