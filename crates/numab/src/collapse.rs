@@ -232,6 +232,7 @@ fn collapse(bal: &Shared, r: &RegionShared, c: usize, order: u32, nid: u16) -> R
         free_block();
         return Err(Failed::Map);
     }
+    r.mapped_anew(addr, n * PAGE);
     for (k, e) in entries.iter().enumerate() {
         let old = e.frame.swap(block as usize + k * PAGE, Ordering::Relaxed);
         // SAFETY: the old frame is mapped nowhere now but the arena, and ours alone.

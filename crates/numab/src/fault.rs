@@ -399,6 +399,7 @@ impl RegionShared {
             self.entries[idx].release(PRESENT);
             return true;
         }
+        self.mapped_anew(addr, n * PAGE);
         let st = &self.bal.stats;
         for (k, j) in (c..c + n).enumerate() {
             let e = &self.entries[j];
@@ -471,7 +472,18 @@ impl RegionShared {
     pub(crate) unsafe fn map(&self, addr: usize, frame: usize) -> Result<(), i32> {
         let off = self.bal.z.frame_offset(frame as *const u8).map_err(|_| libc::EINVAL)?;
         // SAFETY: per the caller's contract; the frame is allocated and ours.
-        unsafe { os::map_frame(addr, PAGE, self.bal.z.frame_file(), off, false) }
+        unsafe { os::map_frame(addr, PAGE, self.bal.z.frame_file(), off, false) }?;
+        self.mapped_anew(addr, PAGE);
+        Ok(())
+    }
+
+    /// Notes that `addr..addr + len` (claimed pages) was just mapped with a new mapping,
+    /// which the userfaultfd has not registered.
+    pub(crate) fn mapped_anew(&self, addr: usize, len: usize) {
+        let s = (addr - self.start) / PAGE;
+        for e in &self.entries[s..s + len / PAGE] {
+            e.unregistered.store(true, Ordering::Relaxed);
+        }
     }
 
     /// [`RegionShared::hide`] for pages that may have been mapped since they were last
@@ -484,9 +496,18 @@ impl RegionShared {
     /// As for [`RegionShared::hide`].
     pub(crate) unsafe fn hide_new(&self, addr: usize, len: usize) -> Result<(), i32> {
         if let Some(u) = &self.bal.uffd {
-            if let Err(e) = u.register_minor(addr, len) {
-                self.bal.stats.register_fail.fetch_add(1, Ordering::Relaxed);
-                return Err(e);
+            // Only when a page of the range was mapped anew since it was registered: an
+            // `UFFDIO_REGISTER` takes the mmap lock for writing, so a scan pass registering
+            // every run it hides would stall every faulting thread of the process for each.
+            let s = (addr - self.start) / PAGE;
+            let pages = &self.entries[s..s + len / PAGE];
+            if pages.iter().any(|e| e.unregistered.load(Ordering::Relaxed)) {
+                if let Err(e) = u.register_minor(addr, len) {
+                    self.bal.stats.register_fail.fetch_add(1, Ordering::Relaxed);
+                    return Err(e);
+                }
+                self.bal.stats.registered.fetch_add(1, Ordering::Relaxed);
+                pages.iter().for_each(|e| e.unregistered.store(false, Ordering::Relaxed));
             }
         }
         // SAFETY: per the caller's contract.

@@ -301,6 +301,7 @@ pub(crate) struct Counters {
     pub(crate) map_fail: AtomicU64,
     pub(crate) scan_fail: AtomicU64,
     pub(crate) register_fail: AtomicU64,
+    pub(crate) registered: AtomicU64,
     pub(crate) migrate_ns: AtomicU64,
     pub(crate) fail_vma: AtomicU64,
     pub(crate) scan_capped: AtomicU64,
@@ -340,6 +341,9 @@ pub struct Stats {
     /// Runs a scan or a collapse could not register with the userfaultfd before hiding them
     /// (they were left mapped, untouched).
     pub register_fail: u64,
+    /// Runs a scan or a collapse registered with the userfaultfd before hiding them (only
+    /// runs with a page mapped anew since its last registration need it).
+    pub registered: u64,
     /// Scan periods lengthened by the overhead cap.
     pub scan_capped: u64,
     /// Chunk migrations (512 pages each, counted in `numa_pages_migrated` too).
@@ -395,6 +399,7 @@ impl Stats {
             ("numab_vmas", self.vmas),
             ("numab_vmas_peak", self.vmas_peak),
             ("numab_register_fail", self.register_fail),
+            ("numab_registered", self.registered),
             ("numab_migrate_ns", self.migrate_ns),
             ("numab_first_touch", self.first_touch),
             ("numab_scans", self.scans),
@@ -554,6 +559,7 @@ impl Shared {
             map_fail: l(&s.map_fail),
             scan_fail: l(&s.scan_fail),
             register_fail: l(&s.register_fail),
+            registered: l(&s.registered),
             migrate_ns: l(&s.migrate_ns),
             pgmigrate_fail_vma: l(&s.fail_vma),
             scan_capped: l(&s.scan_capped),

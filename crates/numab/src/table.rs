@@ -15,7 +15,7 @@
 //! Every move out of `UNMAPPED`, `HINT` and `PRESENT` into `BUSY` is a CAS, so exactly one
 //! thread owns a page while it changes; the others see `BUSY` and wait for it to end.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 /// No frame behind the page; it is inaccessible.
 pub const UNMAPPED: u8 = 0;
@@ -35,6 +35,10 @@ pub struct PageEntry {
     pub state: AtomicU8,
     /// The last hint fault's [`Cpupid`], 0 when unset (`_last_cpupid`).
     pub last: AtomicU32,
+    /// The page was mapped anew since the userfaultfd last registered it (a new mapping is
+    /// not registered): the next hide registers it first. Changed only by the page's owner
+    /// (`BUSY`).
+    pub unregistered: AtomicBool,
 }
 
 impl PageEntry {

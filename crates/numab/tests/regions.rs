@@ -507,3 +507,50 @@ fn a_collapse_pass_copies_at_most_its_budget() {
     drop(b);
     assert_eq!(allocated(&z), 0);
 }
+
+/// Under userfaultfd a scan registers a run only when a page of it was mapped anew since its
+/// last registration (an `UFFDIO_REGISTER` takes the mmap lock for writing): a second scan of
+/// pages only revealed in place registers nothing, one after a migration registers again.
+#[test]
+fn a_scan_registers_only_runs_with_new_mappings() {
+    for backend in backends().into_iter().filter(|b| *b != Backend::Mprotect) {
+        let z = zonal();
+        let b = driven_balancer(&z, backend, MigrateMode::Delayed, 64);
+        let n = 16;
+        let r = b.region(n * PAGE, MemPolicy::Local).unwrap();
+        let p = r.as_ptr() as usize;
+        // SAFETY: pages of the region.
+        on_cpu(0, || (0..n).for_each(|i| unsafe { page(p, i).write_volatile(i as u64) }));
+        assert_eq!(b.scan_now(), n);
+        let first = b.stats().registered;
+        assert!(first >= 1, "{backend:?}: first-touch mappings are registered before the zap");
+        // Local hint faults: every page revealed in place, no new mapping.
+        // SAFETY: pages of the region.
+        on_cpu(0, || (0..n).for_each(|i| unsafe { assert_eq!(page(p, i).read_volatile(), i as u64) }));
+        assert_eq!(b.stats().numa_hint_faults_local, n as u64);
+        assert_eq!(b.scan_now(), n);
+        assert_eq!(b.stats().registered, first, "{backend:?}: nothing mapped anew, nothing registered");
+        // Page 3 moves to node 1 on its second fault in a row from one thread there: a new
+        // mapping, registered by the next scan.
+        on_cpu(1, || {
+            // SAFETY: a page of the region.
+            unsafe { assert_eq!(page(p, 3).read_volatile(), 3) };
+            b.scan_now();
+            // SAFETY: as above.
+            unsafe { assert_eq!(page(p, 3).read_volatile(), 3) };
+        });
+        assert_eq!(b.stats().numa_pages_migrated, 1, "{backend:?}");
+        assert_eq!(b.stats().registered, first, "{backend:?}: page 3 was revealed in place before it moved");
+        // SAFETY: pages of the region (the rest come back in place).
+        on_cpu(0, || (0..n).for_each(|i| unsafe { assert_eq!(page(p, i).read_volatile(), i as u64) }));
+        assert_eq!(b.scan_now(), n);
+        assert!(b.stats().registered > first, "{backend:?}: the migrated page's run is registered");
+        let hints = b.stats().numa_hint_faults;
+        // SAFETY: a page of the region.
+        on_cpu(1, || unsafe { assert_eq!(page(p, 3).read_volatile(), 3) });
+        assert_eq!(b.stats().numa_hint_faults, hints + 1, "{backend:?}: the migrated page takes its hint");
+        drop(r);
+        drop(b);
+        assert_eq!(allocated(&z), 0);
+    }
+}
