@@ -210,7 +210,7 @@ fn collapse(bal: &Shared, r: &RegionShared, c: usize, order: u32, nid: u16) -> R
     let addr = r.start + c * PAGE;
     // SAFETY: the window's pages are this region's, mapped and claimed by this thread.
     if unsafe { r.hide_new(addr, n * PAGE) }.is_err() {
-        remap_old(r, c, n);
+        r.remap_old(c, n);
         st.collapse_fail.fetch_add(1, Ordering::Relaxed);
         free_block();
         return Err(Failed::Map);
@@ -228,7 +228,7 @@ fn collapse(bal: &Shared, r: &RegionShared, c: usize, order: u32, nid: u16) -> R
     if mapped.is_none() {
         st.map_fail.fetch_add(1, Ordering::Relaxed);
         st.collapse_fail.fetch_add(1, Ordering::Relaxed);
-        remap_old(r, c, n);
+        r.remap_old(c, n);
         free_block();
         return Err(Failed::Map);
     }
@@ -244,23 +244,4 @@ fn collapse(bal: &Shared, r: &RegionShared, c: usize, order: u32, nid: u16) -> R
         e.release(PRESENT);
     }
     Ok(())
-}
-
-/// Maps each claimed page of the window back onto its own frame, read-write, and releases
-/// it `PRESENT` (after a failed hide or mapping the window's protections are unknown). A page
-/// whose mapping fails too is released `HINT`: its next access faults and maps it again,
-/// where `PRESENT` would send the faulting thread back to an access that faults for ever.
-fn remap_old(r: &RegionShared, c: usize, n: usize) {
-    for j in c..c + n {
-        let f = r.entries[j].frame.load(Ordering::Relaxed);
-        // SAFETY: a page of this region, claimed by this thread.
-        let to = match unsafe { r.map(r.start + j * PAGE, f) } {
-            Ok(()) => PRESENT,
-            Err(_) => {
-                r.bal.stats.map_fail.fetch_add(1, Ordering::Relaxed);
-                HINT
-            }
-        };
-        r.entries[j].release(to);
-    }
 }

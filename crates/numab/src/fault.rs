@@ -13,7 +13,7 @@
 //! makes raw system calls (`mmap`, `mprotect`, `sched_yield`, `futex`, `gettid`).
 
 use crate::os::{self, PAGE};
-use crate::table::{should_migrate, Cpupid, BUSY, HINT, PRESENT, UNMAPPED};
+use crate::table::{should_migrate, Cpupid, PageEntry, BUSY, HINT, PRESENT, UNMAPPED};
 use crate::{MigrateMode, RegionShared};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -383,20 +383,10 @@ impl RegionShared {
         if mapped.is_none() {
             // The old mappings may be gone with a failed MAP_FIXED: map each old frame back.
             self.bal.stats.map_fail.fetch_add(1, Ordering::Relaxed);
-            for j in c..c + n {
-                let f = self.entries[j].frame.load(Ordering::Relaxed);
-                // SAFETY: as above.
-                if unsafe { self.map(self.start + j * PAGE, f) }.is_err() {
-                    self.bal.stats.map_fail.fetch_add(1, Ordering::Relaxed);
-                }
-                if j != idx {
-                    self.entries[j].release(PRESENT);
-                }
-            }
+            self.bal.stats.migrate_fail.fetch_add(1, Ordering::Relaxed);
+            self.remap_old(c, n);
             self.bal.give_back_chunk(dst, block);
             // Page `idx` is mapped back; the caller's single-page path must not run again.
-            self.bal.stats.migrate_fail.fetch_add(1, Ordering::Relaxed);
-            self.entries[idx].release(PRESENT);
             return true;
         }
         self.mapped_anew(addr, n * PAGE);
@@ -477,12 +467,36 @@ impl RegionShared {
         Ok(())
     }
 
+    /// The entries of the pages `addr..addr + len` of this region.
+    fn entries_of(&self, addr: usize, len: usize) -> &[PageEntry] {
+        let s = (addr - self.start) / PAGE;
+        &self.entries[s..s + len / PAGE]
+    }
+
     /// Notes that `addr..addr + len` (claimed pages) was just mapped with a new mapping,
     /// which the userfaultfd has not registered.
     pub(crate) fn mapped_anew(&self, addr: usize, len: usize) {
-        let s = (addr - self.start) / PAGE;
-        for e in &self.entries[s..s + len / PAGE] {
+        for e in self.entries_of(addr, len) {
             e.unregistered.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Maps each claimed page `c..c + n` back onto its own frame, read-write, and releases it
+    /// `PRESENT`, after a failed hide or mapping left the pages' protections unknown. A page
+    /// whose mapping fails too is released `HINT`: its next access faults and maps it again,
+    /// where `PRESENT` would send the faulting thread back to an access that faults for ever.
+    pub(crate) fn remap_old(&self, c: usize, n: usize) {
+        for j in c..c + n {
+            let f = self.entries[j].frame.load(Ordering::Relaxed);
+            // SAFETY: a page of this region, claimed by the caller.
+            let to = match unsafe { self.map(self.start + j * PAGE, f) } {
+                Ok(()) => PRESENT,
+                Err(_) => {
+                    self.bal.stats.map_fail.fetch_add(1, Ordering::Relaxed);
+                    HINT
+                }
+            };
+            self.entries[j].release(to);
         }
     }
 
@@ -499,8 +513,7 @@ impl RegionShared {
             // Only when a page of the range was mapped anew since it was registered: an
             // `UFFDIO_REGISTER` takes the mmap lock for writing, so a scan pass registering
             // every run it hides would stall every faulting thread of the process for each.
-            let s = (addr - self.start) / PAGE;
-            let pages = &self.entries[s..s + len / PAGE];
+            let pages = self.entries_of(addr, len);
             if pages.iter().any(|e| e.unregistered.load(Ordering::Relaxed)) {
                 if let Err(e) = u.register_minor(addr, len) {
                     self.bal.stats.register_fail.fetch_add(1, Ordering::Relaxed);

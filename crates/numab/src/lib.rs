@@ -227,7 +227,8 @@ impl Config {
     /// Parses `key=value` items separated by `;` over the defaults: `numa_balancing` (0 or
     /// 1), `mode` (delayed or eager), `backend` (auto, mprotect, userfaultfd),
     /// `scan_delay_ms`, `scan_period_min_ms`, `scan_period_max_ms`, `scan_size_mb`,
-    /// `reserve_pages`, `vma_budget`. An empty string is the defaults.
+    /// `reserve_pages`, `vma_budget`, `chunk_migration` (0 or not), `collapse_mb`. An empty
+    /// string is the defaults.
     pub fn parse(s: &str) -> Result<Config> {
         let mut c = Config::default();
         for item in s.split(';').map(str::trim).filter(|i| !i.is_empty()) {

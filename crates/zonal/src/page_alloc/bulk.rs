@@ -53,6 +53,10 @@ impl Zonal {
         }
         let cpu = self.current_cpu();
         self.count_event(cpu, VmEvent::AllocBulk, 1);
+        if nr == 1 {
+            // The fast path just failed: the general path, without trying it again.
+            return self.alloc_pages_general(gfp, 0).map(&mut put).is_ok() as usize;
+        }
         let local = self.topo.cpu_to_node(CpuId(cpu as u32));
         // The bulk path interleaves per call, not per frame (Linux's bulk allocator takes the
         // interleave node once per call too, for its preferred node).
@@ -63,7 +67,7 @@ impl Zonal {
             }
             Err(_) => 0,
         };
-        if nr == 1 || !self.cpus.pcp_enabled {
+        if !self.cpus.pcp_enabled {
             return (0..nr).map(|_| single(&mut put)).take_while(|&n| n == 1).count();
         }
         let fast = self.alloc_bulk_cached(nr, &mut put);
