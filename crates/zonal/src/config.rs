@@ -26,6 +26,10 @@ pub struct Config {
     pub watermark_scale_factor: u32,
     /// Per-CPU page lists on (default) or off (every allocation takes the zone lock).
     pub pcp: bool,
+    /// Publish the handle for live introspection ([`crate::live`]) when it is built as a
+    /// shared handle ([`crate::Zonal::shared`], the C ABI's `zonal_create`). Key `publish`;
+    /// the environment variable `ZONAL_PUBLISH=1` turns it on too. Default off.
+    pub publish: bool,
     /// `percpu_pagelist_high_fraction`: 0 (default, `high` tunes itself) or at least 8.
     pub percpu_pagelist_high_fraction: u32,
     /// How often the background worker folds the zone counters and decays idle pcps
@@ -43,6 +47,7 @@ impl Config {
             min_free_kbytes: None,
             watermark_scale_factor: DEFAULT_WATERMARK_SCALE_FACTOR,
             pcp: true,
+            publish: false,
             percpu_pagelist_high_fraction: 0,
             stat_interval: std::time::Duration::from_secs(1),
         }
@@ -88,6 +93,7 @@ impl Config {
             };
             match k.as_str() {
                 "max_order" => c.max_order = u8::try_from(num(&v)?).unwrap_or(u8::MAX),
+                "publish" => c.publish = flag(&v)?,
                 "populate" => c.arena.populate = flag(&v)?,
                 "mlock" => c.arena.mlock = flag(&v)?,
                 "thp" => c.arena.thp = flag(&v)?,

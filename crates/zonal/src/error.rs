@@ -30,6 +30,9 @@ pub enum Error {
     InvalidConfig(String),
     /// The operating system refused a call zonal needs (mapping memory, reading sysfs).
     Os { call: &'static str, errno: i32 },
+    /// Publishing a handle, or a request to a published one, failed; the message says why
+    /// (a refused directory, no such handle, the server's error reply).
+    Live(String),
 }
 
 impl Error {
@@ -45,6 +48,7 @@ impl Error {
             Error::OrderMismatch { .. } => libc::ERANGE,
             Error::InteriorFrame { .. } => libc::ENOTBLK,
             Error::InvalidConfig(_) => libc::EINVAL,
+            Error::Live(_) => libc::EPROTO,
             Error::Os { errno, .. } => *errno,
         }
     }
@@ -57,10 +61,18 @@ impl fmt::Display for Error {
                 write!(f, "out of memory: no zone allowed has a free block of {order}")
             }
             Error::InvalidNode { node, nr_nodes } => {
-                write!(f, "invalid node {}: the topology has nodes 0..{}", node.0, nr_nodes)
+                match nr_nodes {
+                    0 => write!(f, "invalid node {}: the topology has no nodes", node.0),
+                    1 => write!(f, "invalid node {}: the topology has node 0 only", node.0),
+                    n => write!(f, "invalid node {}: the topology has nodes 0 to {}", node.0, n - 1),
+                }
             }
             Error::InvalidZone { zone, nr_zones } => {
-                write!(f, "invalid zone {}: the allocator has zones 0..{}", zone.0, nr_zones)
+                match nr_zones {
+                    0 => write!(f, "invalid zone {}: the allocator has no zones", zone.0),
+                    1 => write!(f, "invalid zone {}: the allocator has zone 0 only", zone.0),
+                    n => write!(f, "invalid zone {}: the allocator has zones 0 to {}", zone.0, n - 1),
+                }
             }
             Error::InvalidOrder { order, max_order } => {
                 write!(f, "invalid order {order}: the maximum is {}", max_order.0)
@@ -76,7 +88,7 @@ impl fmt::Display for Error {
             Error::InteriorFrame { pfn, block, order } => {
                 write!(f, "{pfn} is inside the allocated block at {block} ({order}), not its first frame")
             }
-            Error::InvalidConfig(msg) => f.write_str(msg),
+            Error::InvalidConfig(msg) | Error::Live(msg) => f.write_str(msg),
             Error::Os { call, errno } => {
                 write!(f, "{call} failed: {}", std::io::Error::from_raw_os_error(*errno))
             }

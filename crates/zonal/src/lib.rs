@@ -29,6 +29,7 @@ pub mod cpu;
 pub mod error;
 pub mod ffi;
 pub mod gfp;
+pub mod live;
 mod mem_map;
 pub mod mempolicy;
 mod page_alloc;

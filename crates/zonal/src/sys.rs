@@ -391,6 +391,101 @@ pub fn read_file(path: &str) -> Result<String> {
     std::fs::read_to_string(path).map_err(|e| Error::Os { call: "read", errno: e.raw_os_error().unwrap_or(libc::EIO) })
 }
 
+/// The effective user id of this process.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The process id and effective user id of the peer of a connected Unix socket
+/// (`SO_PEERCRED`), as the kernel recorded them when the peer connected.
+pub fn peer_cred(fd: std::os::fd::BorrowedFd<'_>) -> Result<(i32, u32)> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given, and `fd` is an open
+    // descriptor for the duration of the call.
+    let r = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(os_err("getsockopt(SO_PEERCRED)"));
+    }
+    Ok((cred.pid, cred.uid))
+}
+
+/// A pipe whose ends close on exec: `(read, write)`.
+pub fn pipe() -> Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(os_err("pipe2"));
+    }
+    // SAFETY: pipe2 returned two fresh descriptors that nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Writes one byte to a descriptor, ignoring a full pipe (a wake-up already pending).
+pub fn poke(fd: std::os::fd::BorrowedFd<'_>) {
+    let b = 1u8;
+    // SAFETY: the buffer is one valid byte and `fd` is open for the call.
+    let _ = unsafe { libc::write(std::os::fd::AsRawFd::as_raw_fd(&fd), (&b as *const u8).cast(), 1) };
+}
+
+/// Waits until one of `fds` is readable (or has hung up); returns which are. `EINTR` is
+/// retried. `timeout_ms` < 0 waits for ever.
+pub fn poll_readable(fds: &[std::os::fd::BorrowedFd<'_>], timeout_ms: i32) -> Result<Vec<bool>> {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|fd| libc::pollfd { fd: std::os::fd::AsRawFd::as_raw_fd(fd), events: libc::POLLIN, revents: 0 })
+        .collect();
+    loop {
+        // SAFETY: `p` holds `p.len()` valid pollfd entries for the call.
+        let r = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms) };
+        if r >= 0 {
+            return Ok(p.iter().map(|e| e.revents != 0).collect());
+        }
+        if errno() != libc::EINTR {
+            return Err(os_err("poll"));
+        }
+    }
+}
+
+/// Sends all of `buf` on a connected socket without raising `SIGPIPE` when the peer is
+/// gone (`MSG_NOSIGNAL`): a vanished client is an error here, never a dead process. Waits
+/// as the socket's send timeout allows.
+pub fn send_all(fd: std::os::fd::BorrowedFd<'_>, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: `buf` is valid for reads of its length and `fd` is open for the call.
+        let n = unsafe {
+            libc::send(std::os::fd::AsRawFd::as_raw_fd(&fd), buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL)
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        buf = &buf[n as usize..];
+    }
+    Ok(())
+}
+
+/// Whether a process exists (`kill(pid, 0)`: a process of another user counts).
+pub fn process_exists(pid: i32) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 sends nothing; it only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 || errno() == libc::EPERM }
+}
+
 #[cfg(test)]
 mod cpu_tests {
     use super::*;

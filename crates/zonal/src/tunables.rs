@@ -46,6 +46,19 @@ pub enum Bounds {
     Choice(&'static [&'static str]),
 }
 
+impl Bounds {
+    /// The accepted values in words: `1 to 1000`, `8 or more`, `0, or 8 or more`,
+    /// `one of auto, strict, coarse`.
+    pub fn describe(&self) -> String {
+        let range = |lo: u64, hi: u64| if hi == u64::MAX { format!("{lo} or more") } else { format!("{lo} to {hi}") };
+        match *self {
+            Bounds::Range(lo, hi) => range(lo, hi),
+            Bounds::ZeroOrRange(lo, hi) => format!("0, or {}", range(lo, hi)),
+            Bounds::Choice(words) => format!("one of {}", words.join(", ")),
+        }
+    }
+}
+
 /// One run-time tunable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tunable {

@@ -169,7 +169,7 @@ fn invalid_node() {
     assert_eq!(z.zonelists(NodeId(2)).map(|_| ()), Err(bad(2)));
     let e = bad(2);
     assert_eq!(e.errno(), libc::ENODEV);
-    assert_eq!(e.to_string(), "invalid node 2: the topology has nodes 0..2");
+    assert_eq!(e.to_string(), "invalid node 2: the topology has nodes 0 to 1");
     // An empty mask is a configuration error, not a node error.
     let empty = z.alloc_pages_policy(Gfp::KERNEL, 0, &MemPolicy::Bind(NodeMask::new()));
     assert!(matches!(empty, Err(Error::InvalidConfig(ref m)) if m.contains("empty")), "{empty:?}");

@@ -10,6 +10,13 @@ impl Zonal {
     /// Builds an allocator: maps each node's memory and puts it all on the free lists.
     pub fn new(config: Config) -> Result<Zonal> {
         config.validate()?;
+        if config.publish {
+            return Err(Error::InvalidConfig(
+                "config `publish`: a published handle is shared with its server thread; build it with \
+                 Zonal::shared (the C ABI's zonal_create does), or call publish on an Arc<Zonal>"
+                    .into(),
+            ));
+        }
         let max_order = Order(config.max_order);
         let topo = config.topology;
         let arena = Arena::new(&topo, max_order, config.arena)?;
@@ -133,6 +140,7 @@ impl Zonal {
                 )),
             },
             worker: Some(worker),
+            live: std::sync::Mutex::new(None),
         };
         mempolicy::register_handle(z.id);
         z.sysctl_from_env()?;

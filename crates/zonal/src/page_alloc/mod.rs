@@ -78,6 +78,8 @@ pub struct Zonal {
     /// Counters that layers on top of this handle add to its reports (NUMA balancing's).
     sources: CounterSources,
     worker: Option<Worker>,
+    /// The live-introspection server while the handle is published ([`crate::live`]).
+    live: std::sync::Mutex<Option<crate::live::Server>>,
 }
 
 /// A function that reads a layer's counters as `(name, value)`, for the reports.
@@ -89,6 +91,18 @@ pub type CounterSource = Box<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
 pub(crate) struct CounterSources {
     next: std::sync::atomic::AtomicU64,
     list: std::sync::Mutex<Vec<(u64, CounterSource)>>,
+}
+
+impl Zonal {
+    /// The handle's id, from a process-wide counter.
+    pub(crate) fn handle_id(&self) -> u64 {
+        self.id
+    }
+
+    /// The live server's slot.
+    pub(crate) fn live_slot(&self) -> std::sync::MutexGuard<'_, Option<crate::live::Server>> {
+        self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl CounterSources {
@@ -429,6 +443,8 @@ impl Zonal {
 
 impl Drop for Zonal {
     fn drop(&mut self) {
+        // The server first: its socket must not outlive the handle it answers for.
+        self.live_slot().take();
         self.worker.take();
         mempolicy::forget_handle(self.id);
     }

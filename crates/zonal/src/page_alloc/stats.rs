@@ -23,6 +23,15 @@ impl Zonal {
         }))
     }
 
+    /// One CPU's pageset of a zone as `(count, high, batch)`, read without any lock (the
+    /// lists' figures as of their last unlock, the rseq cache as it is): what the reports
+    /// print, so that a report, even one served to another process, never holds up an
+    /// allocation. Exact once allocation stops; [`Zonal::pcp_info`] locks for the truth.
+    pub(crate) fn pageset_hint(&self, cpu: usize, zone: ZoneId) -> Option<(usize, usize, usize)> {
+        (cpu < self.cpus.nr_cpus && (zone.0 as usize) < self.mem.zones.len())
+            .then(|| self.pcp(cpu, zone).pageset_hint())
+    }
+
     /// Free frames of a node in its buddy lists (`NR_FREE_PAGES`: frames on per-CPU lists are
     /// not counted, as in Linux; [`Zonal::nr_pcp_pages`] counts those).
     pub fn nr_free_pages(&self, nid: NodeId) -> Result<usize> {

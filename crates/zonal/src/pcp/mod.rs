@@ -121,6 +121,9 @@ pub struct PerCpuPages {
     cache: Box<[AtomicUsize]>,
     /// `count` as of the last unlock, readable without the lock (drains skip empty lists).
     count_hint: AtomicUsize,
+    /// `high` and `batch` as of the last unlock (`high | batch << 32`, each saturated to
+    /// 32 bits), so that reports read a pageset without the lock the allocation paths take.
+    shape_hint: AtomicU64,
     /// `cache_len` as of the last unlock: what the zone counters know of the cache. A
     /// snapshot adds the churn since (`cache_len - cache_settled`).
     cache_settled: AtomicUsize,
@@ -157,6 +160,7 @@ impl PerCpuPages {
             cache_slots: cache.as_ptr(),
             cache,
             count_hint: AtomicUsize::new(0),
+            shape_hint: AtomicU64::new(shape(high_min, batch)),
             cache_settled: AtomicUsize::new(0),
             decay_idle: AtomicBool::new(false),
             fences: AtomicU64::new(0),
@@ -290,6 +294,15 @@ impl PerCpuPages {
         done
     }
 
+    /// `(count, high, batch)` without the lock: the lists as of the last unlock plus the
+    /// cache as it is now; exact once allocation on these lists stops. What reports print,
+    /// so that reading them never holds up an allocation.
+    pub fn pageset_hint(&self) -> (usize, usize, usize) {
+        let s = self.shape_hint.load(Ordering::Relaxed);
+        let count = self.count_hint.load(Ordering::Relaxed) + self.cache_len.load(Ordering::Relaxed);
+        (count, (s & 0xFFFF_FFFF) as usize, (s >> 32) as usize)
+    }
+
     /// Blocks in the rseq cache.
     pub fn cache_len(&self) -> usize {
         self.cache_len.load(Ordering::Relaxed)
@@ -300,6 +313,13 @@ impl PerCpuPages {
     pub fn looks_empty(&self) -> bool {
         self.count_hint.load(Ordering::Relaxed) == 0 && self.cache_len.load(Ordering::Relaxed) == 0
     }
+}
+
+/// `high` and `batch` packed into one word for [`PerCpuPages::pageset_hint`].
+#[inline]
+fn shape(high: usize, batch: usize) -> u64 {
+    let c = |v: usize| v.min(u32::MAX as usize) as u64;
+    c(high) | c(batch) << 32
 }
 
 /// Proof that a `PerCpuPages` lock is held; unlocks on drop.
@@ -332,6 +352,7 @@ impl PcpGuard<'_> {
                     pcp.fill_cache(inner);
                 }
                 pcp.count_hint.store(inner.count, Ordering::Relaxed);
+                pcp.shape_hint.store(shape(inner.high, inner.batch), Ordering::Relaxed);
                 // One read: a holder that leaves the cache alone may see a section commit
                 // after it, and that churn is settled at a later lock.
                 let cache = pcp.cache_len.load(Ordering::Relaxed);

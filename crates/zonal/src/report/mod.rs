@@ -22,6 +22,7 @@ pub use parse::{parse_buddyinfo, parse_name_values, parse_prometheus, parse_zone
 
 use crate::page_alloc::Zonal;
 use crate::vmstat::{NumaStat, ZoneStatItem, NR_ALLOCATED_NAME};
+use crate::types::Order;
 use crate::zone::{Watermark, Zone};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -100,18 +101,16 @@ impl Zonal {
                 items_folded.push((NR_ALLOCATED_NAME.into(), f));
             }
         }
+        // No lock is taken: the pagesets as of their last unlock (plus the rseq caches) and
+        // the free blocks from their counters, both exact once allocation stops, so that a
+        // report never holds up an allocation (Linux's buddyinfo takes the zone lock).
         let pagesets = (0..self.nr_cpus())
             .filter_map(|cpu| {
-                let p = self.pcp_info(cpu, z.id)?;
-                Some(Pageset {
-                    cpu,
-                    count: p.count,
-                    high: p.high,
-                    batch: p.batch,
-                    stat_threshold: z.stat_threshold(cpu),
-                })
+                let (count, high, batch) = self.pageset_hint(cpu, z.id)?;
+                Some(Pageset { cpu, count, high, batch, stat_threshold: z.stat_threshold(cpu) })
             })
             .collect();
+        let free_blocks = (0..=z.max_order.0).map(|o| snap(ZoneStatItem::NrFreeOrder(Order(o)))).collect();
         ZoneStat {
             node: z.node.0,
             zone: z.kind.name(),
@@ -124,7 +123,7 @@ impl Zonal {
             present: z.present,
             managed: z.managed,
             start_pfn: z.start_pfn.0,
-            free_blocks: z.free_blocks(),
+            free_blocks,
             items,
             items_folded,
             under_pressure: z.under_pressure(),
@@ -149,8 +148,54 @@ impl Zonal {
         v
     }
 
+    /// The free blocks per order of every zone as JSON, `/proc/buddyinfo`'s figures:
+    /// `[{"node": 0, "zone": "Normal", "free_blocks": [..]}, ..]`.
+    pub fn buddyinfo_json(&self) -> String {
+        let v: Vec<serde_json::Value> = self
+            .zone_stats()
+            .into_iter()
+            .map(|z| serde_json::json!({ "node": z.node, "zone": z.zone, "free_blocks": z.free_blocks }))
+            .collect();
+        serde_json::to_string_pretty(&v).expect("buddyinfo serializes")
+    }
+
     /// The zone figures as JSON (an array of [`ZoneStat`], NUMA counters included).
     pub fn zone_stats_json(&self) -> String {
         serde_json::to_string_pretty(&self.zone_stats_with_numa()).expect("zone stats serialize")
+    }
+}
+
+impl Zonal {
+    /// Each node's zonelist as the nodes of its zones, in fallback order.
+    fn zonelist_nodes(&self) -> Vec<Vec<u16>> {
+        (0..self.topology().nr_nodes())
+            .map(|n| {
+                self.zonelists(crate::NodeId(n as u16))
+                    .map(|zl| zl.fallback.iter().map(|zid| self.zones()[zid.0 as usize].node.0).collect())
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
+    /// The topology as `zonal topology` prints it: nodes, memory, CPUs, distances, each
+    /// node's zonelist and the spec that rebuilds it.
+    pub fn topology_text(&self) -> String {
+        use std::fmt::Write;
+        let t = self.topology();
+        let mut s = t.describe();
+        s.push_str("zonelists (nodes in fallback order):\n");
+        for (n, order) in self.zonelist_nodes().iter().enumerate() {
+            let order: Vec<String> = order.iter().map(u16::to_string).collect();
+            let _ = writeln!(s, "node {n}: {}", order.join(" "));
+        }
+        let _ = writeln!(s, "spec: {}", t.to_spec());
+        s
+    }
+
+    /// The topology as JSON: `{"topology": .., "spec": .., "zonelists": [[node, ..], ..]}`.
+    pub fn topology_json(&self) -> String {
+        let t = self.topology();
+        let v = serde_json::json!({ "topology": t, "spec": t.to_spec(), "zonelists": self.zonelist_nodes() });
+        serde_json::to_string_pretty(&v).expect("topology serializes")
     }
 }
