@@ -1,6 +1,8 @@
 //! `zonal`: benchmarks, reports and tunables of the zonal page allocator.
 
 mod bench;
+mod exporter;
+mod live;
 mod workload;
 
 use clap::{Parser, Subcommand};
@@ -28,9 +30,9 @@ struct Cli {
     #[arg(long, global = true, value_name = "SPEC|FILE")]
     topology: Option<String>,
 
-    /// Largest block order (MAX_ORDER).
-    #[arg(long, global = true, default_value_t = zonal::types::DEFAULT_MAX_ORDER, value_name = "N")]
-    max_order: u8,
+    /// Largest block order (MAX_ORDER), 0 to 15.
+    #[arg(long, global = true, default_value_t = zonal::types::DEFAULT_MAX_ORDER.to_string(), value_name = "N")]
+    max_order: String,
 
     /// Fault every frame in when the allocator starts (MADV_POPULATE_WRITE).
     #[arg(long, global = true)]
@@ -47,6 +49,21 @@ struct Cli {
     /// Set a tunable before the command runs (repeatable): NAME=VALUE, as `zonal sysctl`.
     #[arg(long = "set", global = true, value_name = "NAME=VALUE")]
     set: Vec<String>,
+
+    /// Run the report (topology, zoneinfo, numastat, vmstat, buddyinfo), `sysctl` or `top`
+    /// against the handle a running process published, instead of an allocator of this
+    /// command's own (see `zonal ps`).
+    #[arg(long, global = true, value_name = "PID")]
+    pid: Option<i32>,
+
+    /// With --pid: which of the process's published handles (needed when it has several).
+    #[arg(long, global = true, value_name = "H", requires = "pid")]
+    handle: Option<u64>,
+
+    /// The directory of published handles. Default: $ZONAL_RUNTIME_DIR, else
+    /// $XDG_RUNTIME_DIR/zonal, else zonal-<uid> under the temporary directory.
+    #[arg(long = "dir", global = true, value_name = "DIR")]
+    runtime_dir: Option<std::path::PathBuf>,
 
     #[command(subcommand)]
     command: Command,
@@ -68,8 +85,11 @@ enum Command {
     /// `--workload` run before the first report leaves them at zero (seed 001); add
     /// `--set numa_stats_mode=strict` to count it.
     Zoneinfo {
-        /// Run a synthetic workload first: allocs=N,orders=A-B,policy=P,free=PCT,seed=S
-        /// (policy: local, preferred=N, bind=NODES, interleave[=NODES]).
+        /// Run a synthetic workload first: allocs=N,orders=A-B,policy=P,free=PCT,seed=S,
+        /// each key at most once. Defaults: allocs=1000, orders=0-0, policy=local, free=50
+        /// (percent of the blocks freed again, at random), seed=1. Policies: local,
+        /// preferred=N, bind=NODES (required), interleave[=NODES] (all nodes if none); NODES
+        /// as a list such as 0,2-3.
         #[arg(long, value_name = "SPEC")]
         workload: Option<String>,
         /// Print JSON instead of text.
@@ -86,7 +106,8 @@ enum Command {
         /// One node only, in the nodeN/numastat layout.
         #[arg(long, value_name = "N")]
         node: Option<u16>,
-        /// Run a synthetic workload first: allocs=N,orders=A-B,policy=P,free=PCT,seed=S.
+        /// Run a synthetic workload first: allocs=N,orders=A-B,policy=P,free=PCT,seed=S
+        /// (defaults and policies: see `zonal zoneinfo --help`).
         #[arg(long, value_name = "SPEC")]
         workload: Option<String>,
         /// Print JSON instead of text.
@@ -101,7 +122,8 @@ enum Command {
     /// `--workload` run before it leaves them at zero (seed 001); add
     /// `--set numa_stats_mode=strict` to count it.
     Vmstat {
-        /// Run a synthetic workload first: allocs=N,orders=A-B,policy=P,free=PCT,seed=S.
+        /// Run a synthetic workload first: allocs=N,orders=A-B,policy=P,free=PCT,seed=S
+        /// (defaults and policies: see `zonal zoneinfo --help`).
         #[arg(long, value_name = "SPEC")]
         workload: Option<String>,
         /// Print JSON instead of text.
@@ -113,7 +135,8 @@ enum Command {
     },
     /// Print free blocks per order per zone in the layout of Linux's /proc/buddyinfo.
     Buddyinfo {
-        /// Run a synthetic workload first: allocs=N,orders=A-B,policy=P,free=PCT,seed=S.
+        /// Run a synthetic workload first: allocs=N,orders=A-B,policy=P,free=PCT,seed=S
+        /// (defaults and policies: see `zonal zoneinfo --help`).
         #[arg(long, value_name = "SPEC")]
         workload: Option<String>,
         /// Print JSON instead of text.
@@ -122,7 +145,11 @@ enum Command {
     },
     /// Show or set run-time tunables, like sysctl: `-a` lists every one, NAME prints one,
     /// NAME=VALUE sets it (rejected with the old value kept if invalid) and prints it.
-    /// Tunables are also read from ZONAL_<NAME> when an allocator is built.
+    /// A setting lasts as long as the allocator it is made on: without --pid that is this
+    /// command's own, so it ends with the command (use --set NAME=VALUE with another
+    /// command, or ZONAL_<NAME> in the environment of a program, to keep one); with --pid it
+    /// changes the running process's handle. Tunables are also read from ZONAL_<NAME> when
+    /// an allocator is built.
     Sysctl {
         /// NAME or NAME=VALUE.
         #[arg(value_name = "NAME[=VALUE]")]
@@ -136,6 +163,36 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+    },
+    /// List the published handles of this user's processes (a handle is published with
+    /// ZONAL_PUBLISH=1, the config key publish=1, Zonal::publish or zonal_publish): pid,
+    /// handle, command, nodes, CPUs, requests served and socket. Sockets of processes that
+    /// died are removed.
+    Ps {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A refreshing per-node view of a running process's handle (--pid): pages managed, free
+    /// and on per-CPU lists, watermark headroom, allocation and free rates, NUMA hit, miss
+    /// and foreign rates and the local share, the event rates, and NUMA balancing's rates
+    /// when the process balances regions.
+    Top {
+        /// Seconds between frames (0.05 to 3600).
+        #[arg(long, default_value_t = 1.0, value_name = "SECS")]
+        interval: f64,
+        /// Frames to show, then exit (0: until interrupted).
+        #[arg(long, default_value_t = 0, value_name = "N")]
+        count: u64,
+    },
+    /// Serve the Prometheus text exposition of every published handle of this user at
+    /// http://ADDR/metrics, with `pid` and `handle` labels (names as `vmstat --prometheus`)
+    /// and `zonal_up{pid,handle}` for whether each answered. Prints the address it serves
+    /// on first (port 0 picks a free port).
+    Exporter {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:9835", value_name = "ADDR")]
+        listen: String,
     },
     /// Run benchmark experiments (all of them when none is named) and print each as a table
     /// of ns per operation (median, min – max over repetitions) and ratios to the reference
@@ -180,6 +237,16 @@ fn main() -> ExitCode {
         eprintln!("zonal: internal error: {info}");
     }));
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Exporter { .. }) {
+        // A report piped into `head` ends quietly when the reader leaves, as C tools do,
+        // instead of failing on every write after (Rust ignores SIGPIPE by default). The
+        // exporter keeps ignoring it: its clients come and go.
+        // SAFETY: setting a signal's disposition to its default has no memory effects, and
+        // no other thread runs yet.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
@@ -187,6 +254,16 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--max-order`: 0 to MAX_ORDER_LIMIT, said in words.
+fn parse_max_order(s: &str) -> Result<u8, String> {
+    let limit = zonal::types::MAX_ORDER_LIMIT;
+    s.trim()
+        .parse::<u8>()
+        .ok()
+        .filter(|&o| o <= limit)
+        .ok_or_else(|| format!("--max-order `{s}`: give an order from 0 to {limit}"))
 }
 
 fn topology(arg: Option<&str>) -> Result<Topology, String> {
@@ -204,7 +281,7 @@ fn topology(arg: Option<&str>) -> Result<Topology, String> {
 /// What the command line asks the allocator to be built from.
 fn config(cli: &Cli) -> Result<Config, String> {
     let topo = topology(cli.topology.as_deref())?;
-    let mut config = Config::new(topo).max_order(cli.max_order);
+    let mut config = Config::new(topo).max_order(parse_max_order(&cli.max_order)?);
     config.arena = zonal::ArenaOptions { populate: cli.populate, mlock: cli.mlock, thp: cli.thp };
     Ok(config)
 }
@@ -227,7 +304,178 @@ fn set_tunable(z: &Zonal, item: &str) -> Result<(), String> {
     z.sysctl_set(name.trim(), value).map_err(|e| e.to_string())
 }
 
+/// The commands that read or tune a running process's handle instead of building one.
+fn run_live(cli: &Cli, pid: i32) -> Result<(), String> {
+    // Options that shape a local allocator mean nothing for a running process's.
+    let local = [
+        (cli.topology.is_some(), "--topology"),
+        (cli.max_order != zonal::types::DEFAULT_MAX_ORDER.to_string(), "--max-order"),
+        (cli.populate, "--populate"),
+        (cli.mlock, "--mlock"),
+        (cli.thp, "--thp"),
+        (!cli.set.is_empty(), "--set"),
+    ];
+    if let Some((_, flag)) = local.iter().find(|(on, _)| *on) {
+        return Err(format!(
+            "{flag} shapes an allocator of this command's own; with --pid the figures come from the running \
+             process's handle (tune it with `zonal --pid {pid} sysctl NAME=VALUE`)"
+        ));
+    }
+    let dir = live::dir(cli.runtime_dir.as_deref());
+    let no_workload = |w: &Option<String>| match w {
+        Some(_) => {
+            Err("--workload runs on an allocator of this command's own; it cannot be used with --pid".to_string())
+        }
+        None => Ok(()),
+    };
+    let h = || live::target(&dir, pid, cli.handle);
+    match &cli.command {
+        Command::Topology { json } => out(&live::ask(&h()?, if *json { "topology json" } else { "topology" })?),
+        Command::Zoneinfo { workload, json } => {
+            no_workload(workload)?;
+            out(&live::ask(&h()?, if *json { "zoneinfo json" } else { "zoneinfo" })?)
+        }
+        Command::Buddyinfo { workload, json } => {
+            no_workload(workload)?;
+            out(&live::ask(&h()?, if *json { "buddyinfo json" } else { "buddyinfo" })?)
+        }
+        Command::Vmstat { workload, json, prometheus } => {
+            no_workload(workload)?;
+            let req = if *prometheus {
+                "vmstat prometheus"
+            } else if *json {
+                "vmstat json"
+            } else {
+                "vmstat"
+            };
+            out(&live::ask(&h()?, req)?)
+        }
+        Command::Numastat { node, workload, json } => {
+            no_workload(workload)?;
+            let mut req = "numastat".to_string();
+            if let Some(n) = node {
+                req += &format!(" node {n}");
+            }
+            if *json {
+                req += " json";
+            }
+            out(&live::ask(&h()?, &req)?)
+        }
+        Command::Sysctl { items, all, doc, json } => {
+            if *doc {
+                return sysctl_doc(items, *json);
+            }
+            let h = h()?;
+            let mut shown = Vec::new();
+            for item in items {
+                let (name, value) = match item.split_once('=') {
+                    Some((n, v)) => (n.trim(), Some(v.trim())),
+                    None => (item.trim(), None),
+                };
+                check_tunable_name(name)?;
+                let got = match value {
+                    Some(v) if v.is_empty() || v.contains(char::is_whitespace) => {
+                        return Err(format!("`{item}`: the value must be one word"))
+                    }
+                    Some(v) => live::ask(&h, &format!("sysctl set {name} {v}"))?,
+                    None => live::ask(&h, &format!("sysctl get {name}"))?,
+                };
+                shown.push((name.to_string(), got.trim().to_string()));
+            }
+            if *all || items.is_empty() {
+                shown = live::ask(&h, "sysctl all")?
+                    .lines()
+                    .filter_map(|l| l.split_once(" = ").map(|(n, v)| (n.to_string(), v.to_string())))
+                    .collect();
+            }
+            print_sysctl(shown, *json)
+        }
+        Command::Top { interval, count } => {
+            if !(0.05..=3600.0).contains(interval) {
+                return Err(format!("--interval {interval}: give 0.05 to 3600 seconds"));
+            }
+            live::top(&h()?, Duration::from_secs_f64(*interval), *count)
+        }
+        Command::Ps { .. } | Command::Exporter { .. } => {
+            Err("--pid names one process; `ps` and `exporter` cover every published handle".into())
+        }
+        Command::Bench { .. } => Err("bench measures allocators of its own; it cannot be used with --pid".into()),
+    }
+}
+
+/// Writes a report to stdout.
+fn out(text: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    o.write_all(text.as_bytes()).and_then(|_| o.flush()).map_err(|e| format!("cannot write: {e}"))
+}
+
+/// Refuses a name that is no tunable, listing them.
+fn check_tunable_name(name: &str) -> Result<(), String> {
+    if zonal::sysctl::TUNABLES.iter().any(|t| t.name == name) {
+        return Ok(());
+    }
+    let names: Vec<&str> = zonal::sysctl::TUNABLES.iter().map(|t| t.name).collect();
+    Err(format!("unknown tunable `{name}`; tunables: {}", names.join(", ")))
+}
+
+/// A tunable's value as JSON: a number when it is one.
+fn json_value(v: &str) -> serde_json::Value {
+    v.parse::<u64>().map(serde_json::Value::from).unwrap_or_else(|_| serde_json::Value::String(v.to_string()))
+}
+
+fn print_sysctl(pairs: Vec<(String, String)>, json: bool) -> Result<(), String> {
+    if json {
+        let map: serde_json::Map<String, serde_json::Value> =
+            pairs.into_iter().map(|(n, v)| (n, json_value(&v))).collect();
+        out(&format!("{}\n", serde_json::Value::Object(map)))
+    } else {
+        out(&pairs.into_iter().map(|(n, v)| format!("{n} = {v}\n")).collect::<String>())
+    }
+}
+
+/// `sysctl --doc [NAME..]`: the table of tunables, or the named ones.
+fn sysctl_doc(items: &[String], json: bool) -> Result<(), String> {
+    for i in items {
+        if i.contains('=') {
+            return Err(format!("`{i}`: --doc prints the table; it sets nothing"));
+        }
+        check_tunable_name(i.trim())?;
+    }
+    let rows: Vec<&zonal::tunables::Tunable> = zonal::sysctl::TUNABLES
+        .iter()
+        .filter(|t| items.is_empty() || items.iter().any(|i| i.trim() == t.name))
+        .collect();
+    if json {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|t| {
+                serde_json::json!({ "name": t.name, "default": json_value(t.default),
+                    "values": t.bounds.describe(), "unit": t.unit, "doc": t.doc })
+            })
+            .collect();
+        return out(&(serde_json::to_string_pretty(&v).map_err(|e| e.to_string())? + "\n"));
+    }
+    out(&rows
+        .iter()
+        .map(|t| format!("{} (default {}, {}, unit {}): {}\n", t.name, t.default, t.bounds.describe(), t.unit, t.doc))
+        .collect::<String>())
+}
+
 fn run(cli: Cli) -> Result<(), String> {
+    match &cli.command {
+        Command::Ps { json } => return out(&live::ps(&live::dir(cli.runtime_dir.as_deref()), *json)?),
+        Command::Exporter { listen } if cli.pid.is_none() => {
+            return exporter::run(listen, &live::dir(cli.runtime_dir.as_deref()))
+        }
+        Command::Top { .. } if cli.pid.is_none() => {
+            return Err("top watches a running process: give --pid PID (`zonal ps` lists them)".into())
+        }
+        _ => {}
+    }
+    if let Some(pid) = cli.pid {
+        return run_live(&cli, pid);
+    }
     let config = config(&cli)?;
     let z = Zonal::new(config.clone()).map_err(|e| e.to_string())?;
     for item in &cli.set {
@@ -236,20 +484,16 @@ fn run(cli: Cli) -> Result<(), String> {
     match &cli.command {
         Command::Sysctl { items, all, doc, json } => {
             if *doc {
-                for t in zonal::sysctl::TUNABLES {
-                    println!("{} (default {}, {:?}, {}): {}", t.name, t.default, t.bounds, t.unit, t.doc);
-                }
-                return Ok(());
+                return sysctl_doc(items, *json);
             }
             let mut shown = Vec::new();
             for item in items {
-                match item.split_once('=') {
-                    Some((name, _)) => {
-                        set_tunable(&z, item)?;
-                        shown.push(name.trim().to_string());
-                    }
-                    None => shown.push(item.clone()),
+                let name = item.split_once('=').map_or(item.as_str(), |(n, _)| n).trim();
+                check_tunable_name(name)?;
+                if item.contains('=') {
+                    set_tunable(&z, item)?;
                 }
+                shown.push(name.to_string());
             }
             let pairs: Vec<(String, String)> = if *all || items.is_empty() {
                 z.sysctl_all().into_iter().map(|(n, v)| (n.to_string(), v)).collect()
@@ -259,37 +503,11 @@ fn run(cli: Cli) -> Result<(), String> {
                     .map(|n| z.sysctl_get(n).map(|v| (n.clone(), v)).map_err(|e| e.to_string()))
                     .collect::<Result<_, _>>()?
             };
-            if *json {
-                let map: serde_json::Map<String, serde_json::Value> =
-                    pairs.into_iter().map(|(n, v)| (n, serde_json::Value::String(v))).collect();
-                println!("{}", serde_json::Value::Object(map));
-            } else {
-                for (n, v) in pairs {
-                    println!("{n} = {v}");
-                }
-            }
+            print_sysctl(pairs, *json)?;
         }
-        Command::Topology { json } => {
-            let t = z.topology();
-            // Each node's zonelist as the nodes of its zones, in fallback order.
-            let lists = (0..t.nr_nodes())
-                .map(|n| {
-                    let zl = z.zonelists(zonal::NodeId(n as u16)).map_err(|e| e.to_string())?;
-                    Ok(zl.fallback.iter().map(|zid| z.zones()[zid.0 as usize].node.0).collect::<Vec<u16>>())
-                })
-                .collect::<Result<Vec<_>, String>>()?;
-            if *json {
-                let v = serde_json::json!({ "topology": t, "spec": t.to_spec(), "zonelists": lists });
-                println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
-            } else {
-                print!("{}", t.describe());
-                println!("zonelists (nodes in fallback order):");
-                for (n, order) in lists.iter().enumerate() {
-                    let order: Vec<String> = order.iter().map(u16::to_string).collect();
-                    println!("node {n}: {}", order.join(" "));
-                }
-                println!("spec: {}", t.to_spec());
-            }
+        Command::Topology { json } => out(&if *json { z.topology_json() + "\n" } else { z.topology_text() })?,
+        Command::Ps { .. } | Command::Top { .. } | Command::Exporter { .. } => {
+            return Err("this command reads published handles; it was dispatched before this point".into())
         }
         Command::Zoneinfo { workload, json } => {
             with_workload(&z, workload.as_deref())?;
@@ -329,7 +547,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Buddyinfo { workload, json } => {
             with_workload(&z, workload.as_deref())?;
             if *json {
-                println!("{}", z.zone_stats_json());
+                println!("{}", z.buddyinfo_json());
             } else {
                 print!("{}", z.buddyinfo());
             }

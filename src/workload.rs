@@ -42,6 +42,11 @@ impl Workload {
                 },
             }
         }
+        for (i, (k, _)) in items.iter().enumerate() {
+            if items[..i].iter().any(|(j, _)| j == k) {
+                return Err(format!("workload: `{k}` is given twice"));
+            }
+        }
         for (k, v) in items {
             let num = |v: &str| v.parse::<u64>().map_err(|_| format!("workload `{k}`: `{v}` is not a number"));
             let small = |v: &str| v.parse::<u32>().map_err(|_| format!("workload `{k}`: `{v}` is not a small number"));
@@ -69,7 +74,7 @@ impl Workload {
                     }
                 }
                 "seed" => w.seed = num(&v)?,
-                _ => unreachable!("keys filtered above"),
+                _ => return Err(format!("workload: unknown key `{k}`")),
             }
         }
         Ok(w)
@@ -130,5 +135,6 @@ mod tests {
         assert!(Workload::parse("colour=red").unwrap_err().contains("is not one of"));
         assert!(Workload::parse("orders=3-1").unwrap_err().contains("backwards"));
         assert!(Workload::parse("free=150").unwrap_err().contains("percentage"));
+        assert!(Workload::parse("allocs=1,allocs=2").unwrap_err().contains("`allocs` is given twice"));
     }
 }

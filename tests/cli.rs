@@ -183,7 +183,7 @@ fn sysctl_reads_the_environment() {
         .env("ZONAL_PERCPU_PAGELIST_HIGH_FRACTION", "32")
         .output()
         .unwrap();
-    assert_eq!(stdout(&o).trim(), r#"{"percpu_pagelist_high_fraction":"32"}"#);
+    assert_eq!(stdout(&o).trim(), r#"{"percpu_pagelist_high_fraction":32}"#);
     let o = Command::new(env!("CARGO_BIN_EXE_zonal"))
         .args(["sysctl", "-a"])
         .env("ZONAL_WATERMARK_SCALE_FACTOR", "5000")

@@ -60,20 +60,16 @@ impl fmt::Display for Error {
             Error::OutOfMemory { order } => {
                 write!(f, "out of memory: no zone allowed has a free block of {order}")
             }
-            Error::InvalidNode { node, nr_nodes } => {
-                match nr_nodes {
-                    0 => write!(f, "invalid node {}: the topology has no nodes", node.0),
-                    1 => write!(f, "invalid node {}: the topology has node 0 only", node.0),
-                    n => write!(f, "invalid node {}: the topology has nodes 0 to {}", node.0, n - 1),
-                }
-            }
-            Error::InvalidZone { zone, nr_zones } => {
-                match nr_zones {
-                    0 => write!(f, "invalid zone {}: the allocator has no zones", zone.0),
-                    1 => write!(f, "invalid zone {}: the allocator has zone 0 only", zone.0),
-                    n => write!(f, "invalid zone {}: the allocator has zones 0 to {}", zone.0, n - 1),
-                }
-            }
+            Error::InvalidNode { node, nr_nodes } => match nr_nodes {
+                0 => write!(f, "invalid node {}: the topology has no nodes", node.0),
+                1 => write!(f, "invalid node {}: the topology has node 0 only", node.0),
+                n => write!(f, "invalid node {}: the topology has nodes 0 to {}", node.0, n - 1),
+            },
+            Error::InvalidZone { zone, nr_zones } => match nr_zones {
+                0 => write!(f, "invalid zone {}: the allocator has no zones", zone.0),
+                1 => write!(f, "invalid zone {}: the allocator has zone 0 only", zone.0),
+                n => write!(f, "invalid zone {}: the allocator has zones 0 to {}", zone.0, n - 1),
+            },
             Error::InvalidOrder { order, max_order } => {
                 write!(f, "invalid order {order}: the maximum is {}", max_order.0)
             }

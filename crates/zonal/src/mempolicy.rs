@@ -140,10 +140,15 @@ impl MemPolicy {
             ("preferred", Some(a)) => MemPolicy::Preferred(NodeId(
                 a.parse().map_err(|_| Error::InvalidConfig(format!("mempolicy `{s}`: `{a}` is not a node")))?,
             )),
-            ("bind", Some(a)) => MemPolicy::Bind(NodeMask::parse(a)?),
+            ("bind", Some(a)) if !a.is_empty() => MemPolicy::Bind(NodeMask::parse(a)?),
             ("interleave", Some(a)) => MemPolicy::Interleave(NodeMask::parse(a)?),
             ("interleave", None) => MemPolicy::Interleave(all()),
-            ("bind", None) => MemPolicy::Bind(all()),
+            // As set_mempolicy(MPOL_BIND) with no nodes: refused, not read as "all".
+            ("bind", None) | ("bind", Some("")) => {
+                return Err(Error::InvalidConfig(format!(
+                    "mempolicy `{s}`: bind needs the nodes to bind to, e.g. bind=0 or bind=0-1"
+                )))
+            }
             _ => {
                 return Err(Error::InvalidConfig(format!(
                     "mempolicy `{s}`: expected local, preferred=N, bind=NODES or interleave[=NODES]"

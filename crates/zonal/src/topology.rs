@@ -123,8 +123,16 @@ impl Topology {
 
     /// A spec or a file: a path that exists is read as a file, anything else parsed as a spec.
     pub fn from_arg(arg: &str) -> Result<Topology> {
-        if std::path::Path::new(arg).is_file() {
+        let path = std::path::Path::new(arg);
+        if path.is_file() {
             Self::from_file(arg)
+        } else if !arg.contains('=') && arg != "sys" && (arg.contains('/') || path.exists()) {
+            // Meant as a file (a path, and no spec item in it): say what is wrong with it.
+            Err(Error::InvalidConfig(if path.exists() {
+                format!("topology file {arg} is not a regular file")
+            } else {
+                format!("topology file {arg} does not exist (a topology is a spec such as nodes=2,size=64M, sys, or a file)")
+            }))
         } else {
             Self::parse(arg)
         }

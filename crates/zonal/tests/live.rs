@@ -136,7 +136,7 @@ fn a_stuck_client_holds_up_neither_the_allocator_nor_the_next_client_past_the_ti
     assert!(t.elapsed() < Duration::from_secs(5), "served after {:?}", t.elapsed());
     // The stuck client was told why it was dropped.
     let mut s = String::new();
-    (&stuck).set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stuck.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     (&stuck).read_to_string(&mut s).unwrap();
     assert_eq!(s, "error timed out waiting for the request\n");
     let _ = std::fs::remove_dir_all(&dir);

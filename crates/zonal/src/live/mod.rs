@@ -204,9 +204,13 @@ pub fn request(path: &Path, line: &str, timeout: Duration) -> Result<String> {
         return Err(live_err(format!("a request is one line of fewer than {MAX_REQUEST} bytes")));
     }
     let mut s = UnixStream::connect(path).map_err(|e| io_err("cannot connect to", path, e))?;
-    s.set_read_timeout(Some(timeout)).and_then(|_| s.set_write_timeout(Some(timeout))).map_err(|e| io_err("", path, e))?;
+    s.set_read_timeout(Some(timeout))
+        .and_then(|_| s.set_write_timeout(Some(timeout)))
+        .map_err(|e| io_err("", path, e))?;
     let msg = format!("{line}\n");
-    crate::sys::send_all(std::os::fd::AsFd::as_fd(&s), msg.as_bytes()).map_err(|e| io_err("cannot send to", path, e))?;
+    // A server that refuses the peer may answer and close before the request is sent: its
+    // answer is still there to read, so a failed send reads it before giving up.
+    let sent = crate::sys::send_all(std::os::fd::AsFd::as_fd(&s), msg.as_bytes());
     let mut buf = Vec::new();
     let deadline = Instant::now() + timeout.saturating_mul(4);
     let mut chunk = [0u8; 65536];
@@ -216,15 +220,23 @@ pub fn request(path: &Path, line: &str, timeout: Duration) -> Result<String> {
             Ok(n) => {
                 buf.extend_from_slice(&chunk[..n]);
                 if buf.len() > MAX_REPLY {
-                    return Err(live_err(format!("the reply from {} is larger than {MAX_REPLY} bytes", path.display())));
+                    return Err(live_err(format!(
+                        "the reply from {} is larger than {MAX_REPLY} bytes",
+                        path.display()
+                    )));
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // A reset after the reply arrived (the server closed with our request unread).
+            Err(_) if !buf.is_empty() && sent.is_err() => break,
             Err(e) => return Err(io_err("no reply from", path, e)),
         }
         if Instant::now() > deadline {
             return Err(live_err(format!("the reply from {} took too long", path.display())));
         }
+    }
+    if let (Err(e), true) = (sent, buf.is_empty()) {
+        return Err(io_err("cannot send to", path, e));
     }
     let text = String::from_utf8(buf).map_err(|_| live_err("the reply is not UTF-8"))?;
     let (status, body) = text.split_once('\n').unwrap_or((text.as_str(), ""));

@@ -116,6 +116,8 @@ fn serve_loop(listener: &UnixListener, stop: &OwnedFd, z: &Weak<Zonal>, timeout:
             Ok(()) => stats.served.fetch_add(1, Ordering::Relaxed),
             Err(Refused) => stats.refused.fetch_add(1, Ordering::Relaxed),
             Err(Failed) => stats.failed.fetch_add(1, Ordering::Relaxed),
+            // A probe (`list` checking the socket is alive): nothing to count.
+            Err(Empty) => 0,
         };
     }
 }
@@ -124,8 +126,10 @@ fn serve_loop(listener: &UnixListener, stop: &OwnedFd, z: &Weak<Zonal>, timeout:
 enum Outcome {
     Refused,
     Failed,
+    /// The client closed without sending a byte.
+    Empty,
 }
-use Outcome::{Failed, Refused};
+use Outcome::{Empty, Failed, Refused};
 
 fn serve(conn: &UnixStream, z: &Arc<Zonal>, timeout: Duration, stats: &ServerStats) -> Result<(), Outcome> {
     conn.set_nonblocking(false).map_err(|_| Failed)?;
@@ -134,11 +138,10 @@ fn serve(conn: &UnixStream, z: &Arc<Zonal>, timeout: Duration, stats: &ServerSta
     match crate::sys::peer_cred(conn.as_fd()) {
         Ok((_, uid)) if uid == me || uid == 0 => {}
         Ok((pid, uid)) => {
-            let _ = reply(
-                conn,
-                deadline,
-                Err(format!("permission denied: peer pid {pid} is uid {uid}; this handle serves uid {me} and root")),
-            );
+            let why = format!("permission denied: peer pid {pid} is uid {uid}; this handle serves uid {me} and root");
+            if reply(conn, deadline, Err(why)).is_ok() {
+                discard_input(conn);
+            }
             return Err(Refused);
         }
         Err(e) => {
@@ -147,7 +150,8 @@ fn serve(conn: &UnixStream, z: &Arc<Zonal>, timeout: Duration, stats: &ServerSta
         }
     }
     let line = match read_request(conn, deadline) {
-        Ok(l) => l,
+        Ok(None) => return Err(Empty),
+        Ok(Some(l)) => l,
         Err(why) => {
             if reply(conn, Instant::now() + timeout, Err(why)).is_ok() {
                 discard_input(conn);
@@ -166,8 +170,9 @@ fn serve(conn: &UnixStream, z: &Arc<Zonal>, timeout: Duration, stats: &ServerSta
     }
 }
 
-/// Reads one request line before `deadline`: at most `MAX_REQUEST` bytes, UTF-8.
-fn read_request(mut conn: &UnixStream, deadline: Instant) -> Result<String, String> {
+/// Reads one request line before `deadline`: at most `MAX_REQUEST` bytes, UTF-8; `None`
+/// when the client closed without sending anything.
+fn read_request(mut conn: &UnixStream, deadline: Instant) -> Result<Option<String>, String> {
     let mut buf = Vec::with_capacity(256);
     let mut chunk = [0u8; 512];
     loop {
@@ -177,6 +182,7 @@ fn read_request(mut conn: &UnixStream, deadline: Instant) -> Result<String, Stri
         }
         conn.set_read_timeout(Some(left)).map_err(|e| e.to_string())?;
         match conn.read(&mut chunk) {
+            Ok(0) if buf.is_empty() => return Ok(None),
             Ok(0) => break,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -196,7 +202,7 @@ fn read_request(mut conn: &UnixStream, deadline: Instant) -> Result<String, Stri
     if buf.len() >= MAX_REQUEST {
         return Err(format!("request too long: a request is one line of fewer than {MAX_REQUEST} bytes"));
     }
-    String::from_utf8(buf).map_err(|_| "the request is not UTF-8 text".to_string())
+    String::from_utf8(buf).map(Some).map_err(|_| "the request is not UTF-8 text".to_string())
 }
 
 /// After an error reply to a request not read to its end: reads what the client still

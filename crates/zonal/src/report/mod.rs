@@ -21,8 +21,8 @@ mod prometheus;
 pub use parse::{parse_buddyinfo, parse_name_values, parse_prometheus, parse_zoneinfo, ParsedZone};
 
 use crate::page_alloc::Zonal;
-use crate::vmstat::{NumaStat, ZoneStatItem, NR_ALLOCATED_NAME};
 use crate::types::Order;
+use crate::vmstat::{NumaStat, ZoneStatItem, NR_ALLOCATED_NAME};
 use crate::zone::{Watermark, Zone};
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -1,0 +1,97 @@
+//! The rough edges a new user found in the `zonal` command, each fixed: a closed pipe, the
+//! words of errors, `sysctl`'s checks and JSON, `--workload`'s checks, buddyinfo's JSON.
+
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+
+fn zonal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_zonal")).args(args).output().expect("zonal runs")
+}
+
+fn ok(o: &Output) -> String {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn err(o: &Output) -> String {
+    assert!(!o.status.success(), "should fail: {}", String::from_utf8_lossy(&o.stdout));
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+#[test]
+fn a_reader_that_leaves_ends_the_command_quietly() {
+    // A report far bigger than a pipe's buffer, whose reader takes one line and goes.
+    for args in [&["--topology", "nodes=64,size=8M", "topology"][..], &["--topology", "nodes=64,size=8M", "zoneinfo"]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_zonal"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = [0u8; 16];
+        child.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
+        drop(child.stdout.take());
+        let mut stderr = String::new();
+        child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+        let status = child.wait().unwrap();
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+        // Ended by SIGPIPE, as `cat` would be, or done before the reader left: never a panic.
+        use std::os::unix::process::ExitStatusExt;
+        assert!(status.signal() == Some(libc::SIGPIPE) || status.success(), "{args:?}: {status:?}");
+    }
+}
+
+#[test]
+fn errors_say_what_is_wrong_in_words() {
+    let e = err(&zonal(&["--topology", "/nonexistent/file", "topology"]));
+    assert!(e.contains("topology file /nonexistent/file does not exist"), "{e}");
+    let e = err(&zonal(&["--max-order", "16", "topology"]));
+    assert!(e.contains("give an order from 0 to 15"), "{e}");
+    assert!(!e.contains("..="), "{e}");
+    let e = err(&zonal(&["--topology", "nodes=2,size=8M", "numastat", "--node", "2"]));
+    assert!(e.contains("invalid node 2: the topology has nodes 0 to 1"), "{e}");
+}
+
+#[test]
+fn sysctl_refuses_unknown_names_everywhere_and_speaks_json() {
+    for args in [&["sysctl", "-a", "nosuch"][..], &["sysctl", "--doc", "nosuch"], &["sysctl", "nosuch"]] {
+        assert!(err(&zonal(args)).contains("unknown tunable `nosuch`"), "{args:?}");
+    }
+    let doc = ok(&zonal(&["sysctl", "--doc"]));
+    assert!(!doc.contains("Choice(") && !doc.contains("Range(") && !doc.contains("18446744073709551615"), "{doc}");
+    assert!(doc.contains("numa_stats_mode (default auto, one of auto, strict, coarse"), "{doc}");
+    let one: serde_json::Value =
+        serde_json::from_str(&ok(&zonal(&["sysctl", "--doc", "--json", "stat_interval"]))).unwrap();
+    assert_eq!(one.as_array().unwrap().len(), 1);
+    assert_eq!(one[0]["default"], 1000);
+    let all: serde_json::Value = serde_json::from_str(&ok(&zonal(&["sysctl", "-a", "--json"]))).unwrap();
+    assert!(all["watermark_scale_factor"].is_u64(), "{all}");
+    assert_eq!(all["numa_stats_mode"], "auto");
+    let set: serde_json::Value =
+        serde_json::from_str(&ok(&zonal(&["sysctl", "--json", "watermark_scale_factor=20"]))).unwrap();
+    assert_eq!(set["watermark_scale_factor"], 20);
+    let help = ok(&zonal(&["sysctl", "--help"]));
+    assert!(help.contains("ends with the command"), "{help}");
+}
+
+#[test]
+fn workload_specs_are_checked() {
+    let e = err(&zonal(&["zoneinfo", "--workload", "allocs=10,policy=bind"]));
+    assert!(e.contains("bind needs the nodes"), "{e}");
+    let e = err(&zonal(&["zoneinfo", "--workload", "allocs=10,allocs=20"]));
+    assert!(e.contains("`allocs` is given twice"), "{e}");
+    let help = ok(&zonal(&["zoneinfo", "--help"]));
+    assert!(help.contains("allocs=1000") && help.contains("interleave[=NODES]"), "{help}");
+}
+
+#[test]
+fn buddyinfo_json_is_buddyinfo() {
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&zonal(&["--topology", "nodes=2,size=8M", "buddyinfo", "--json"]))).unwrap();
+    let zones = v.as_array().unwrap();
+    assert_eq!(zones.len(), 2);
+    assert_eq!(zones[1]["node"], 1);
+    // Two nodes of 8M: two free 4M blocks each.
+    assert_eq!(zones[1]["free_blocks"][10], 2);
+    assert!(zones[0].get("watermarks").is_none() && zones[0].get("pagesets").is_none(), "{v}");
+}
