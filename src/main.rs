@@ -168,7 +168,10 @@ enum Command {
         #[arg(long)]
         quiet: bool,
         /// Measure only the subjects whose names start with one of these (comma-separated),
-        /// and mimalloc, the reference; the experiments without them print nothing.
+        /// and mimalloc, the reference; the experiments without them print nothing. A name
+        /// that starts no subject of the chosen experiments is refused with the list of them;
+        /// threshold, modes, stats, zlc and numab measure zonal alone and run when `zonal pcp`
+        /// is kept.
         #[arg(long, value_delimiter = ',', value_name = "NAMES")]
         only: Vec<String>,
     },
@@ -347,6 +350,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 }
                 experiments.iter().map(String::as_str).collect()
             };
+            bench::check_only(&chosen, only)?;
             let opts = bench::BenchOpts {
                 reps: *reps,
                 cell_time: Duration::from_millis(*cell_ms),
@@ -362,11 +366,7 @@ fn run(cli: Cli) -> Result<(), String> {
             );
             println!("{}\n", bench::cpu_identity_note());
             let mut records = Vec::new();
-            for &e in &chosen {
-                // threshold and modes measure zonal alone.
-                if !bench::WITH_TCMALLOC.contains(&e) && !opts.keeps("zonal pcp") {
-                    continue;
-                }
+            for &e in &bench::runnable(&chosen, &opts) {
                 records.extend(match e {
                     "single" => bench::single::run(&z, &opts)?,
                     "parallel" => bench::parallel::run(&z, &opts)?,

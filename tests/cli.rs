@@ -267,3 +267,24 @@ fn zoneinfo_shows_pagesets_and_thresholds() {
         assert_eq!(z.get("nr_free_pages"), Some(16384));
     }
 }
+
+#[test]
+fn bench_only_refuses_a_name_that_matches_no_subject() {
+    let o = zonal(&["bench", "bulk", "--only", "nosuch", "--reps", "1", "--cell-ms", "1"]);
+    assert!(!o.status.success(), "--only nosuch succeeded: {}", stdout(&o));
+    let e = stderr(&o);
+    assert!(e.starts_with("zonal: error: --only `nosuch` matches no subject; subjects of bulk: "), "{e}");
+    for name in
+        ["zonal bulk array", "ideal per-thread stack", "glibc malloc", "mimalloc, the reference, is always measured"]
+    {
+        assert!(e.contains(name), "`{name}` missing: {e}");
+    }
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(stdout(&o).is_empty(), "a header was printed: {}", stdout(&o));
+    // A name of single's that bulk lacks; and the reference alone.
+    for only in ["kernel", "mimalloc"] {
+        let o = zonal(&["bench", "bulk", "--only", only]);
+        assert!(!o.status.success(), "--only {only} succeeded");
+        assert!(stdout(&o).is_empty());
+    }
+}

@@ -43,6 +43,71 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
 /// The experiments with tcmalloc among their peers.
 pub const WITH_TCMALLOC: &[&str] = &["single", "parallel", "bulk", "cross"];
 
+/// The subject whose name `--only` must keep for the experiments that measure zonal alone
+/// (threshold, modes, stats, zlc, numab) to run.
+pub const ZONAL_ALONE: &str = "zonal pcp";
+
+/// The subjects an experiment can measure, by name, for `--only` to choose among: the
+/// measured subjects of single, parallel, bulk and cross; `zonal pcp` for the others, which
+/// measure zonal alone and run when `--only` keeps it.
+pub fn subject_names(experiment: &str) -> Vec<String> {
+    match experiment {
+        "single" => single::names(),
+        "parallel" => parallel::names(),
+        "bulk" => bulk::names(),
+        "cross" => cross::names(),
+        _ => vec![ZONAL_ALONE.into()],
+    }
+}
+
+/// Refuses an `--only` that cannot mean what it says, before anything runs: an empty name,
+/// a name that starts no subject of `experiments`, or names that keep nothing but mimalloc
+/// (the reference, measured beside every subject; alone it leaves every table empty).
+pub fn check_only(experiments: &[&str], only: &[String]) -> Result<(), String> {
+    if only.is_empty() {
+        return Ok(());
+    }
+    let mut all: Vec<String> = Vec::new();
+    for e in experiments {
+        for n in subject_names(e) {
+            if !all.contains(&n) {
+                all.push(n);
+            }
+        }
+    }
+    let listing = || {
+        format!(
+            "subjects of {}: {} (a name keeps every subject it starts; threshold, modes, stats, zlc and numab measure \
+             zonal alone and run when `{ZONAL_ALONE}` is kept; mimalloc, the reference, is always measured)",
+            experiments.join(", "),
+            all.join(", ")
+        )
+    };
+    if only.iter().any(|p| p.trim().is_empty()) {
+        return Err(format!("--only has an empty name; {}", listing()));
+    }
+    let unknown: Vec<&str> =
+        only.iter().map(String::as_str).filter(|p| !all.iter().any(|n| n.starts_with(p))).collect();
+    if !unknown.is_empty() {
+        let names: Vec<String> = unknown.iter().map(|u| format!("`{u}`")).collect();
+        return Err(format!("--only {} matches no subject; {}", names.join(", "), listing()));
+    }
+    if all.iter().filter(|n| *n != "mimalloc").all(|n| !only.iter().any(|p| n.starts_with(p.as_str()))) {
+        return Err(format!(
+            "--only {} keeps nothing but mimalloc, the reference, which is measured beside every subject anyway: \
+             name the subjects to compare with it; {}",
+            only.join(","),
+            listing()
+        ));
+    }
+    Ok(())
+}
+
+/// Of `chosen`, the experiments this process runs: those `--only` leaves a subject in.
+pub fn runnable<'a>(chosen: &[&'a str], opts: &BenchOpts) -> Vec<&'a str> {
+    chosen.iter().copied().filter(|e| WITH_TCMALLOC.contains(e) || opts.keeps(ZONAL_ALONE)).collect()
+}
+
 /// Google tcmalloc's per-CPU caches need the thread's rseq area, which glibc (2.35+)
 /// registers for itself, and a thread has only one. zonal's own fast path reads glibc's area.
 /// So `zonal bench` measures everything in this process as users run it (glibc's rseq on:
@@ -316,8 +381,52 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A small allocator for the tests that build subjects.
+    pub(crate) fn small_zonal() -> zonal::Zonal {
+        let topo = zonal::Topology::parse("nodes=1,size=4M").expect("a valid spec");
+        zonal::Zonal::new(zonal::Config::new(topo)).expect("a small allocator")
+    }
+
+    fn opts(only: &[&str]) -> BenchOpts {
+        BenchOpts {
+            reps: 3,
+            cell_time: Duration::from_millis(1),
+            progress: true,
+            only: only.iter().map(|s| s.to_string()).collect(),
+            config: zonal::Config::new(zonal::Topology::parse("nodes=1,size=4M").expect("a valid spec")),
+        }
+    }
+
+    #[test]
+    fn only_names_are_checked_against_the_chosen_experiments() {
+        assert_eq!(check_only(&["bulk"], &[]), Ok(()));
+        assert_eq!(check_only(&["bulk"], &["zonal".into()]), Ok(()));
+        assert_eq!(check_only(&["single", "bulk"], &["kernel".into(), "jemalloc".into()]), Ok(()));
+        // A prefix of a tcmalloc name, whichever caches it runs on.
+        assert_eq!(check_only(&["cross"], &["tcmalloc".into()]), Ok(()));
+        let e = check_only(&["bulk"], &["nosuch".into(), "zonal".into()]).unwrap_err();
+        assert!(e.starts_with("--only `nosuch` matches no subject; subjects of bulk: zonal bulk array,"), "{e}");
+        assert!(e.contains("glibc malloc") && e.contains("mimalloc, the reference, is always measured"), "{e}");
+        // bulk has no kernel subject; single has.
+        assert!(check_only(&["bulk"], &["kernel".into()]).is_err());
+        // The experiments that measure zonal alone answer to `zonal pcp` only.
+        assert_eq!(check_only(&["zlc"], &["zonal p".into()]), Ok(()));
+        assert!(check_only(&["zlc", "numab"], &["snmalloc".into()]).is_err());
+        let e = check_only(&["single"], &["mimalloc".into()]).unwrap_err();
+        assert!(e.contains("keeps nothing but mimalloc"), "{e}");
+        assert!(check_only(&["single"], &["".into()]).unwrap_err().contains("empty name"));
+    }
+
+    #[test]
+    fn experiments_run_as_only_allows() {
+        let all: Vec<&str> = EXPERIMENTS.iter().map(|(n, _)| *n).collect();
+        assert_eq!(runnable(&all, &opts(&[])), all);
+        assert_eq!(runnable(&all, &opts(&["snmalloc"])), WITH_TCMALLOC);
+        assert_eq!(runnable(&["zlc", "bulk"], &opts(&["zonal"])), ["zlc", "bulk"]);
+    }
 
     #[test]
     fn summary_and_ratio() {
