@@ -161,7 +161,10 @@ enum Command {
         /// Milliseconds per cell per repetition (1 to 60000).
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=60_000))]
         cell_ms: u64,
-        /// Write one JSON record per measured cell to FILE.
+        /// Write one JSON record per measured cell to FILE; `-` writes them to stdout, and the
+        /// report then goes to stderr. A record has experiment, subject, params, ns_per_op
+        /// (median, min, max), reference, ratio_to_reference and reps. FILE is checked writable
+        /// before the run.
         #[arg(long, value_name = "FILE")]
         json: Option<String>,
         /// No progress on stderr.
@@ -351,6 +354,9 @@ fn run(cli: Cli) -> Result<(), String> {
                 experiments.iter().map(String::as_str).collect()
             };
             bench::check_only(&chosen, only)?;
+            // The output is settled before the run, so that a bad path fails now and not
+            // after minutes of measuring.
+            let json_out = json.as_deref().map(bench::output::JsonOut::open).transpose()?;
             let opts = bench::BenchOpts {
                 reps: *reps,
                 cell_time: Duration::from_millis(*cell_ms),
@@ -387,10 +393,9 @@ fn run(cli: Cli) -> Result<(), String> {
                 global.extend(["--topology".to_string(), t.clone()]);
             }
             records.extend(bench::run_tcmalloc_child(&chosen, &opts, &global, json.is_some())?);
-            if let Some(path) = json {
-                let text = serde_json::to_string_pretty(&records).map_err(|e| e.to_string())?;
-                std::fs::write(path, text + "\n").map_err(|e| format!("cannot write {path}: {e}"))?;
-                eprintln!("wrote {} records to {path}", records.len());
+            if let Some(out) = json_out {
+                let to = out.write(&records)?;
+                eprintln!("wrote {} records to {to}", records.len());
             }
         }
     }

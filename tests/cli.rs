@@ -288,3 +288,29 @@ fn bench_only_refuses_a_name_that_matches_no_subject() {
         assert!(stdout(&o).is_empty());
     }
 }
+
+#[test]
+fn bench_json_dash_writes_the_records_to_stdout_and_the_report_to_stderr() {
+    let o = zonal(&["bench", "cross", "--only", "zonal", "--reps", "1", "--cell-ms", "1", "--quiet", "--json", "-"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!std::path::Path::new("-").exists(), "a file named - was written");
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("stdout is the JSON alone");
+    let recs = v.as_array().unwrap();
+    let subjects: Vec<&str> = recs.iter().map(|r| r["subject"].as_str().unwrap()).collect();
+    assert_eq!(subjects, ["zonal pcp", "mimalloc"]);
+    let e = stderr(&o);
+    assert!(e.contains("cross: one thread allocates") && e.contains("× mimalloc"), "the table is not on stderr: {e}");
+    assert!(e.contains("wrote 2 records to stdout"), "{e}");
+}
+
+#[test]
+fn bench_json_to_a_path_that_cannot_be_written_fails_before_the_run() {
+    for (path, want) in [("/missing/dir/x.json", "/missing/dir is not a directory"), ("/", "cannot write it")] {
+        let o = zonal(&["bench", "single", "--reps", "1", "--cell-ms", "1", "--json", path]);
+        assert!(!o.status.success(), "{path} succeeded");
+        let e = stderr(&o);
+        assert!(e.starts_with("zonal: error: ") && e.contains(want), "{path}: {e}");
+        assert_eq!(e.lines().count(), 1, "{path}: {e}");
+        assert!(stdout(&o).is_empty(), "{path}: measured: {}", stdout(&o));
+    }
+}

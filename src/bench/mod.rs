@@ -10,6 +10,7 @@
 pub mod bulk;
 pub mod cross;
 pub mod numab;
+pub mod output;
 pub mod page_api;
 pub mod parallel;
 pub mod peers;
