@@ -163,8 +163,9 @@ enum Command {
         cell_ms: u64,
         /// Write one JSON record per measured cell to FILE; `-` writes them to stdout, and the
         /// report then goes to stderr. A record has experiment, subject, params, ns_per_op
-        /// (median, min, max), reference, ratio_to_reference and reps. FILE is checked writable
-        /// before the run.
+        /// (median, min, max), reference, ratio_to_reference, reps and process: `main`, or
+        /// `tcmalloc-child` for the child process that measures tcmalloc on its rseq per-CPU
+        /// caches beside a mimalloc of its own. FILE is checked writable before the run.
         #[arg(long, value_name = "FILE")]
         json: Option<String>,
         /// No progress on stderr.
@@ -177,6 +178,10 @@ enum Command {
         /// is kept.
         #[arg(long, value_delimiter = ',', value_name = "NAMES")]
         only: Vec<String>,
+        /// Internal: this run is the tcmalloc child of a bench run, whose experiments it
+        /// numbers from DONE + 1 of TOTAL; its records are marked `tcmalloc-child`.
+        #[arg(long, hide = true, value_name = "DONE/TOTAL")]
+        tcmalloc_child: Option<String>,
     },
 }
 
@@ -340,7 +345,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 print!("{}", z.buddyinfo());
             }
         }
-        Command::Bench { experiments, reps, cell_ms, json, quiet, only } => {
+        Command::Bench { experiments, reps, cell_ms, json, quiet, only, tcmalloc_child } => {
             let known: Vec<&str> = bench::EXPERIMENTS.iter().map(|(n, _)| *n).collect();
             let chosen: Vec<&str> = if experiments.is_empty() {
                 known.clone()
@@ -354,15 +359,23 @@ fn run(cli: Cli) -> Result<(), String> {
                 experiments.iter().map(String::as_str).collect()
             };
             bench::check_only(&chosen, only)?;
+            let child = tcmalloc_child.as_deref().map(bench::parse_child_steps).transpose()?;
             // The output is settled before the run, so that a bad path fails now and not
             // after minutes of measuring.
             let json_out = json.as_deref().map(bench::output::JsonOut::open).transpose()?;
-            let opts = bench::BenchOpts {
+            let mut opts = bench::BenchOpts {
                 reps: *reps,
                 cell_time: Duration::from_millis(*cell_ms),
                 progress: !quiet,
                 only: only.clone(),
                 config: config.clone(),
+                step: (0, 0),
+                process: if child.is_some() { bench::CHILD_PROCESS } else { bench::MAIN_PROCESS },
+            };
+            let ours = bench::runnable(&chosen, &opts);
+            let (done, total) = match child {
+                Some(steps) => steps,
+                None => (0, ours.len() + bench::child_experiments(&chosen, &opts).len()),
             };
             println!(
                 "zonal bench on {} node(s), {} cpu(s); {} ms per cell; ratios are medians of per-repetition ratios\n",
@@ -372,7 +385,8 @@ fn run(cli: Cli) -> Result<(), String> {
             );
             println!("{}\n", bench::cpu_identity_note());
             let mut records = Vec::new();
-            for &e in &bench::runnable(&chosen, &opts) {
+            for (i, &e) in ours.iter().enumerate() {
+                opts.step = (done + i + 1, total);
                 records.extend(match e {
                     "single" => bench::single::run(&z, &opts)?,
                     "parallel" => bench::parallel::run(&z, &opts)?,
@@ -386,16 +400,24 @@ fn run(cli: Cli) -> Result<(), String> {
                     _ => unreachable!("checked against EXPERIMENTS"),
                 });
             }
-            let mut records: Vec<serde_json::Value> =
-                records.iter().map(|r| serde_json::to_value(r).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
+            let mut records = bench::to_json(&records, opts.process)?;
             let mut global = vec!["--max-order".to_string(), cli.max_order.to_string()];
             if let Some(t) = &cli.topology {
                 global.extend(["--topology".to_string(), t.clone()]);
             }
-            records.extend(bench::run_tcmalloc_child(&chosen, &opts, &global, json.is_some())?);
+            records.extend(bench::run_tcmalloc_child(
+                &chosen,
+                &opts,
+                &global,
+                json_out.is_some(),
+                (ours.len(), total),
+            )?);
             if let Some(out) = json_out {
                 let to = out.write(&records)?;
-                eprintln!("wrote {} records to {to}", records.len());
+                // The child's file is the parent's to read, not the user's.
+                if child.is_none() {
+                    eprintln!("wrote {} records to {to}", records.len());
+                }
             }
         }
     }

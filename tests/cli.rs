@@ -298,6 +298,7 @@ fn bench_json_dash_writes_the_records_to_stdout_and_the_report_to_stderr() {
     let recs = v.as_array().unwrap();
     let subjects: Vec<&str> = recs.iter().map(|r| r["subject"].as_str().unwrap()).collect();
     assert_eq!(subjects, ["zonal pcp", "mimalloc"]);
+    assert!(recs.iter().all(|r| r["process"] == "main"), "{v}");
     let e = stderr(&o);
     assert!(e.contains("cross: one thread allocates") && e.contains("× mimalloc"), "the table is not on stderr: {e}");
     assert!(e.contains("wrote 2 records to stdout"), "{e}");
@@ -312,5 +313,43 @@ fn bench_json_to_a_path_that_cannot_be_written_fails_before_the_run() {
         assert!(e.starts_with("zonal: error: ") && e.contains(want), "{path}: {e}");
         assert_eq!(e.lines().count(), 1, "{path}: {e}");
         assert!(stdout(&o).is_empty(), "{path}: measured: {}", stdout(&o));
+    }
+}
+
+/// A fresh path in the temp directory for one test.
+fn temp_path(name: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("zonal-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+#[test]
+fn bench_marks_the_records_of_the_tcmalloc_child() {
+    let path = temp_path("child.json");
+    let o = zonal(&["bench", "single", "--reps", "1", "--cell-ms", "1", "--json", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let recs = v.as_array().unwrap();
+    let of = |process: &str| -> Vec<&str> {
+        recs.iter().filter(|r| r["process"] == process).map(|r| r["subject"].as_str().unwrap()).collect()
+    };
+    let (main, child) = (of("main"), of("tcmalloc-child"));
+    assert_eq!(main.len() + child.len(), recs.len(), "a record without its process: {v}");
+    assert!(main.contains(&"zonal pcp") && main.contains(&"mimalloc"), "{main:?}");
+    let e = stderr(&o);
+    if stdout(&o).contains("the same experiments in a child process") {
+        // Its own mimalloc, told apart by the process, and tcmalloc on its per-CPU caches.
+        assert_eq!(child, ["tcmalloc (rseq per-CPU)", "mimalloc"]);
+        assert!(
+            e.contains("experiment 1 of 2, single") && e.contains("experiment 2 of 2 (tcmalloc child), single"),
+            "{e}"
+        );
+        // The child's file is the parent's business: one "wrote" line, the parent's.
+        assert_eq!(e.matches("wrote ").count(), 1, "{e}");
+    } else {
+        assert!(child.is_empty(), "{child:?}");
+        assert!(e.contains("experiment 1 of 1, single"), "{e}");
     }
 }

@@ -122,10 +122,13 @@ pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
                 // the mirror), so a drift of the machine within it weighs on both alike.
                 let mut t: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
                 let half = iters.div_ceil(2);
+                let label = format!(
+                    "zlc {nodes} nodes, {}, {threads} thread(s), cache on and off",
+                    if remote { format!("{ahead} full ahead") } else { "local".into() }
+                );
+                let mut shown = 0;
                 for rep in 0..opts.reps {
-                    if opts.progress {
-                        eprint!("\r  zlc {nodes} nodes: repetition {}/{}   ", rep + 1, opts.reps);
-                    }
+                    shown = super::progress(opts, &label, rep);
                     let mut acc = [(0.0, 0.0); 2];
                     for k in [0, 1, 1, 0] {
                         let k = (k + rep) % 2;
@@ -137,6 +140,7 @@ pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
                         t[k].push((acc[k].0 / 2.0, acc[k].1 / 2.0));
                     }
                 }
+                super::clear_progress(opts, shown);
                 let col = |k: usize, f: fn(&(f64, f64)) -> f64| t[k].iter().map(f).collect::<Vec<f64>>();
                 let (on_a, off_a, on_t, off_t) = (col(0, |x| x.0), col(1, |x| x.0), col(0, |x| x.1), col(1, |x| x.1));
                 let ratio = paired_ratio(&on_a, &off_a);
