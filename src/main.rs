@@ -383,6 +383,9 @@ fn run(cli: Cli) -> Result<(), String> {
                 zonal::cpu::nr_cpus_online(),
                 cell_ms
             );
+            if child.is_none() {
+                println!("{}\n", bench::GLOSSARY);
+            }
             println!("{}\n", bench::cpu_identity_note());
             let mut records = Vec::new();
             for (i, &e) in ours.iter().enumerate() {

@@ -353,3 +353,20 @@ fn bench_marks_the_records_of_the_tcmalloc_child() {
         assert!(e.contains("experiment 1 of 1, single"), "{e}");
     }
 }
+
+#[test]
+fn bench_report_defines_its_terms_numbers_its_experiments_and_judges_its_targets() {
+    let o = zonal(&["bench", "bulk", "modes", "--only", "zonal", "--reps", "1", "--cell-ms", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    let glossary = s.lines().find(|l| l.starts_with("seed 000-004: ")).expect("the glossary line");
+    assert!(glossary.contains("Linux patches") && glossary.contains("prototype-kernel"), "{glossary}");
+    // Before the first table.
+    assert!(s.find("seed 000-004: ").unwrap() < s.find("bulk: N order-0").unwrap(), "{s}");
+    let target = s.lines().find(|l| l.starts_with("target: strict over coarse")).expect("modes' target");
+    assert!(target.ends_with(": met)") || target.ends_with(": not met)"), "{target}");
+    // Progress, each experiment of the two numbered.
+    let e = stderr(&o);
+    assert!(e.contains("experiment 1 of 2, bulk: repetition 1/1"), "{e}");
+    assert!(e.contains("experiment 2 of 2, modes: repetition 1/1"), "{e}");
+}

@@ -48,6 +48,12 @@ pub const WITH_TCMALLOC: &[&str] = &["single", "parallel", "bulk", "cross"];
 /// (threshold, modes, stats, zlc, numab) to run.
 pub const ZONAL_ALONE: &str = "zonal pcp";
 
+/// The first line of the report after its header: what the names it uses stand for.
+pub const GLOSSARY: &str = "seed 000-004: the Linux patches whose experiments zonal reproduces (000 the NUMA counter \
+     threshold, 001 numa_stats_mode, 002 per-CPU NUMA counters and batched bulk accounting, 003 the zonelist cache, \
+     004 NUMA balancing's delayed mapping); page_bench01/03/04_bulk: the kernel's page allocator microbenchmark \
+     module (page_bench) from Jesper Dangaard Brouer's prototype-kernel";
+
 /// The `process` field of the records of the main process and of the tcmalloc child.
 pub const MAIN_PROCESS: &str = "main";
 pub const CHILD_PROCESS: &str = "tcmalloc-child";
@@ -412,6 +418,15 @@ pub fn time_loop(n: u64, mut f: impl FnMut()) -> Duration {
         f();
     }
     t.elapsed()
+}
+
+/// The verdict a target line ends with.
+pub fn verdict(met: bool) -> &'static str {
+    if met {
+        "met"
+    } else {
+        "not met"
+    }
 }
 
 /// Formats a time in ns with sensible precision.

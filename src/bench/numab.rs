@@ -29,7 +29,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-use super::{paired_ratio, print_table, BenchOpts, Record, Summary};
+use super::{paired_ratio, print_table, verdict, BenchOpts, Record, Summary};
 use serde_json::json;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -837,14 +837,6 @@ fn fmt_opt(x: f64, digits: usize) -> String {
 
 fn fmt_rate(r: f64) -> String {
     format!("{:.1}M", r / 1e6)
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "met"
-    } else {
-        "not met"
-    }
 }
 
 /// Runs the experiment, prints its table and targets, and returns its records.

@@ -146,10 +146,10 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     let names = || subjects.iter().map(|(n, _, _)| n);
     let keep = |name: &str| super::index_of(names(), name).map(|i| paired_ratio(&times[0][i], &times[nproc - 1][i]));
     if let Some(one) = keep(ONE_NODE) {
-        let verdict = if one >= 0.90 { "met" } else { "not met" };
         println!(
-            "target: per-thread rate at T = {nproc} against T = 1, every CPU on one zone: {:.0}% (≥ 90%: {verdict})",
-            one * 100.0
+            "target: per-thread rate at T = {nproc} against T = 1, every CPU on one zone: {:.0}% (≥ 90%: {})",
+            one * 100.0,
+            super::verdict(one >= 0.90)
         );
         let mut controls = Vec::new();
         if let Some(own) = keep("zonal pcp") {

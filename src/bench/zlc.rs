@@ -158,12 +158,15 @@ pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
                     format!("{:.0}%", (1.0 - ratio_t) * 100.0),
                 ]);
                 if remote && ahead >= 16 {
-                    targets
-                        .push(format!("{nodes} nodes, {threads} thread(s): on/off {ratio:.2} (target at most 0.50)"));
+                    targets.push(format!(
+                        "{nodes} nodes, {threads} thread(s): alloc on/off {ratio:.2} (≤ 0.50: {})",
+                        super::verdict(ratio <= 0.50)
+                    ));
                 } else if !remote {
                     targets.push(format!(
-                        "{nodes} nodes local, {threads} thread(s): {:+.1}% (target within 2%)",
-                        (ratio - 1.0) * 100.0
+                        "{nodes} nodes local, {threads} thread(s): alloc on against off {:+.1}% (within ±2%: {})",
+                        (ratio - 1.0) * 100.0,
+                        super::verdict((ratio - 1.0).abs() <= 0.02)
                     ));
                 }
                 for (k, name) in [(0, "on"), (1, "off")] {
@@ -197,7 +200,7 @@ pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
         &rows,
     );
     for t in targets {
-        println!("  {t}");
+        println!("  target: {t}");
     }
     println!();
     Ok(records)
