@@ -168,6 +168,12 @@ enum Command {
         /// caches beside a mimalloc of its own. FILE is checked writable before the run.
         #[arg(long, value_name = "FILE")]
         json: Option<String>,
+        /// Write one SVG per experiment that ran into DIR (DIR/single.svg, DIR/bulk.svg, ...),
+        /// drawn from the same records as --json: medians with min–max whiskers, numab's
+        /// accesses/s and TLB shootdowns over time. DIR is created if missing (its parent must
+        /// exist) and checked writable before the run; the paths written are printed on stderr.
+        #[arg(long, value_name = "DIR")]
+        plot: Option<std::path::PathBuf>,
         /// No progress on stderr.
         #[arg(long)]
         quiet: bool,
@@ -345,7 +351,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 print!("{}", z.buddyinfo());
             }
         }
-        Command::Bench { experiments, reps, cell_ms, json, quiet, only, tcmalloc_child } => {
+        Command::Bench { experiments, reps, cell_ms, json, plot, quiet, only, tcmalloc_child } => {
             let known: Vec<&str> = bench::EXPERIMENTS.iter().map(|(n, _)| *n).collect();
             let chosen: Vec<&str> = if experiments.is_empty() {
                 known.clone()
@@ -360,9 +366,12 @@ fn run(cli: Cli) -> Result<(), String> {
             };
             bench::check_only(&chosen, only)?;
             let child = tcmalloc_child.as_deref().map(bench::parse_child_steps).transpose()?;
-            // The output is settled before the run, so that a bad path fails now and not
+            // Every output is settled before the run, so that a bad path fails now and not
             // after minutes of measuring.
             let json_out = json.as_deref().map(bench::output::JsonOut::open).transpose()?;
+            if let Some(dir) = plot {
+                bench::plot::prepare(dir)?;
+            }
             let mut opts = bench::BenchOpts {
                 reps: *reps,
                 cell_time: Duration::from_millis(*cell_ms),
@@ -408,18 +417,18 @@ fn run(cli: Cli) -> Result<(), String> {
             if let Some(t) = &cli.topology {
                 global.extend(["--topology".to_string(), t.clone()]);
             }
-            records.extend(bench::run_tcmalloc_child(
-                &chosen,
-                &opts,
-                &global,
-                json_out.is_some(),
-                (ours.len(), total),
-            )?);
+            let wanted = json_out.is_some() || plot.is_some();
+            records.extend(bench::run_tcmalloc_child(&chosen, &opts, &global, wanted, (ours.len(), total))?);
             if let Some(out) = json_out {
                 let to = out.write(&records)?;
                 // The child's file is the parent's to read, not the user's.
                 if child.is_none() {
                     eprintln!("wrote {} records to {to}", records.len());
+                }
+            }
+            if let Some(dir) = plot {
+                for path in bench::plot::write_all(dir, &records)? {
+                    eprintln!("wrote {}", path.display());
                 }
             }
         }

@@ -370,3 +370,63 @@ fn bench_report_defines_its_terms_numbers_its_experiments_and_judges_its_targets
     assert!(e.contains("experiment 1 of 2, bulk: repetition 1/1"), "{e}");
     assert!(e.contains("experiment 2 of 2, modes: repetition 1/1"), "{e}");
 }
+
+#[test]
+fn bench_plot_writes_a_well_formed_svg_with_every_series() {
+    let dir = temp_path("plot");
+    let o = zonal(&[
+        "bench",
+        "bulk",
+        "--only",
+        "zonal",
+        "--reps",
+        "1",
+        "--cell-ms",
+        "1",
+        "--quiet",
+        "--plot",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let svg_path = dir.join("bulk.svg");
+    // The path written is printed, and nothing but bulk ran, so nothing else was written.
+    assert!(stderr(&o).contains(&format!("wrote {}", svg_path.display())), "{}", stderr(&o));
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(files, ["bulk.svg"]);
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{svg}");
+    let doc = roxmltree::Document::parse(&svg).expect("well-formed XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let texts: Vec<&str> =
+        doc.descendants().filter(|n| n.has_tag_name("text")).filter_map(|n| n.text()).map(str::trim).collect();
+    // Every series the table has (--only zonal keeps zonal's three and the reference), with
+    // a line each.
+    for label in ["zonal bulk array", "zonal bulk list", "zonal single", "mimalloc"] {
+        assert!(texts.contains(&label), "legend `{label}` missing from {texts:?}");
+    }
+    assert!(!texts.contains(&"jemalloc"), "--only dropped jemalloc, the plot has it: {texts:?}");
+    let lines = doc.descendants().filter(|n| n.has_tag_name("polyline")).count();
+    assert!(lines >= 4, "{lines} polylines");
+}
+
+#[test]
+fn bench_plot_to_a_directory_that_cannot_be_made_fails_before_the_run() {
+    let file = temp_path("plot-file");
+    std::fs::write(&file, "").unwrap();
+    for (dir, want) in
+        [("/nonexistent/dir/x", "cannot create the directory"), (file.to_str().unwrap(), "not a directory")]
+    {
+        let t = std::time::Instant::now();
+        let o = zonal(&["bench", "single", "--reps", "1", "--cell-ms", "1", "--plot", dir]);
+        assert!(!o.status.success(), "{dir} succeeded");
+        let e = stderr(&o);
+        assert!(e.starts_with("zonal: error: --plot ") && e.contains(want), "{dir}: {e}");
+        assert_eq!(e.lines().count(), 1, "{dir}: {e}");
+        // Before the run: no table, and quickly.
+        assert!(stdout(&o).is_empty(), "{dir}: measured: {}", stdout(&o));
+        assert!(t.elapsed() < std::time::Duration::from_secs(5), "{dir} took {:?}", t.elapsed());
+    }
+    assert!(!std::path::Path::new("/nonexistent").exists(), "--plot made a tree of directories");
+    std::fs::remove_file(&file).unwrap();
+}

@@ -14,6 +14,7 @@ pub mod output;
 pub mod page_api;
 pub mod parallel;
 pub mod peers;
+pub mod plot;
 pub mod single;
 pub mod vmstat_exp;
 pub mod zlc;

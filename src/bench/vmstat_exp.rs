@@ -126,7 +126,12 @@ pub fn run_threshold(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String>
          the threshold; ns per pair per thread, change against 125; {} repetitions",
         opts.reps
     );
-    let (cells, records) = against_base(&times, base, &configs, &ts, ("threshold", "numa_stat_threshold"), opts);
+    let (cells, mut records) = against_base(&times, base, &configs, &ts, ("threshold", "numa_stat_threshold"), opts);
+    // The seed's figure beside each of zonal's, for `--plot`.
+    for r in &mut records {
+        let seed = SEED_000.iter().find(|(t, _)| r.params["numa_stat_threshold"] == *t).map(|(_, c)| *c);
+        r.params["seed_000_cycles_88_threads"] = json!(seed);
+    }
     let rows: Vec<Vec<String>> = SEED_000
         .iter()
         .zip(cells)
