@@ -218,16 +218,33 @@ enum Command {
         /// Milliseconds per cell per repetition (1 to 60000).
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=60_000))]
         cell_ms: u64,
-        /// Write one JSON record per measured cell to FILE.
+        /// Write one JSON record per measured cell to FILE; `-` writes them to stdout, and the
+        /// report then goes to stderr. A record has experiment, subject, params, ns_per_op
+        /// (median, min, max), reference, ratio_to_reference, reps and process: `main`, or
+        /// `tcmalloc-child` for the child process that measures tcmalloc on its rseq per-CPU
+        /// caches beside a mimalloc of its own. FILE is checked writable before the run.
         #[arg(long, value_name = "FILE")]
         json: Option<String>,
+        /// Write one SVG per experiment that ran into DIR (DIR/single.svg, DIR/bulk.svg, ...),
+        /// drawn from the same records as --json: medians with min–max whiskers, numab's
+        /// accesses/s and TLB shootdowns over time. DIR is created if missing (its parent must
+        /// exist) and checked writable before the run; the paths written are printed on stderr.
+        #[arg(long, value_name = "DIR")]
+        plot: Option<std::path::PathBuf>,
         /// No progress on stderr.
         #[arg(long)]
         quiet: bool,
         /// Measure only the subjects whose names start with one of these (comma-separated),
-        /// and mimalloc, the reference; the experiments without them print nothing.
+        /// and mimalloc, the reference; the experiments without them print nothing. A name
+        /// that starts no subject of the chosen experiments is refused with the list of them;
+        /// threshold, modes, stats, zlc and numab measure zonal alone and run when `zonal pcp`
+        /// is kept.
         #[arg(long, value_delimiter = ',', value_name = "NAMES")]
         only: Vec<String>,
+        /// Internal: this run is the tcmalloc child of a bench run, whose experiments it
+        /// numbers from DONE + 1 of TOTAL; its records are marked `tcmalloc-child`.
+        #[arg(long, hide = true, value_name = "DONE/TOTAL")]
+        tcmalloc_child: Option<String>,
     },
 }
 
@@ -552,7 +569,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 print!("{}", z.buddyinfo());
             }
         }
-        Command::Bench { experiments, reps, cell_ms, json, quiet, only } => {
+        Command::Bench { experiments, reps, cell_ms, json, plot, quiet, only, tcmalloc_child } => {
             let known: Vec<&str> = bench::EXPERIMENTS.iter().map(|(n, _)| *n).collect();
             let chosen: Vec<&str> = if experiments.is_empty() {
                 known.clone()
@@ -565,12 +582,27 @@ fn run(cli: Cli) -> Result<(), String> {
                 }
                 experiments.iter().map(String::as_str).collect()
             };
-            let opts = bench::BenchOpts {
+            bench::check_only(&chosen, only)?;
+            let child = tcmalloc_child.as_deref().map(bench::parse_child_steps).transpose()?;
+            // Every output is settled before the run, so that a bad path fails now and not
+            // after minutes of measuring.
+            let json_out = json.as_deref().map(bench::output::JsonOut::open).transpose()?;
+            if let Some(dir) = plot {
+                bench::plot::prepare(dir)?;
+            }
+            let mut opts = bench::BenchOpts {
                 reps: *reps,
                 cell_time: Duration::from_millis(*cell_ms),
                 progress: !quiet,
                 only: only.clone(),
                 config: config.clone(),
+                step: (0, 0),
+                process: if child.is_some() { bench::CHILD_PROCESS } else { bench::MAIN_PROCESS },
+            };
+            let ours = bench::runnable(&chosen, &opts);
+            let (done, total) = match child {
+                Some(steps) => steps,
+                None => (0, ours.len() + bench::child_experiments(&chosen, &opts).len()),
             };
             println!(
                 "zonal bench on {} node(s), {} cpu(s); {} ms per cell; ratios are medians of per-repetition ratios\n",
@@ -578,13 +610,13 @@ fn run(cli: Cli) -> Result<(), String> {
                 zonal::cpu::nr_cpus_online(),
                 cell_ms
             );
+            if child.is_none() {
+                println!("{}\n", bench::GLOSSARY);
+            }
             println!("{}\n", bench::cpu_identity_note());
             let mut records = Vec::new();
-            for &e in &chosen {
-                // threshold and modes measure zonal alone.
-                if !bench::WITH_TCMALLOC.contains(&e) && !opts.keeps("zonal pcp") {
-                    continue;
-                }
+            for (i, &e) in ours.iter().enumerate() {
+                opts.step = (done + i + 1, total);
                 records.extend(match e {
                     "single" => bench::single::run(&z, &opts)?,
                     "parallel" => bench::parallel::run(&z, &opts)?,
@@ -598,17 +630,24 @@ fn run(cli: Cli) -> Result<(), String> {
                     _ => unreachable!("checked against EXPERIMENTS"),
                 });
             }
-            let mut records: Vec<serde_json::Value> =
-                records.iter().map(|r| serde_json::to_value(r).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
+            let mut records = bench::to_json(&records, opts.process)?;
             let mut global = vec!["--max-order".to_string(), cli.max_order.to_string()];
             if let Some(t) = &cli.topology {
                 global.extend(["--topology".to_string(), t.clone()]);
             }
-            records.extend(bench::run_tcmalloc_child(&chosen, &opts, &global, json.is_some())?);
-            if let Some(path) = json {
-                let text = serde_json::to_string_pretty(&records).map_err(|e| e.to_string())?;
-                std::fs::write(path, text + "\n").map_err(|e| format!("cannot write {path}: {e}"))?;
-                eprintln!("wrote {} records to {path}", records.len());
+            let wanted = json_out.is_some() || plot.is_some();
+            records.extend(bench::run_tcmalloc_child(&chosen, &opts, &global, wanted, (ours.len(), total))?);
+            if let Some(out) = json_out {
+                let to = out.write(&records)?;
+                // The child's file is the parent's to read, not the user's.
+                if child.is_none() {
+                    eprintln!("wrote {} records to {to}", records.len());
+                }
+            }
+            if let Some(dir) = plot {
+                for path in bench::plot::write_all(dir, &records)? {
+                    eprintln!("wrote {}", path.display());
+                }
             }
         }
     }

@@ -267,3 +267,166 @@ fn zoneinfo_shows_pagesets_and_thresholds() {
         assert_eq!(z.get("nr_free_pages"), Some(16384));
     }
 }
+
+#[test]
+fn bench_only_refuses_a_name_that_matches_no_subject() {
+    let o = zonal(&["bench", "bulk", "--only", "nosuch", "--reps", "1", "--cell-ms", "1"]);
+    assert!(!o.status.success(), "--only nosuch succeeded: {}", stdout(&o));
+    let e = stderr(&o);
+    assert!(e.starts_with("zonal: error: --only `nosuch` matches no subject; subjects of bulk: "), "{e}");
+    for name in
+        ["zonal bulk array", "ideal per-thread stack", "glibc malloc", "mimalloc, the reference, is always measured"]
+    {
+        assert!(e.contains(name), "`{name}` missing: {e}");
+    }
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(stdout(&o).is_empty(), "a header was printed: {}", stdout(&o));
+    // A name of single's that bulk lacks; and the reference alone.
+    for only in ["kernel", "mimalloc"] {
+        let o = zonal(&["bench", "bulk", "--only", only]);
+        assert!(!o.status.success(), "--only {only} succeeded");
+        assert!(stdout(&o).is_empty());
+    }
+}
+
+#[test]
+fn bench_json_dash_writes_the_records_to_stdout_and_the_report_to_stderr() {
+    let o = zonal(&["bench", "cross", "--only", "zonal", "--reps", "1", "--cell-ms", "1", "--quiet", "--json", "-"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!std::path::Path::new("-").exists(), "a file named - was written");
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("stdout is the JSON alone");
+    let recs = v.as_array().unwrap();
+    let subjects: Vec<&str> = recs.iter().map(|r| r["subject"].as_str().unwrap()).collect();
+    assert_eq!(subjects, ["zonal pcp", "mimalloc"]);
+    assert!(recs.iter().all(|r| r["process"] == "main"), "{v}");
+    let e = stderr(&o);
+    assert!(e.contains("cross: one thread allocates") && e.contains("× mimalloc"), "the table is not on stderr: {e}");
+    assert!(e.contains("wrote 2 records to stdout"), "{e}");
+}
+
+#[test]
+fn bench_json_to_a_path_that_cannot_be_written_fails_before_the_run() {
+    for (path, want) in [("/missing/dir/x.json", "/missing/dir is not a directory"), ("/", "cannot write it")] {
+        let o = zonal(&["bench", "single", "--reps", "1", "--cell-ms", "1", "--json", path]);
+        assert!(!o.status.success(), "{path} succeeded");
+        let e = stderr(&o);
+        assert!(e.starts_with("zonal: error: ") && e.contains(want), "{path}: {e}");
+        assert_eq!(e.lines().count(), 1, "{path}: {e}");
+        assert!(stdout(&o).is_empty(), "{path}: measured: {}", stdout(&o));
+    }
+}
+
+/// A fresh path in the temp directory for one test.
+fn temp_path(name: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("zonal-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+#[test]
+fn bench_marks_the_records_of_the_tcmalloc_child() {
+    let path = temp_path("child.json");
+    let o = zonal(&["bench", "single", "--reps", "1", "--cell-ms", "1", "--json", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let recs = v.as_array().unwrap();
+    let of = |process: &str| -> Vec<&str> {
+        recs.iter().filter(|r| r["process"] == process).map(|r| r["subject"].as_str().unwrap()).collect()
+    };
+    let (main, child) = (of("main"), of("tcmalloc-child"));
+    assert_eq!(main.len() + child.len(), recs.len(), "a record without its process: {v}");
+    assert!(main.contains(&"zonal pcp") && main.contains(&"mimalloc"), "{main:?}");
+    let e = stderr(&o);
+    if stdout(&o).contains("the same experiments in a child process") {
+        // Its own mimalloc, told apart by the process, and tcmalloc on its per-CPU caches.
+        assert_eq!(child, ["tcmalloc (rseq per-CPU)", "mimalloc"]);
+        assert!(
+            e.contains("experiment 1 of 2, single") && e.contains("experiment 2 of 2 (tcmalloc child), single"),
+            "{e}"
+        );
+        // The child's file is the parent's business: one "wrote" line, the parent's.
+        assert_eq!(e.matches("wrote ").count(), 1, "{e}");
+    } else {
+        assert!(child.is_empty(), "{child:?}");
+        assert!(e.contains("experiment 1 of 1, single"), "{e}");
+    }
+}
+
+#[test]
+fn bench_report_defines_its_terms_numbers_its_experiments_and_judges_its_targets() {
+    let o = zonal(&["bench", "bulk", "modes", "--only", "zonal", "--reps", "1", "--cell-ms", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    let glossary = s.lines().find(|l| l.starts_with("seed 000-004: ")).expect("the glossary line");
+    assert!(glossary.contains("Linux patches") && glossary.contains("prototype-kernel"), "{glossary}");
+    // Before the first table.
+    assert!(s.find("seed 000-004: ").unwrap() < s.find("bulk: N order-0").unwrap(), "{s}");
+    let target = s.lines().find(|l| l.starts_with("target: strict over coarse")).expect("modes' target");
+    assert!(target.ends_with(": met)") || target.ends_with(": not met)"), "{target}");
+    // Progress, each experiment of the two numbered.
+    let e = stderr(&o);
+    assert!(e.contains("experiment 1 of 2, bulk: repetition 1/1"), "{e}");
+    assert!(e.contains("experiment 2 of 2, modes: repetition 1/1"), "{e}");
+}
+
+#[test]
+fn bench_plot_writes_a_well_formed_svg_with_every_series() {
+    let dir = temp_path("plot");
+    let o = zonal(&[
+        "bench",
+        "bulk",
+        "--only",
+        "zonal",
+        "--reps",
+        "1",
+        "--cell-ms",
+        "1",
+        "--quiet",
+        "--plot",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let svg_path = dir.join("bulk.svg");
+    // The path written is printed, and nothing but bulk ran, so nothing else was written.
+    assert!(stderr(&o).contains(&format!("wrote {}", svg_path.display())), "{}", stderr(&o));
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(files, ["bulk.svg"]);
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{svg}");
+    let doc = roxmltree::Document::parse(&svg).expect("well-formed XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let texts: Vec<&str> =
+        doc.descendants().filter(|n| n.has_tag_name("text")).filter_map(|n| n.text()).map(str::trim).collect();
+    // Every series the table has (--only zonal keeps zonal's three and the reference), with
+    // a line each.
+    for label in ["zonal bulk array", "zonal bulk list", "zonal single", "mimalloc"] {
+        assert!(texts.contains(&label), "legend `{label}` missing from {texts:?}");
+    }
+    assert!(!texts.contains(&"jemalloc"), "--only dropped jemalloc, the plot has it: {texts:?}");
+    let lines = doc.descendants().filter(|n| n.has_tag_name("polyline")).count();
+    assert!(lines >= 4, "{lines} polylines");
+}
+
+#[test]
+fn bench_plot_to_a_directory_that_cannot_be_made_fails_before_the_run() {
+    let file = temp_path("plot-file");
+    std::fs::write(&file, "").unwrap();
+    for (dir, want) in
+        [("/nonexistent/dir/x", "cannot create the directory"), (file.to_str().unwrap(), "not a directory")]
+    {
+        let t = std::time::Instant::now();
+        let o = zonal(&["bench", "single", "--reps", "1", "--cell-ms", "1", "--plot", dir]);
+        assert!(!o.status.success(), "{dir} succeeded");
+        let e = stderr(&o);
+        assert!(e.starts_with("zonal: error: --plot ") && e.contains(want), "{dir}: {e}");
+        assert_eq!(e.lines().count(), 1, "{dir}: {e}");
+        // Before the run: no table, and quickly.
+        assert!(stdout(&o).is_empty(), "{dir}: measured: {}", stdout(&o));
+        assert!(t.elapsed() < std::time::Duration::from_secs(5), "{dir} took {:?}", t.elapsed());
+    }
+    assert!(!std::path::Path::new("/nonexistent").exists(), "--plot made a tree of directories");
+    std::fs::remove_file(&file).unwrap();
+}

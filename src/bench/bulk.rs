@@ -2,7 +2,7 @@
 //! layout of seed 002's page_bench04_bulk table (array and list forms), beside the peers
 //! doing N single allocations then N frees.
 
-use super::page_api::{BulkForm, IdealStack, PageAlloc, ZonalPages};
+use super::page_api::{peer_names, BulkForm, IdealStack, PageAlloc, ZonalPages, IDEAL};
 use super::{best_peer, fmt_ns, paired_ratio, print_table, BenchOpts, Record, Summary};
 use serde_json::json;
 use std::time::Instant;
@@ -29,8 +29,8 @@ fn subject<'a, A: PageAlloc + 'a>(a: A) -> (String, Cell<'a>) {
     (a.name(), Box::new(move |n, r| cell(&a, n, r)))
 }
 
-/// Runs the experiment, prints its table and returns its records.
-pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
+/// Every subject of the experiment ((name, cell), whether a peer), before `--only` chooses.
+fn subjects(z: &Zonal) -> Vec<((String, Cell<'_>), bool)> {
     let mut subjects: Vec<((String, Cell<'_>), bool)> = vec![
         (subject(ZonalPages { z, label: "zonal bulk array", bulk: Some(BulkForm::Array) }), false),
         (subject(ZonalPages { z, label: "zonal bulk list", bulk: Some(BulkForm::List) }), false),
@@ -38,6 +38,19 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
         (subject(IdealStack), false),
     ];
     subjects.extend(crate::peer_subjects!(subject).into_iter().map(|s| (s, true)));
+    subjects
+}
+
+/// The names of [`subjects`], without building an allocator.
+pub fn names() -> Vec<String> {
+    let mut names = vec!["zonal bulk array".to_string(), "zonal bulk list".into(), "zonal single".into(), IDEAL.into()];
+    names.extend(peer_names());
+    names
+}
+
+/// Runs the experiment, prints its table and returns its records.
+pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
+    let mut subjects = subjects(z);
     subjects.retain(|((n, _), _)| opts.keeps(n));
     if super::only_reference_left(subjects.iter().map(|((n, _), _)| n)) {
         return Ok(Vec::new());
@@ -97,4 +110,16 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     print_table(&h, &rows);
     println!();
     Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_the_subjects_names() {
+        let z = super::super::tests::small_zonal();
+        let built: Vec<String> = subjects(&z).into_iter().map(|((n, _), _)| n).collect();
+        assert_eq!(built, names());
+    }
 }

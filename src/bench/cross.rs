@@ -1,7 +1,7 @@
 //! `cross`: one thread allocates, another on the other CPU frees (RX buffers freed by
 //! workers): pages pass through a bounded queue; ns per page end to end.
 
-use super::page_api::{PageAlloc, ZonalPages};
+use super::page_api::{peer_names, PageAlloc, ZonalPages};
 use super::{best_peer, fmt_ns, paired_ratio, print_table, BenchOpts, Record, Summary};
 use crossbeam_queue::ArrayQueue;
 use serde_json::json;
@@ -55,11 +55,24 @@ fn subject<'a, A: PageAlloc + 'a>(a: A) -> (String, Cell<'a>) {
     (a.name(), Box::new(move |n| cell(&a, n)))
 }
 
-/// Runs the experiment, prints its table and returns its records.
-pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
+/// Every subject of the experiment ((name, cell), whether a peer), before `--only` chooses.
+fn subjects(z: &Zonal) -> Vec<((String, Cell<'_>), bool)> {
     let mut subjects: Vec<((String, Cell<'_>), bool)> =
         vec![(subject(ZonalPages { z, label: "zonal pcp", bulk: None }), false)];
     subjects.extend(crate::peer_subjects!(subject).into_iter().map(|s| (s, true)));
+    subjects
+}
+
+/// The names of [`subjects`], without building an allocator.
+pub fn names() -> Vec<String> {
+    let mut names = vec!["zonal pcp".to_string()];
+    names.extend(peer_names());
+    names
+}
+
+/// Runs the experiment, prints its table and returns its records.
+pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
+    let mut subjects = subjects(z);
     subjects.retain(|((n, _), _)| opts.keeps(n));
     if super::only_reference_left(subjects.iter().map(|((n, _), _)| n)) {
         return Ok(Vec::new());
@@ -99,4 +112,16 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     print_table(&["subject", "ns/page", "min – max", "× best peer", "× mimalloc"], &rows);
     println!();
     Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_the_subjects_names() {
+        let z = super::super::tests::small_zonal();
+        let built: Vec<String> = subjects(&z).into_iter().map(|((n, _), _)| n).collect();
+        assert_eq!(built, names());
+    }
 }

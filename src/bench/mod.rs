@@ -10,9 +10,11 @@
 pub mod bulk;
 pub mod cross;
 pub mod numab;
+pub mod output;
 pub mod page_api;
 pub mod parallel;
 pub mod peers;
+pub mod plot;
 pub mod single;
 pub mod vmstat_exp;
 pub mod zlc;
@@ -43,6 +45,90 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
 /// The experiments with tcmalloc among their peers.
 pub const WITH_TCMALLOC: &[&str] = &["single", "parallel", "bulk", "cross"];
 
+/// The subject whose name `--only` must keep for the experiments that measure zonal alone
+/// (threshold, modes, stats, zlc, numab) to run.
+pub const ZONAL_ALONE: &str = "zonal pcp";
+
+/// The first line of the report after its header: what the names it uses stand for.
+pub const GLOSSARY: &str = "seed 000-004: the Linux patches whose experiments zonal reproduces (000 the NUMA counter \
+     threshold, 001 numa_stats_mode, 002 per-CPU NUMA counters and batched bulk accounting, 003 the zonelist cache, \
+     004 NUMA balancing's delayed mapping); page_bench01/03/04_bulk: the kernel's page allocator microbenchmark \
+     module (page_bench) from Jesper Dangaard Brouer's prototype-kernel";
+
+/// The `process` field of the records of the main process and of the tcmalloc child.
+pub const MAIN_PROCESS: &str = "main";
+pub const CHILD_PROCESS: &str = "tcmalloc-child";
+
+/// The subjects an experiment can measure, by name, for `--only` to choose among: the
+/// measured subjects of single, parallel, bulk and cross; `zonal pcp` for the others, which
+/// measure zonal alone and run when `--only` keeps it.
+pub fn subject_names(experiment: &str) -> Vec<String> {
+    match experiment {
+        "single" => single::names(),
+        "parallel" => parallel::names(),
+        "bulk" => bulk::names(),
+        "cross" => cross::names(),
+        _ => vec![ZONAL_ALONE.into()],
+    }
+}
+
+/// Refuses an `--only` that cannot mean what it says, before anything runs: an empty name,
+/// a name that starts no subject of `experiments`, or names that keep nothing but mimalloc
+/// (the reference, measured beside every subject; alone it leaves every table empty).
+pub fn check_only(experiments: &[&str], only: &[String]) -> Result<(), String> {
+    if only.is_empty() {
+        return Ok(());
+    }
+    let mut all: Vec<String> = Vec::new();
+    for e in experiments {
+        for n in subject_names(e) {
+            if !all.contains(&n) {
+                all.push(n);
+            }
+        }
+    }
+    let listing = || {
+        format!(
+            "subjects of {}: {} (a name keeps every subject it starts; threshold, modes, stats, zlc and numab measure \
+             zonal alone and run when `{ZONAL_ALONE}` is kept; mimalloc, the reference, is always measured)",
+            experiments.join(", "),
+            all.join(", ")
+        )
+    };
+    if only.iter().any(|p| p.trim().is_empty()) {
+        return Err(format!("--only has an empty name; {}", listing()));
+    }
+    let unknown: Vec<&str> =
+        only.iter().map(String::as_str).filter(|p| !all.iter().any(|n| n.starts_with(p))).collect();
+    if !unknown.is_empty() {
+        let names: Vec<String> = unknown.iter().map(|u| format!("`{u}`")).collect();
+        return Err(format!("--only {} matches no subject; {}", names.join(", "), listing()));
+    }
+    if all.iter().filter(|n| *n != "mimalloc").all(|n| !only.iter().any(|p| n.starts_with(p.as_str()))) {
+        return Err(format!(
+            "--only {} keeps nothing but mimalloc, the reference, which is measured beside every subject anyway: \
+             name the subjects to compare with it; {}",
+            only.join(","),
+            listing()
+        ));
+    }
+    Ok(())
+}
+
+/// Of `chosen`, the experiments this process runs: those `--only` leaves a subject in.
+pub fn runnable<'a>(chosen: &[&'a str], opts: &BenchOpts) -> Vec<&'a str> {
+    chosen.iter().copied().filter(|e| WITH_TCMALLOC.contains(e) || opts.keeps(ZONAL_ALONE)).collect()
+}
+
+/// Of `chosen`, the experiments the tcmalloc child runs (none when it does not run: see
+/// [`run_tcmalloc_child`]).
+pub fn child_experiments<'a>(chosen: &[&'a str], opts: &BenchOpts) -> Vec<&'a str> {
+    if !opts.only.is_empty() || !zonal::cpu::glibc_rseq_registered() {
+        return Vec::new();
+    }
+    chosen.iter().copied().filter(|e| WITH_TCMALLOC.contains(e)).collect()
+}
+
 /// Google tcmalloc's per-CPU caches need the thread's rseq area, which glibc (2.35+)
 /// registers for itself, and a thread has only one. zonal's own fast path reads glibc's area.
 /// So `zonal bench` measures everything in this process as users run it (glibc's rseq on:
@@ -52,15 +138,21 @@ pub const WITH_TCMALLOC: &[&str] = &["single", "parallel", "bulk", "cross"];
 /// and mimalloc, the reference, beside it. The child prints its own tables; its JSON records
 /// are returned for the parent's file. Nothing happens when glibc's rseq is already off here
 /// (tcmalloc is per-CPU in this process then, and zonal finds its CPU with `sched_getcpu`).
+///
+/// The child's records carry `"process": "tcmalloc-child"` (the main process's `"main"`), so
+/// that its mimalloc, measured again beside tcmalloc, is told apart from the main one. Its
+/// experiments are numbered in the progress lines after the main process's `done` of `total`.
+/// `records` asks for its records (for `--json` or `--plot`).
 pub fn run_tcmalloc_child(
     experiments: &[&str],
     opts: &BenchOpts,
     global_args: &[String],
-    json: bool,
+    records: bool,
+    (done, total): (usize, usize),
 ) -> Result<Vec<serde_json::Value>, String> {
     const TUNABLE: &str = "glibc.pthread.rseq=0";
-    let chosen: Vec<&str> = experiments.iter().copied().filter(|e| WITH_TCMALLOC.contains(e)).collect();
-    if chosen.is_empty() || !opts.only.is_empty() || !zonal::cpu::glibc_rseq_registered() {
+    let chosen = child_experiments(experiments, opts);
+    if chosen.is_empty() {
         return Ok(Vec::new());
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program to re-run it: {e}"))?;
@@ -71,10 +163,11 @@ pub fn run_tcmalloc_child(
     cmd.args(global_args).arg("bench").args(&chosen);
     cmd.args(["--reps", &opts.reps.to_string(), "--cell-ms", &opts.cell_time.as_millis().to_string()]);
     cmd.args(["--only", "tcmalloc"]);
+    cmd.arg("--tcmalloc-child").arg(format!("{done}/{total}"));
     if !opts.progress {
         cmd.arg("--quiet");
     }
-    if json {
+    if records {
         cmd.arg("--json").arg(&out);
     }
     println!(
@@ -86,12 +179,24 @@ pub fn run_tcmalloc_child(
     if !status.success() {
         return Err(format!("the tcmalloc child process failed ({status})"));
     }
-    if !json {
+    if !records {
         return Ok(Vec::new());
     }
     let text = std::fs::read_to_string(&out).map_err(|e| format!("cannot read {}: {e}", out.display()))?;
     let _ = std::fs::remove_file(&out);
     serde_json::from_str(&text).map_err(|e| format!("bad JSON from the tcmalloc child: {e}"))
+}
+
+/// Reads `--tcmalloc-child DONE/TOTAL`: the child's experiments are numbered after DONE.
+pub fn parse_child_steps(arg: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("--tcmalloc-child `{arg}`: expected DONE/TOTAL with DONE < TOTAL (set by zonal bench itself)");
+    let (done, total) = arg.split_once('/').ok_or_else(bad)?;
+    let (done, total) =
+        (done.trim().parse::<usize>().map_err(|_| bad())?, total.trim().parse::<usize>().map_err(|_| bad())?);
+    if done >= total {
+        return Err(bad());
+    }
+    Ok((done, total))
 }
 
 /// One line on how the CPU is found and which caches tcmalloc runs on.
@@ -120,6 +225,10 @@ pub struct BenchOpts {
     /// What the command line built the main allocator from; the experiments' other handles
     /// are built from it too.
     pub config: zonal::Config,
+    /// Which experiment of the run this is (1-based) and of how many, for the progress lines.
+    pub step: (usize, usize),
+    /// The process measuring: [`MAIN_PROCESS`] or [`CHILD_PROCESS`].
+    pub process: &'static str,
 }
 
 /// zonal without per-CPU lists, built as the main handle otherwise is.
@@ -155,7 +264,10 @@ pub fn index_of<'a>(names: impl IntoIterator<Item = &'a String>, name: &str) -> 
     names.into_iter().position(|n| n == name)
 }
 
-/// One measured cell: the JSON record `--json FILE` writes.
+/// One measured cell: the JSON record `--json FILE` writes (with a `process` field added by
+/// [`to_json`]: `main`, or `tcmalloc-child` for the records of the child process that
+/// measures tcmalloc on its per-CPU caches beside a mimalloc of its own). `--plot` draws from
+/// these records too.
 #[derive(Clone, Debug, Serialize)]
 pub struct Record {
     pub experiment: String,
@@ -165,6 +277,20 @@ pub struct Record {
     pub reference: String,
     pub ratio_to_reference: f64,
     pub reps: usize,
+}
+
+/// The records as JSON values, each with `"process": process`.
+pub fn to_json(records: &[Record], process: &str) -> Result<Vec<serde_json::Value>, String> {
+    records
+        .iter()
+        .map(|r| {
+            let mut v = serde_json::to_value(r).map_err(|e| e.to_string())?;
+            if let Some(o) = v.as_object_mut() {
+                o.insert("process".into(), process.into());
+            }
+            Ok(v)
+        })
+        .collect()
 }
 
 /// Median, min and max of a sample.
@@ -231,16 +357,38 @@ pub fn measure(subjects: &mut [Box<dyn Subject + '_>], opts: &BenchOpts, label: 
 /// subject later so that no subject always runs first (or right after the same one), with
 /// progress on stderr.
 pub fn rotate(opts: &BenchOpts, label: &str, k: usize, mut cell: impl FnMut(usize)) {
+    let mut shown = 0;
     for rep in 0..opts.reps {
-        if opts.progress {
-            eprint!("\r  {label}: repetition {}/{}   ", rep + 1, opts.reps);
-        }
+        shown = progress(opts, label, rep);
         for i in 0..k {
             cell((i + rep) % k);
         }
     }
-    if opts.progress {
-        eprint!("\r{:width$}\r", "", width = label.len() + 32);
+    clear_progress(opts, shown);
+}
+
+/// The progress line of repetition `rep` (0-based) of the part `label` of an experiment,
+/// over the line before it; returns its length, for [`clear_progress`].
+pub fn progress(opts: &BenchOpts, label: &str, rep: usize) -> usize {
+    if !opts.progress {
+        return 0;
+    }
+    let line = progress_line(opts, label, rep);
+    eprint!("\r{line}   ");
+    line.chars().count() + 3
+}
+
+/// The text of a progress line.
+pub fn progress_line(opts: &BenchOpts, label: &str, rep: usize) -> String {
+    let (i, n) = opts.step;
+    let child = if opts.process == CHILD_PROCESS { " (tcmalloc child)" } else { "" };
+    format!("  experiment {i} of {n}{child}, {label}: repetition {}/{}", rep + 1, opts.reps)
+}
+
+/// Blanks a progress line `width` characters long.
+pub fn clear_progress(opts: &BenchOpts, width: usize) {
+    if opts.progress && width > 0 {
+        eprint!("\r{:width$}\r", "");
     }
 }
 
@@ -271,6 +419,15 @@ pub fn time_loop(n: u64, mut f: impl FnMut()) -> Duration {
         f();
     }
     t.elapsed()
+}
+
+/// The verdict a target line ends with.
+pub fn verdict(met: bool) -> &'static str {
+    if met {
+        "met"
+    } else {
+        "not met"
+    }
 }
 
 /// Formats a time in ns with sensible precision.
@@ -316,8 +473,80 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A small allocator for the tests that build subjects.
+    pub(crate) fn small_zonal() -> zonal::Zonal {
+        let topo = zonal::Topology::parse("nodes=1,size=4M").expect("a valid spec");
+        zonal::Zonal::new(zonal::Config::new(topo)).expect("a small allocator")
+    }
+
+    fn opts(only: &[&str]) -> BenchOpts {
+        BenchOpts {
+            reps: 3,
+            cell_time: Duration::from_millis(1),
+            progress: true,
+            only: only.iter().map(|s| s.to_string()).collect(),
+            config: zonal::Config::new(zonal::Topology::parse("nodes=1,size=4M").expect("a valid spec")),
+            step: (2, 5),
+            process: MAIN_PROCESS,
+        }
+    }
+
+    #[test]
+    fn only_names_are_checked_against_the_chosen_experiments() {
+        assert_eq!(check_only(&["bulk"], &[]), Ok(()));
+        assert_eq!(check_only(&["bulk"], &["zonal".into()]), Ok(()));
+        assert_eq!(check_only(&["single", "bulk"], &["kernel".into(), "jemalloc".into()]), Ok(()));
+        // A prefix of a tcmalloc name, whichever caches it runs on.
+        assert_eq!(check_only(&["cross"], &["tcmalloc".into()]), Ok(()));
+        let e = check_only(&["bulk"], &["nosuch".into(), "zonal".into()]).unwrap_err();
+        assert!(e.starts_with("--only `nosuch` matches no subject; subjects of bulk: zonal bulk array,"), "{e}");
+        assert!(e.contains("glibc malloc") && e.contains("mimalloc, the reference, is always measured"), "{e}");
+        // bulk has no kernel subject; single has.
+        assert!(check_only(&["bulk"], &["kernel".into()]).is_err());
+        // The experiments that measure zonal alone answer to `zonal pcp` only.
+        assert_eq!(check_only(&["zlc"], &["zonal p".into()]), Ok(()));
+        assert!(check_only(&["zlc", "numab"], &["snmalloc".into()]).is_err());
+        let e = check_only(&["single"], &["mimalloc".into()]).unwrap_err();
+        assert!(e.contains("keeps nothing but mimalloc"), "{e}");
+        assert!(check_only(&["single"], &["".into()]).unwrap_err().contains("empty name"));
+    }
+
+    #[test]
+    fn experiments_run_as_only_allows() {
+        let all: Vec<&str> = EXPERIMENTS.iter().map(|(n, _)| *n).collect();
+        assert_eq!(runnable(&all, &opts(&[])), all);
+        assert_eq!(runnable(&all, &opts(&["snmalloc"])), WITH_TCMALLOC);
+        assert_eq!(runnable(&["zlc", "bulk"], &opts(&["zonal"])), ["zlc", "bulk"]);
+        // The child runs only when nothing is chosen with --only, and only tcmalloc's experiments.
+        assert!(child_experiments(&all, &opts(&["zonal"])).is_empty());
+        assert!(child_experiments(&["zlc", "numab"], &opts(&[])).is_empty());
+    }
+
+    #[test]
+    fn progress_lines_say_which_experiment_of_how_many() {
+        assert_eq!(progress_line(&opts(&[]), "zlc 8 nodes", 0), "  experiment 2 of 5, zlc 8 nodes: repetition 1/3");
+        let child = BenchOpts { process: CHILD_PROCESS, ..opts(&[]) };
+        assert_eq!(progress_line(&child, "bulk", 2), "  experiment 2 of 5 (tcmalloc child), bulk: repetition 3/3");
+    }
+
+    #[test]
+    fn records_carry_their_process() {
+        let r = Record {
+            experiment: "bulk".into(),
+            subject: "mimalloc".into(),
+            params: serde_json::json!({"batch": 1}),
+            ns_per_op: Summary::of(&[1.0]),
+            reference: "mimalloc".into(),
+            ratio_to_reference: 1.0,
+            reps: 1,
+        };
+        let v = to_json(&[r], CHILD_PROCESS).unwrap();
+        assert_eq!(v[0]["process"], "tcmalloc-child");
+        assert_eq!(v[0]["subject"], "mimalloc");
+    }
 
     #[test]
     fn summary_and_ratio() {

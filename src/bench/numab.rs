@@ -29,7 +29,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-use super::{paired_ratio, print_table, BenchOpts, Record, Summary};
+use super::{paired_ratio, print_table, verdict, BenchOpts, Record, Summary};
 use serde_json::json;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -502,10 +502,44 @@ struct RunResult {
     share_final_window: Option<f64>,
     peak_vmas: usize,
     collapse: Collapse,
+    /// Every window of the run, for `--plot`'s figures over time.
+    timeline: Vec<Window>,
+    /// When the eater was freed, s from the start.
+    eater_freed_s: f64,
     hist: [[u64; BUCKETS]; 3],
     corrupted_bytes: u64,
     bad_reads: u64,
     invariants: Result<usize, String>,
+}
+
+/// One window of a run: when it ended (s from the start), accesses/s in it, and in it the TLB
+/// shootdowns received and remote flushes requested (machine-wide, scan passes included;
+/// `None` where they cannot be read) and the pages migrated.
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    end_s: f64,
+    accesses_per_s: f64,
+    received: Option<u64>,
+    requested: Option<u64>,
+    migrated: u64,
+}
+
+/// The windows between consecutive samples.
+fn windows(samples: &[Sample]) -> Vec<Window> {
+    samples
+        .windows(2)
+        .map(|w| {
+            let (x, y) = (&w[0], &w[1]);
+            let f = y.flushes.since(x.flushes);
+            Window {
+                end_s: y.at.as_secs_f64(),
+                accesses_per_s: (y.accesses - x.accesses) as f64 / (y.at - x.at).as_secs_f64().max(1e-9),
+                received: f.received,
+                requested: f.requested,
+                migrated: y.stats.numa_pages_migrated - x.stats.numa_pages_migrated,
+            }
+        })
+        .collect()
 }
 
 /// Builds the two-node allocator with every CPU on node 1.
@@ -805,6 +839,8 @@ fn run_one(v: Variant, setup: &Setup) -> Result<RunResult, String> {
         share_windows,
         peak_vmas: samples.iter().map(|s| s.vmas).max().unwrap_or(0),
         collapse,
+        timeline: windows(&samples),
+        eater_freed_s: d.at.as_secs_f64(),
         hist,
         corrupted_bytes,
         bad_reads,
@@ -837,14 +873,6 @@ fn fmt_opt(x: f64, digits: usize) -> String {
 
 fn fmt_rate(r: f64) -> String {
     format!("{:.1}M", r / 1e6)
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "met"
-    } else {
-        "not met"
-    }
 }
 
 /// Runs the experiment, prints its table and targets, and returns its records.
@@ -1185,6 +1213,18 @@ fn report(
                     (name.to_string(), json!(h.to_vec()))
                 }).collect::<serde_json::Map<_, _>>(),
                 "corrupted_bytes": results[i].iter().map(|r| r.corrupted_bytes).sum::<u64>(),
+                // Per run, every window from the start (what `--plot` draws over time).
+                "timeline": {
+                    "window_ms": WINDOW.as_millis() as u64,
+                    "runs": results[i].iter().map(|r| json!({
+                        "eater_freed_s": r.eater_freed_s,
+                        "end_s": r.timeline.iter().map(|w| w.end_s).collect::<Vec<_>>(),
+                        "accesses_per_s": r.timeline.iter().map(|w| w.accesses_per_s).collect::<Vec<_>>(),
+                        "tlb_shootdowns_received": r.timeline.iter().map(|w| w.received).collect::<Vec<_>>(),
+                        "remote_flushes_requested": r.timeline.iter().map(|w| w.requested).collect::<Vec<_>>(),
+                        "pages_migrated": r.timeline.iter().map(|w| w.migrated).collect::<Vec<_>>(),
+                    })).collect::<Vec<_>>(),
+                },
             }),
             ns_per_op: Summary::of(&cost),
             reference: reference.name(),

@@ -23,6 +23,18 @@ macro_rules! peer_subjects {
     };
 }
 
+/// The names `peer_subjects!` gives its subjects in this process, in its order (tcmalloc's
+/// says which caches it runs on here): what `--only` is checked against before a run.
+pub fn peer_names() -> Vec<String> {
+    vec!["snmalloc".into(), super::peers::tcmalloc_name(), "mimalloc".into(), "jemalloc".into(), GLIBC.into()]
+}
+
+/// glibc's subject name.
+pub const GLIBC: &str = "glibc malloc";
+
+/// The ideal stack's subject name.
+pub const IDEAL: &str = "ideal per-thread stack";
+
 /// The block every peer allocates: one page, page-aligned.
 pub const PAGE: Layout = match Layout::from_size_align(4096, 4096) {
     Ok(l) => l,
@@ -87,7 +99,7 @@ pub struct Glibc;
 
 impl PageAlloc for Glibc {
     fn name(&self) -> String {
-        "glibc malloc".into()
+        GLIBC.into()
     }
     #[inline]
     fn alloc(&self) -> *mut u8 {
@@ -178,7 +190,7 @@ thread_local! {
 
 impl PageAlloc for IdealStack {
     fn name(&self) -> String {
-        "ideal per-thread stack".into()
+        IDEAL.into()
     }
     #[inline]
     fn alloc(&self) -> *mut u8 {
@@ -187,5 +199,19 @@ impl PageAlloc for IdealStack {
     #[inline]
     fn free(&self, p: *mut u8) {
         STACK.with(|s| s.borrow_mut().push(p as usize));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name_of<A: PageAlloc>(a: A) -> String {
+        a.name()
+    }
+
+    #[test]
+    fn peer_names_are_the_names_of_the_peer_subjects() {
+        assert_eq!(crate::peer_subjects!(name_of).to_vec(), peer_names());
     }
 }

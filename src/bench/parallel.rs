@@ -2,7 +2,7 @@
 //! nproc and 2 × nproc (the oversubscribed run: threads share CPUs and so per-CPU lists, which
 //! exercises the try-lock fallback). Reports ns per pair per thread and the total rate.
 
-use super::page_api::{IdealStack, PageAlloc, ZonalPages};
+use super::page_api::{peer_names, IdealStack, PageAlloc, ZonalPages, IDEAL};
 use super::{best_peer, fmt_ns, paired_ratio, print_table, BenchOpts, Record, Summary};
 use serde_json::json;
 use std::sync::Barrier;
@@ -52,6 +52,29 @@ fn subject<'a, A: PageAlloc + 'a>(a: A) -> (String, Cell<'a>) {
     (a.name(), Box::new(move |t, n| cell(&a, t, n)))
 }
 
+/// Every subject of the experiment (name, cell, whether a peer), before `--only` chooses:
+/// zonal on the run's topology, on `shared` (every CPU on one node) and on `buddy` (no
+/// per-CPU lists), the ideal stack and the peers.
+fn subjects<'a>(z: &'a Zonal, shared: &'a Zonal, buddy: &'a Zonal) -> Vec<(String, Cell<'a>, bool)> {
+    let mut subjects: Vec<(String, Cell<'_>, bool)> = Vec::new();
+    let ours = [
+        subject(IdealStack),
+        subject(ZonalPages { z, label: "zonal pcp", bulk: None }),
+        subject(ZonalPages { z: shared, label: ONE_NODE, bulk: None }),
+        subject(ZonalPages { z: buddy, label: "zonal buddy only", bulk: None }),
+    ];
+    subjects.extend(ours.into_iter().map(|(n, c)| (n, c, false)));
+    subjects.extend(crate::peer_subjects!(subject).into_iter().map(|(n, c)| (n, c, true)));
+    subjects
+}
+
+/// The names of [`subjects`], without building an allocator.
+pub fn names() -> Vec<String> {
+    let mut names = vec![IDEAL.to_string(), "zonal pcp".into(), ONE_NODE.into(), "zonal buddy only".into()];
+    names.extend(peer_names());
+    names
+}
+
 /// Runs the experiment, prints its table and returns its records.
 pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     let buddy = super::buddy_only(opts)?;
@@ -59,15 +82,7 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     // run's topology (the default gives each CPU a node of its own) hides what they share.
     let total: u64 = z.topology().nodes().iter().map(|n| n.mem_bytes).sum();
     let shared = super::one_node(opts, total)?;
-    let mut subjects: Vec<(String, Cell<'_>, bool)> = Vec::new();
-    let ours = [
-        subject(IdealStack),
-        subject(ZonalPages { z, label: "zonal pcp", bulk: None }),
-        subject(ZonalPages { z: &shared, label: ONE_NODE, bulk: None }),
-        subject(ZonalPages { z: &buddy, label: "zonal buddy only", bulk: None }),
-    ];
-    subjects.extend(ours.into_iter().map(|(n, c)| (n, c, false)));
-    subjects.extend(crate::peer_subjects!(subject).into_iter().map(|(n, c)| (n, c, true)));
+    let mut subjects = subjects(z, &shared, &buddy);
     subjects.retain(|(n, _, _)| opts.keeps(n));
     if super::only_reference_left(subjects.iter().map(|(n, _, _)| n)) {
         return Ok(Vec::new());
@@ -131,16 +146,16 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     let names = || subjects.iter().map(|(n, _, _)| n);
     let keep = |name: &str| super::index_of(names(), name).map(|i| paired_ratio(&times[0][i], &times[nproc - 1][i]));
     if let Some(one) = keep(ONE_NODE) {
-        let verdict = if one >= 0.90 { "met" } else { "not met" };
         println!(
-            "target: per-thread rate at T = {nproc} against T = 1, every CPU on one zone: {:.0}% (≥ 90%: {verdict})",
-            one * 100.0
+            "target: per-thread rate at T = {nproc} against T = 1, every CPU on one zone: {:.0}% (≥ 90%: {})",
+            one * 100.0,
+            super::verdict(one >= 0.90)
         );
         let mut controls = Vec::new();
         if let Some(own) = keep("zonal pcp") {
             controls.push(format!("the run's topology ({} nodes): {:.0}%", z.topology().nr_nodes(), own * 100.0));
         }
-        if let Some(ideal) = keep("ideal per-thread stack") {
+        if let Some(ideal) = keep(IDEAL) {
             controls.push(format!("the ideal per-thread stack: {:.0}%", ideal * 100.0));
         }
         if !controls.is_empty() {
@@ -149,4 +164,20 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     }
     println!();
     Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_the_subjects_names() {
+        let (z, shared, buddy) = (
+            super::super::tests::small_zonal(),
+            super::super::tests::small_zonal(),
+            super::super::tests::small_zonal(),
+        );
+        let built: Vec<String> = subjects(&z, &shared, &buddy).into_iter().map(|(n, _, _)| n).collect();
+        assert_eq!(built, names());
+    }
 }

@@ -65,10 +65,13 @@ pub fn tcmalloc_name() -> String {
     }
 }
 
+/// The kernel's subject name.
+pub const KERNEL: &str = "kernel mmap+touch+munmap";
+
 /// The kernel as page allocator: `mmap` a page, touch it (the fault allocates the frame),
 /// `munmap` it (which frees the frame and flushes the TLB entry).
 pub fn kernel() -> Box<dyn Subject> {
-    pairs("kernel mmap+touch+munmap", || {
+    pairs(KERNEL, || {
         // SAFETY: a fresh private anonymous mapping; written once, then unmapped; no reference
         // outlives the unmap.
         unsafe {

@@ -122,10 +122,13 @@ pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
                 // the mirror), so a drift of the machine within it weighs on both alike.
                 let mut t: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
                 let half = iters.div_ceil(2);
+                let label = format!(
+                    "zlc {nodes} nodes, {}, {threads} thread(s), cache on and off",
+                    if remote { format!("{ahead} full ahead") } else { "local".into() }
+                );
+                let mut shown = 0;
                 for rep in 0..opts.reps {
-                    if opts.progress {
-                        eprint!("\r  zlc {nodes} nodes: repetition {}/{}   ", rep + 1, opts.reps);
-                    }
+                    shown = super::progress(opts, &label, rep);
                     let mut acc = [(0.0, 0.0); 2];
                     for k in [0, 1, 1, 0] {
                         let k = (k + rep) % 2;
@@ -137,6 +140,7 @@ pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
                         t[k].push((acc[k].0 / 2.0, acc[k].1 / 2.0));
                     }
                 }
+                super::clear_progress(opts, shown);
                 let col = |k: usize, f: fn(&(f64, f64)) -> f64| t[k].iter().map(f).collect::<Vec<f64>>();
                 let (on_a, off_a, on_t, off_t) = (col(0, |x| x.0), col(1, |x| x.0), col(0, |x| x.1), col(1, |x| x.1));
                 let ratio = paired_ratio(&on_a, &off_a);
@@ -154,12 +158,15 @@ pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
                     format!("{:.0}%", (1.0 - ratio_t) * 100.0),
                 ]);
                 if remote && ahead >= 16 {
-                    targets
-                        .push(format!("{nodes} nodes, {threads} thread(s): on/off {ratio:.2} (target at most 0.50)"));
+                    targets.push(format!(
+                        "{nodes} nodes, {threads} thread(s): alloc on/off {ratio:.2} (≤ 0.50: {})",
+                        super::verdict(ratio <= 0.50)
+                    ));
                 } else if !remote {
                     targets.push(format!(
-                        "{nodes} nodes local, {threads} thread(s): {:+.1}% (target within 2%)",
-                        (ratio - 1.0) * 100.0
+                        "{nodes} nodes local, {threads} thread(s): alloc on against off {:+.1}% (within ±2%: {})",
+                        (ratio - 1.0) * 100.0,
+                        super::verdict((ratio - 1.0).abs() <= 0.02)
                     ));
                 }
                 for (k, name) in [(0, "on"), (1, "off")] {
@@ -193,7 +200,7 @@ pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
         &rows,
     );
     for t in targets {
-        println!("  {t}");
+        println!("  target: {t}");
     }
     println!();
     Ok(records)
