@@ -216,3 +216,21 @@ fn a_peer_of_another_uid_is_refused() {
     assert_eq!(info["requests_served"], 0, "nothing was served to the refused peer: {info}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn top_shows_balancing_rates_once_regions_are_balanced() {
+    let dir = test_dir("top-numab");
+    let z = published(&dir);
+    let cfg = zonal_numab::Config { scan_delay_ms: 3_600_000, ..Default::default() };
+    let bal = zonal_numab::Balancer::new(z.clone(), cfg).unwrap();
+    let pid = std::process::id().to_string();
+    let out = ok(&zonal(&dir, &["--pid", &pid, "top", "--count", "2", "--interval", "0.1"]));
+    let second = out.rsplit("zonal top:").next().unwrap();
+    assert!(second.contains("balancing: hint faults/s 0  local/s 0  migrated/s 0"), "{second}");
+    drop(bal);
+    // Without a balancer the line is gone.
+    let out = ok(&zonal(&dir, &["--pid", &pid, "top", "--count", "2", "--interval", "0.1"]));
+    assert!(!out.contains("balancing:"), "{out}");
+    drop(z);
+    let _ = std::fs::remove_dir_all(&dir);
+}
