@@ -460,6 +460,39 @@ mod tests {
     use super::tune::STAT_INTERVAL_MS;
     use super::*;
 
+    /// Every report a published handle serves reads without the locks the allocation paths
+    /// take: with every per-CPU list and every zone lock held elsewhere, they all finish.
+    #[test]
+    fn reports_take_no_allocation_lock() {
+        let t = Topology::parse("nodes=2,size=8M").unwrap();
+        let z = Arc::new(Zonal::new(Config::new(t)).unwrap());
+        let p = z.alloc_pages(Gfp::empty(), 0).unwrap();
+        z.free_pages(p.as_ptr(), 0).unwrap();
+        let zones: Vec<_> = z.zones().iter().map(|zn| zn.lock()).collect();
+        let pcps: Vec<_> = (0..z.nr_cpus())
+            .flat_map(|c| z.zones().iter().map(move |zn| (c, zn)))
+            .map(|(c, zn)| z.pcp(c, zn.id).lock_lists(zn))
+            .collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let z2 = Arc::clone(&z);
+        std::thread::spawn(move || {
+            let n = z2.zoneinfo().len()
+                + z2.buddyinfo().len()
+                + z2.buddyinfo_json().len()
+                + z2.vmstat().len()
+                + z2.prometheus().len()
+                + z2.numastat().len()
+                + z2.zone_stats_json().len()
+                + z2.topology_text().len()
+                + z2.nr_pcp_pages(NodeId(0)).unwrap();
+            let _ = tx.send(n);
+        });
+        let r = rx.recv_timeout(Duration::from_secs(30));
+        drop(pcps);
+        drop(zones);
+        assert!(r.is_ok(), "a report waited for a lock the allocation paths take");
+    }
+
     /// A huge `stat_interval` is the bound, not its milliseconds cut to 64 bits (which made
     /// `Duration::MAX` 1 ms... or any value), and the clamp agrees with the sysctl table.
     #[test]

@@ -101,15 +101,13 @@ impl Zonal {
         Ok(self.zone(zone)?.percpu_drift_mark())
     }
 
-    /// Frames on every CPU's lists for a node's zones.
+    /// Frames on every CPU's lists for a node's zones, read without locks (each list as of
+    /// its last unlock, each rseq cache as it is): exact once allocation stops.
     pub fn nr_pcp_pages(&self, nid: NodeId) -> Result<usize> {
         let zones = self.node_zones(nid)?;
         Ok((0..self.cpus.nr_cpus)
             .flat_map(|c| zones.iter().map(move |z| (c, *z)))
-            .map(|(c, z)| {
-                let pcp = self.pcp(c, z);
-                pcp.lock_lists(&self.mem.zones[z.0 as usize]).with(|p| p.count + pcp.cache_len())
-            })
+            .map(|(c, z)| self.pcp(c, z).pageset_hint().0)
             .sum())
     }
 
