@@ -1,4 +1,5 @@
-/* The C ABI end to end: create, allocate, free, every error, policies, bulk calls, reports.
+/* The C ABI end to end: create, allocate, free, every error, policies, bulk calls, reports,
+ * the config keys.
  * Exits 0 on success; on the first failure prints what and where and exits 1. */
 #include <errno.h>
 #include <stdio.h>
@@ -38,6 +39,22 @@ int main(void) {
     CHECK(zonal_last_error(msg, sizeof msg) > 0 && strstr(msg, "symmetric") != NULL);
     CHECK(zonal_create(NULL, &z) < 0);
     CHECK(z == NULL);
+
+    /* stat_interval, the tunable's name, is the config key; stat_interval_ms, its old name,
+       is still accepted; both are bounded as the tunable is. */
+    char val[64];
+    CHECK(zonal_create("topology=nodes=1,size=4M;stat_interval=250", &z) == 0);
+    CHECK(zonal_sysctl_get(z, "stat_interval", val, sizeof val) == 3 && strcmp(val, "250") == 0);
+    zonal_destroy(z);
+    CHECK(zonal_create("topology=nodes=1,size=4M;stat_interval_ms=300", &z) == 0);
+    CHECK(zonal_sysctl_get(z, "stat_interval", val, sizeof val) == 3 && strcmp(val, "300") == 0);
+    zonal_destroy(z);
+    z = NULL;
+    CHECK(zonal_create("topology=nodes=1,size=4M;stat_interval=0", &z) == -EINVAL && z == NULL);
+    CHECK(zonal_last_error(msg, sizeof msg) > 0 && strstr(msg, "stat_interval") != NULL);
+    CHECK(zonal_create("topology=nodes=1,size=4M;stat_intervals=5", &z) == -EINVAL);
+    CHECK(zonal_last_error(msg, sizeof msg) > 0 && strstr(msg, "unknown key `stat_intervals`") != NULL);
+    CHECK(strstr(msg, "percpu_pagelist_high_fraction, stat_interval") != NULL);
 
     CHECK(zonal_abi_version() == ZONAL_ABI_VERSION);
     CHECK(zonal_create("topology=nodes=2,size=8M;max_order=10", &z) == 0 && z != NULL);
@@ -135,7 +152,6 @@ int main(void) {
     CHECK(zonal_report(z, 42, msg, sizeof msg) == -EINVAL);
 
     /* Tunables: get, set, reject with the old value kept. */
-    char val[64];
     CHECK(zonal_sysctl_set(z, "watermark_scale_factor", "300") == 0);
     CHECK(zonal_sysctl_get(z, "watermark_scale_factor", val, sizeof val) == 3 && strcmp(val, "300") == 0);
     CHECK(zonal_sysctl_set(z, "watermark_scale_factor", "0") == -EINVAL);
