@@ -9,6 +9,12 @@
 #include <stddef.h>
 
 /*
+ gfp flags: the normal allocation, as Linux's GFP_KERNEL. The preferred node first, then
+ the others by distance; stops at the low watermark, then at min.
+ */
+#define ZONAL_GFP_KERNEL 0
+
+/*
  `__GFP_THISNODE`: the preferred node only.
  */
 #define ZONAL_GFP_THISNODE 1
@@ -24,9 +30,16 @@
 #define ZONAL_GFP_NO_WATERMARKS 4
 
 /*
- Version of this ABI; bumped when functions are appended.
+ A node argument meaning "no preference": the node of the CPU the calling thread runs on,
+ as Linux's NUMA_NO_NODE does for alloc_pages_node.
  */
-#define ZONAL_ABI_VERSION 1
+#define ZONAL_NUMA_NO_NODE -1
+
+/*
+ Version of this ABI, returned by zonal_abi_version; raised whenever something is added
+ (2: ZONAL_GFP_KERNEL, ZONAL_NUMA_NO_NODE accepted as a node, the stat_interval key).
+ */
+#define ZONAL_ABI_VERSION 2
 
 /*
  [`zonal_report`]: `/proc/zoneinfo` layout.
@@ -108,7 +121,9 @@ void zonal_destroy(struct zonal_t *z);
 int zonal_alloc_pages(const struct zonal_t *z, uint32_t gfp, uint32_t order, void **out);
 
 /*
- Allocates 2^order frames preferring node `nid` (only it with `ZONAL_GFP_THISNODE`).
+ Allocates 2^order frames preferring node `nid` (only it with `ZONAL_GFP_THISNODE`);
+ `ZONAL_NUMA_NO_NODE` (-1) is the calling CPU's node. `-ENODEV` for any other node outside
+ the topology, with a message naming `nid`.
 
  # Safety
  `z` is a live handle; `out` is valid for a write.
@@ -145,7 +160,7 @@ int zonal_page_to_nid(const struct zonal_t *z, const void *addr);
 int zonal_set_policy(const struct zonal_t *z, const char *policy);
 
 /*
- Free frames on node `nid` into `*out`.
+ Free frames on node `nid` (`ZONAL_NUMA_NO_NODE`: the calling CPU's) into `*out`.
 
  # Safety
  `z` is a live handle; `out` is valid for a write.
@@ -153,7 +168,7 @@ int zonal_set_policy(const struct zonal_t *z, const char *policy);
 int zonal_nr_free_pages(const struct zonal_t *z, int nid, uint64_t *out);
 
 /*
- Free blocks of `order` on node `nid` into `*out`.
+ Free blocks of `order` on node `nid` (`ZONAL_NUMA_NO_NODE`: the calling CPU's) into `*out`.
 
  # Safety
  `z` is a live handle; `out` is valid for a write.

@@ -19,6 +19,9 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+/// gfp flags: the normal allocation, as Linux's GFP_KERNEL. The preferred node first, then
+/// the others by distance; stops at the low watermark, then at min.
+pub const ZONAL_GFP_KERNEL: u32 = 0;
 /// `__GFP_THISNODE`: the preferred node only.
 pub const ZONAL_GFP_THISNODE: u32 = 1;
 /// `__GFP_HIGH`: may dip below the `min` watermark.
@@ -26,8 +29,13 @@ pub const ZONAL_GFP_HIGH: u32 = 2;
 /// `__GFP_MEMALLOC`: ignore watermarks.
 pub const ZONAL_GFP_NO_WATERMARKS: u32 = 4;
 
-/// Version of this ABI; bumped when functions are appended.
-pub const ZONAL_ABI_VERSION: u32 = 1;
+/// A node argument meaning "no preference": the node of the CPU the calling thread runs on,
+/// as Linux's NUMA_NO_NODE does for alloc_pages_node.
+pub const ZONAL_NUMA_NO_NODE: c_int = -1;
+
+/// Version of this ABI, returned by zonal_abi_version; raised whenever something is added
+/// (2: ZONAL_GFP_KERNEL, ZONAL_NUMA_NO_NODE accepted as a node, the stat_interval key).
+pub const ZONAL_ABI_VERSION: u32 = 2;
 
 /// The value of an `Ok`, or returns the errno of an `Err` from the enclosing closure.
 macro_rules! or_return {
@@ -95,9 +103,25 @@ fn gfp_arg(gfp: u32) -> Result<Gfp, c_int> {
     Gfp::from_bits(gfp).ok_or_else(|| invalid(&format!("unknown gfp bits {gfp:#x}")))
 }
 
-/// A C node id: a negative one is out of range like any other invalid node.
-fn nid_arg(nid: c_int) -> NodeId {
-    NodeId(u16::try_from(nid).unwrap_or(u16::MAX))
+/// A C node id for `z`: [`ZONAL_NUMA_NO_NODE`] is the calling CPU's node (Linux's
+/// `numa_mem_id()` for `NUMA_NO_NODE`); anything else outside the topology is `-ENODEV`
+/// with a message naming the value the caller passed. (Clamping it into a `NodeId` first
+/// named node 65535 for -2 or 2^30.)
+fn node_arg(z: &Zonal, nid: c_int) -> Result<NodeId, c_int> {
+    if nid == ZONAL_NUMA_NO_NODE {
+        return Ok(z.local_node());
+    }
+    let nr_nodes = z.topology().nr_nodes();
+    match u16::try_from(nid) {
+        Ok(n) if usize::from(n) < nr_nodes => Ok(NodeId(n)),
+        _ => {
+            set_last_error(format!(
+                "invalid node {nid}: the topology has nodes 0..{nr_nodes}, and {ZONAL_NUMA_NO_NODE} \
+                 (ZONAL_NUMA_NO_NODE) means the local node"
+            ));
+            Err(-libc::ENODEV)
+        }
+    }
 }
 
 /// Hands a result to C: the value into `*out` and 0, or the negated errno.
@@ -195,7 +219,9 @@ pub unsafe extern "C" fn zonal_alloc_pages(z: *const Zonal, gfp: u32, order: u32
     })
 }
 
-/// Allocates 2^order frames preferring node `nid` (only it with `ZONAL_GFP_THISNODE`).
+/// Allocates 2^order frames preferring node `nid` (only it with `ZONAL_GFP_THISNODE`);
+/// `ZONAL_NUMA_NO_NODE` (-1) is the calling CPU's node. `-ENODEV` for any other node outside
+/// the topology, with a message naming `nid`.
 ///
 /// # Safety
 /// `z` is a live handle; `out` is valid for a write.
@@ -214,8 +240,9 @@ pub unsafe extern "C" fn zonal_alloc_pages_node(
         if out.is_null() {
             return invalid("null out pointer");
         }
+        let nid = or_return!(node_arg(z, nid));
         // SAFETY: `out` is non-null and valid for a write (contract).
-        unsafe { put(out, z.alloc_pages_node(nid_arg(nid), gfp, order).map(|p| p.as_ptr().cast())) }
+        unsafe { put(out, z.alloc_pages_node(nid, gfp, order).map(|p| p.as_ptr().cast())) }
     })
 }
 
@@ -271,7 +298,7 @@ pub unsafe extern "C" fn zonal_set_policy(z: *const Zonal, policy: *const c_char
     })
 }
 
-/// Free frames on node `nid` into `*out`.
+/// Free frames on node `nid` (`ZONAL_NUMA_NO_NODE`: the calling CPU's) into `*out`.
 ///
 /// # Safety
 /// `z` is a live handle; `out` is valid for a write.
@@ -283,12 +310,13 @@ pub unsafe extern "C" fn zonal_nr_free_pages(z: *const Zonal, nid: c_int, out: *
         if out.is_null() {
             return invalid("null out pointer");
         }
+        let nid = or_return!(node_arg(z, nid));
         // SAFETY: `out` is non-null and valid for a write (contract).
-        unsafe { put(out, z.nr_free_pages(nid_arg(nid)).map(|n| n as u64)) }
+        unsafe { put(out, z.nr_free_pages(nid).map(|n| n as u64)) }
     })
 }
 
-/// Free blocks of `order` on node `nid` into `*out`.
+/// Free blocks of `order` on node `nid` (`ZONAL_NUMA_NO_NODE`: the calling CPU's) into `*out`.
 ///
 /// # Safety
 /// `z` is a live handle; `out` is valid for a write.
@@ -300,8 +328,9 @@ pub unsafe extern "C" fn zonal_nr_free_blocks(z: *const Zonal, nid: c_int, order
         if out.is_null() {
             return invalid("null out pointer");
         }
+        let nid = or_return!(node_arg(z, nid));
         // SAFETY: `out` is non-null and valid for a write (contract).
-        unsafe { put(out, z.nr_free_blocks(nid_arg(nid), order).map(|n| n as u64)) }
+        unsafe { put(out, z.nr_free_blocks(nid, order).map(|n| n as u64)) }
     })
 }
 
