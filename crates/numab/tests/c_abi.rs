@@ -1,6 +1,7 @@
 //! A real C program (tests/c/numab_test.c) compiled with the system `cc` against
 //! include/zonal.h and include/zonal_numab.h, linked once against libzonal_numab.so (found
-//! through its SONAME) and once against libzonal_numab.a, and run; and the SONAME itself.
+//! through its SONAME) and once against libzonal_numab.a, and run; include/zonal_numab.h
+//! compiled as C89; the SONAME itself.
 
 // The ELF reader of crates/zonal's tests (SONAME and NEEDED entries, no binutils needed).
 #[path = "../../zonal/tests/common/elf.rs"]
@@ -113,4 +114,24 @@ fn the_shared_library_has_a_soname() {
     if let Some(by_readelf) = elf::readelf_soname(&so) {
         assert_eq!(by_readelf.as_deref(), Some(SONAME), "readelf -d {}", so.display());
     }
+}
+
+/// include/zonal_numab.h, included first (it includes zonal.h), compiles as C89 with
+/// -pedantic: cbindgen's C++ guards used `//` comments.
+#[test]
+fn the_header_is_c89() {
+    let _serial = serial();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let obj = std::env::temp_dir().join(format!("zonal-numab-c89-{}.o", std::process::id()));
+    let out = Command::new("cc")
+        .args(["-std=c89", "-pedantic", "-Wall", "-Wextra", "-Werror", "-DZONAL_TEST_NUMAB_FIRST", "-c"])
+        .arg("-I")
+        .arg(root.join("include"))
+        .arg(root.join("tests/c/header_c89.c"))
+        .arg("-o")
+        .arg(&obj)
+        .output()
+        .expect("the system C compiler `cc` runs");
+    let _ = std::fs::remove_file(&obj);
+    assert!(out.status.success(), "C89 compile of zonal_numab.h failed:\n{}", String::from_utf8_lossy(&out.stderr));
 }

@@ -5,7 +5,8 @@
 //! `topology=nodes=2,size=16M;max_order=10;populate=1`. The topology value is a topology
 //! spec (see [`crate::topology`]) or `sys` for the real machine. Keys that are also tunables
 //! carry the tunable's name (`stat_interval`; `stat_interval_ms`, its first name, stays
-//! accepted).
+//! accepted). Every key is documented for C users at `zonal_create` in `crate::ffi`: keep
+//! that list and [`Config::parse`]'s in step.
 
 use crate::arena::ArenaOptions;
 use crate::error::{Error, Result};

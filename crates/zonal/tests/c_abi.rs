@@ -1,6 +1,7 @@
 //! Real C programs against include/zonal.h, built with the system compilers: tests/c/zonal_test.c
 //! linked once against libzonal.so (found by the loader through its SONAME, as README.md
-//! tells C users to set up) and once against libzonal.a, and run; and the SONAME itself.
+//! tells C users to set up) and once against libzonal.a, and run; the header compiled as
+//! C89 and used from C++; and the SONAME itself.
 
 mod common;
 // The ELF reader sits with the shared helpers; crates/numab/tests/c_abi.rs includes it too.
@@ -102,4 +103,40 @@ fn the_shared_library_has_a_soname() {
     if let Some(by_readelf) = elf::readelf_soname(&so) {
         assert_eq!(by_readelf.as_deref(), Some(SONAME), "readelf -d {}", so.display());
     }
+}
+
+/// The headers compile as C89 with -pedantic (cbindgen's C++ guards used `//` comments),
+/// zonal.h including zonal_numab.h; and zonal.h works from C++: declarations inside
+/// `extern "C"`, so a C++ program links against libzonal.so and runs.
+#[test]
+fn the_header_is_c89_and_cxx() {
+    let obj = temp_path("c89.o");
+    let mut cc = Command::new("cc");
+    cc.args(["-std=c89", "-pedantic", "-Wall", "-Wextra", "-Werror", "-c"])
+        .arg("-I")
+        .arg(root().join("include"))
+        .arg(root().join("tests/c/header_c89.c"))
+        .arg("-o")
+        .arg(&obj);
+    compile(cc, "compiling tests/c/header_c89.c as C89");
+    let _ = std::fs::remove_file(&obj);
+
+    let dir = build_libs();
+    soname_link(&dir);
+    let exe = temp_path("cxx-test");
+    let mut cxx = Command::new("c++");
+    cxx.args(["-std=c++11", "-Wall", "-Wextra", "-Werror", "-O1"])
+        .arg("-I")
+        .arg(root().join("include"))
+        .arg(root().join("tests/c/header_cxx.cpp"))
+        .arg("-o")
+        .arg(&exe)
+        .arg("-L")
+        .arg(&dir)
+        .arg("-lzonal")
+        .arg(format!("-Wl,-rpath,{}", dir.display()));
+    compile(cxx, "compiling tests/c/header_cxx.cpp");
+    let stdout = run(&exe, "the C++ test");
+    let _ = std::fs::remove_file(&exe);
+    assert!(stdout.contains("zonal.h from C++: ok"), "{stdout}");
 }
