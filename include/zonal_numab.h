@@ -10,6 +10,10 @@
 #include <stddef.h>
 #include "zonal.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /*
  A NUMA balancer over a zonal handle.
  */
@@ -19,10 +23,6 @@ typedef struct zonal_numab_t zonal_numab_t;
  A region of balanced memory.
  */
 typedef struct zonal_region_t zonal_region_t;
-
-#ifdef __cplusplus
-extern "C" {
-#endif // __cplusplus
 
 /*
  Creates a balancer over `z` from a config string (`mode=delayed;backend=auto;...`, empty
@@ -125,7 +125,7 @@ int zonal_region_prefault(const struct zonal_region_t *r, size_t offset, size_t 
 void zonal_region_destroy(struct zonal_region_t *r);
 
 #ifdef __cplusplus
-}  // extern "C"
-#endif  // __cplusplus
+}  /* extern "C" */
+#endif
 
 #endif  /* ZONAL_NUMAB_H */

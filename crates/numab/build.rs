@@ -1,5 +1,6 @@
 //! Links the C library (`libzonal_numab.so`, which carries zonal and its rseq sections) with
-//! `-z nodelete`, as crates/zonal/build.rs does for `libzonal.so`.
+//! `-z nodelete` and the SONAME `libzonal_numab.so.0`, as crates/zonal/build.rs does for
+//! `libzonal.so` (which says why a SONAME; tests/c_abi.rs checks it).
 //!
 //! Why: the order-0 fast paths run restartable sequences. A section stores a pointer to its
 //! descriptor (in this library's read-only data) in the thread's rseq area (`rseq_cs`), and
@@ -13,5 +14,6 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libzonal_numab.so.0");
     }
 }

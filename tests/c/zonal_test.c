@@ -1,4 +1,5 @@
-/* The C ABI end to end: create, allocate, free, every error, policies, bulk calls, reports.
+/* The C ABI end to end: create, allocate, free, every error, policies, bulk calls, reports,
+ * the config keys, node ZONAL_NUMA_NO_NODE and the last error's lifetime.
  * Exits 0 on success; on the first failure prints what and where and exits 1. */
 #include <errno.h>
 #include <stdio.h>
@@ -39,6 +40,22 @@ int main(void) {
     CHECK(zonal_create(NULL, &z) < 0);
     CHECK(z == NULL);
 
+    /* stat_interval, the tunable's name, is the config key; stat_interval_ms, its old name,
+       is still accepted; both are bounded as the tunable is. */
+    char val[64];
+    CHECK(zonal_create("topology=nodes=1,size=4M;stat_interval=250", &z) == 0);
+    CHECK(zonal_sysctl_get(z, "stat_interval", val, sizeof val) == 3 && strcmp(val, "250") == 0);
+    zonal_destroy(z);
+    CHECK(zonal_create("topology=nodes=1,size=4M;stat_interval_ms=300", &z) == 0);
+    CHECK(zonal_sysctl_get(z, "stat_interval", val, sizeof val) == 3 && strcmp(val, "300") == 0);
+    zonal_destroy(z);
+    z = NULL;
+    CHECK(zonal_create("topology=nodes=1,size=4M;stat_interval=0", &z) == -EINVAL && z == NULL);
+    CHECK(zonal_last_error(msg, sizeof msg) > 0 && strstr(msg, "stat_interval") != NULL);
+    CHECK(zonal_create("topology=nodes=1,size=4M;stat_intervals=5", &z) == -EINVAL);
+    CHECK(zonal_last_error(msg, sizeof msg) > 0 && strstr(msg, "unknown key `stat_intervals`") != NULL);
+    CHECK(strstr(msg, "percpu_pagelist_high_fraction, stat_interval") != NULL);
+
     CHECK(zonal_abi_version() == ZONAL_ABI_VERSION);
     CHECK(zonal_create("topology=nodes=2,size=8M;max_order=10", &z) == 0 && z != NULL);
     /* Start from the buddy lists alone, so free counts are exact. */
@@ -61,7 +78,23 @@ int main(void) {
     void *q = NULL;
     int on_stack = 0;
     CHECK(zonal_alloc_pages_node(z, 7, 0, 0, &q) == -ENODEV);
-    CHECK(zonal_alloc_pages_node(z, -1, 0, 0, &q) == -ENODEV);
+    /* A bad node is named as the caller passed it (it was clamped, and named 65535). */
+    CHECK(zonal_alloc_pages_node(z, -2, 0, 0, &q) == -ENODEV);
+    CHECK(zonal_last_error(msg, sizeof msg) > 0 && strstr(msg, "invalid node -2:") != NULL);
+    CHECK(strstr(msg, "65535") == NULL && strstr(msg, "nodes 0..2") != NULL);
+    CHECK(zonal_alloc_pages_node(z, 1 << 30, 0, 0, &q) == -ENODEV);
+    CHECK(zonal_last_error(msg, sizeof msg) > 0 && strstr(msg, "invalid node 1073741824:") != NULL);
+    CHECK(zonal_alloc_pages_node(z, -2147483647 - 1, 0, 0, &q) == -ENODEV);
+    CHECK(zonal_last_error(msg, sizeof msg) > 0 && strstr(msg, "invalid node -2147483648:") != NULL);
+    uint64_t untouched = 12345;
+    CHECK(zonal_nr_free_blocks(z, -3, 0, &untouched) == -ENODEV);
+    CHECK(zonal_last_error(msg, sizeof msg) > 0 && strstr(msg, "invalid node -3:") != NULL);
+    CHECK(q == NULL && untouched == 12345);
+    /* The last error is errno-like: a later successful call leaves it as it was. */
+    CHECK(zonal_alloc_pages(z, ZONAL_GFP_KERNEL, 0, &q) == 0 && zonal_free_pages(z, q, 0) == 0);
+    CHECK(zonal_nr_free_pages(z, 0, &untouched) == 0);
+    CHECK(zonal_last_error(msg, sizeof msg) > 0 && strstr(msg, "invalid node -3:") != NULL);
+    q = NULL;
     CHECK(zonal_alloc_pages(z, 0, 11, &q) == -EDOM);
     CHECK(zonal_alloc_pages(z, 0x80, 0, &q) == -EINVAL);
     CHECK(zonal_free_pages(z, &on_stack, 0) == -EFAULT);
@@ -135,7 +168,6 @@ int main(void) {
     CHECK(zonal_report(z, 42, msg, sizeof msg) == -EINVAL);
 
     /* Tunables: get, set, reject with the old value kept. */
-    char val[64];
     CHECK(zonal_sysctl_set(z, "watermark_scale_factor", "300") == 0);
     CHECK(zonal_sysctl_get(z, "watermark_scale_factor", val, sizeof val) == 3 && strcmp(val, "300") == 0);
     CHECK(zonal_sysctl_set(z, "watermark_scale_factor", "0") == -EINVAL);
@@ -181,6 +213,27 @@ int main(void) {
 
     zonal_destroy(z);
     zonal_destroy(NULL);
+
+    /* ZONAL_NUMA_NO_NODE (-1): the calling CPU's node, in every node-taking call. Here every
+       CPU is on node 1 (node 0 is memory-only; CPU ids past the list map onto CPU 0's node),
+       so the answer is node 1 wherever this thread runs, and never node 0. */
+    CHECK(ZONAL_NUMA_NO_NODE == -1 && ZONAL_GFP_KERNEL == 0);
+    CHECK(zonal_create("topology=nodes=2,size=8M,cpus=:0", &z) == 0);
+    void *local0 = NULL, *local3 = NULL;
+    CHECK(zonal_alloc_pages_node(z, ZONAL_NUMA_NO_NODE, ZONAL_GFP_THISNODE, 0, &local0) == 0);
+    CHECK(zonal_alloc_pages_node(z, ZONAL_NUMA_NO_NODE, ZONAL_GFP_KERNEL, 3, &local3) == 0);
+    CHECK(zonal_page_to_nid(z, local0) == 1 && zonal_page_to_nid(z, local3) == 1);
+    zonal_drain_all_pages(z);
+    uint64_t on_local = 0, on1 = 0, on0 = 0, blocks_local = 0, blocks1 = 0, blocks0 = 0;
+    CHECK(zonal_nr_free_pages(z, ZONAL_NUMA_NO_NODE, &on_local) == 0);
+    CHECK(zonal_nr_free_pages(z, 1, &on1) == 0 && zonal_nr_free_pages(z, 0, &on0) == 0);
+    CHECK(on_local == on1 && on1 == on0 - 9);
+    /* Node 1 has split blocks (the frame's buddy at least), node 0 only whole ones. */
+    CHECK(zonal_nr_free_blocks(z, ZONAL_NUMA_NO_NODE, 0, &blocks_local) == 0);
+    CHECK(zonal_nr_free_blocks(z, 1, 0, &blocks1) == 0 && zonal_nr_free_blocks(z, 0, 0, &blocks0) == 0);
+    CHECK(blocks_local == blocks1 && blocks1 >= 1 && blocks0 == 0);
+    CHECK(zonal_free_pages(z, local0, 0) == 0 && zonal_free_pages(z, local3, 3) == 0);
+    zonal_destroy(z);
     printf("zonal C ABI: %d checks passed\n", checks);
     return 0;
 }

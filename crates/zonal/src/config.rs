@@ -3,7 +3,10 @@
 //!
 //! As a string (the C ABI and the CLI take one): `;`-separated `key=value` items, e.g.
 //! `topology=nodes=2,size=16M;max_order=10;populate=1`. The topology value is a topology
-//! spec (see [`crate::topology`]) or `sys` for the real machine.
+//! spec (see [`crate::topology`]) or `sys` for the real machine. Keys that are also tunables
+//! carry the tunable's name (`stat_interval`; `stat_interval_ms`, its first name, stays
+//! accepted). Every key is documented for C users at `zonal_create` in `crate::ffi`: keep
+//! that list and [`Config::parse`]'s in step.
 
 use crate::arena::ArenaOptions;
 use crate::error::{Error, Result};
@@ -103,11 +106,11 @@ impl Config {
                 "percpu_pagelist_high_fraction" => {
                     c.percpu_pagelist_high_fraction = u32::try_from(num(&v)?).unwrap_or(u32::MAX)
                 }
-                "stat_interval_ms" => c.stat_interval = std::time::Duration::from_millis(num(&v)?),
+                "stat_interval" | "stat_interval_ms" => c.stat_interval = std::time::Duration::from_millis(num(&v)?),
                 _ => {
                     return Err(Error::InvalidConfig(format!(
                         "config: unknown key `{k}`; valid keys: topology, max_order, populate, mlock, thp, \
-                         min_free_kbytes, watermark_scale_factor, pcp, percpu_pagelist_high_fraction, stat_interval_ms"
+                         min_free_kbytes, watermark_scale_factor, pcp, percpu_pagelist_high_fraction, stat_interval"
                     )))
                 }
             }
