@@ -80,9 +80,10 @@ extern "C" {
 
 /*
  Version of this ABI, returned by zonal_abi_version; raised whenever something is added
- (2: ZONAL_GFP_KERNEL, ZONAL_NUMA_NO_NODE accepted as a node, the stat_interval key).
+ (2: ZONAL_GFP_KERNEL, ZONAL_NUMA_NO_NODE accepted as a node, the stat_interval key;
+ 3: zonal_publish, zonal_unpublish and the publish key).
  */
-#define ZONAL_ABI_VERSION 2
+#define ZONAL_ABI_VERSION 3
 
 /*
  Report for zonal_report: the zones in the layout of Linux's /proc/zoneinfo.
@@ -119,6 +120,16 @@ extern "C" {
  */
 #define ZONAL_REPORT_PROMETHEUS 6
 
+/*
+ The longest request line a server reads, newline included.
+ */
+#define MAX_REQUEST 4096
+
+/*
+ The longest reply a client reads.
+ */
+#define MAX_REPLY (64 << 20)
+
 
 
 
@@ -152,11 +163,13 @@ extern "C" {
    lock; default 1.
  - percpu_pagelist_high_fraction: 0 (the default: each per-CPU list sizes itself), or 8
    or more: a node's lists hold at most 1/N of its memory, split over its CPUs.
+ - publish: 1 publishes the handle for live introspection (zonal_publish) as soon as it
+   is created; default 0. The environment variable ZONAL_PUBLISH=1 does the same.
  - stat_interval: how often the background worker folds the per-CPU counter deltas and
    decays idle per-CPU lists, in milliseconds; 1 to 3600000, default 1000.
    stat_interval_ms is accepted as another name for it.
 
- Flags (populate, mlock, thp, pcp) take 1 or 0, true or false, yes or no, on or off.
+ Flags (populate, mlock, thp, pcp, publish) take 1 or 0, true or false, yes or no, on or off.
  Each key that is also a tunable has the tunable's name (zonal_sysctl_get and
  zonal_sysctl_set change it later); the other tunables (numa_stats_mode, free_check, ...)
  start at their defaults. An environment variable named ZONAL_ and the tunable's name in
@@ -166,6 +179,8 @@ extern "C" {
  - -EINVAL: config or out is NULL, config is not UTF-8, an item is not key=value, a key
    is unknown, topology is missing, or a value is malformed or out of bounds (the message
    says which and where), or a ZONAL_ environment variable holds an invalid value;
+ - -EPROTO: publish was asked for and the handle could not be published (the message
+   says why: the directory is not private to this user, or a socket cannot be made);
  - the negated errno of a system call that failed while mapping the memory, for example
    -ENOMEM when the memory cannot be reserved, -EPERM or -EAGAIN from mlock.
 
@@ -489,6 +504,40 @@ int zonal_sysctl_get(const zonal_t *z, const char *name, char *buf, size_t len);
  NULL or NUL-terminated strings.
  */
 int zonal_sysctl_set(const zonal_t *z, const char *name, const char *value);
+
+/*
+ Publishes the allocator for live introspection: it then answers the zonal command's
+ `--pid` reports, `sysctl`, `top`, `ps` and `exporter` (see README.md, "Watching a
+ running process") on a Unix socket only this user (and root) may use, in
+ $ZONAL_RUNTIME_DIR, else $XDG_RUNTIME_DIR/zonal, else zonal-UID in the temporary
+ directory. One thread serves it, asleep while no request comes. Publishing a published
+ handle does nothing. zonal_destroy unpublishes. Writes the socket's path to buf as
+ snprintf does (truncated to len - 1 bytes and NUL-terminated).
+
+ Returns the path's full length without the NUL (a result >= len means buf was too
+ small; the handle is published all the same), or a negative errno with nothing
+ published:
+ - -EINVAL: z is NULL;
+ - -EPROTO: the directory is not private to this user (a link, another owner, or access
+   for group or others: it is refused, not repaired) or the socket cannot be made; the
+   message says which.
+
+ Safety
+ ------
+ z is NULL or a handle from zonal_create that has not been destroyed; buf is NULL (then
+ nothing is written) or points to len writable bytes.
+ */
+int zonal_publish(const zonal_t *z, char *buf, size_t len);
+
+/*
+ Stops serving live introspection and removes the socket. Returns 1 if the handle was
+ published, 0 if not, -EINVAL if z is NULL.
+
+ Safety
+ ------
+ z is NULL or a handle from zonal_create that has not been destroyed.
+ */
+int zonal_unpublish(const zonal_t *z);
 
 #ifdef __cplusplus
 }  /* extern "C" */

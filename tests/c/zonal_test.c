@@ -1,10 +1,16 @@
 /* The C ABI end to end: create, allocate, free, every error, policies, bulk calls, reports,
  * the config keys, node ZONAL_NUMA_NO_NODE and the last error's lifetime.
  * Exits 0 on success; on the first failure prints what and where and exits 1. */
+#define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "zonal.h"
 
@@ -21,6 +27,21 @@ static int checks;
             exit(1);                                                                         \
         }                                                                                    \
     } while (0)
+
+/* Connects to a published handle's socket; -1 on failure. */
+static int connect_to(const char *path) {
+    struct sockaddr_un a;
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    strncpy(a.sun_path, path, sizeof a.sun_path - 1);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
 
 static uint64_t free_pages(zonal_t *z, int nid) {
     uint64_t n = 0;
@@ -234,6 +255,39 @@ int main(void) {
     CHECK(blocks_local == blocks1 && blocks1 >= 1 && blocks0 == 0);
     CHECK(zonal_free_pages(z, local0, 0) == 0 && zonal_free_pages(z, local3, 3) == 0);
     zonal_destroy(z);
+    /* Live introspection from C, with SIGPIPE at its default (C programs do not ignore it):
+       clients that leave before their reply must not kill the process. */
+    {
+        char dir[128], path[256], reply[4096];
+        int i, fd;
+        ssize_t n, got = 0;
+        struct sigaction sa;
+        CHECK(sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL);
+        snprintf(dir, sizeof dir, "/tmp/zonal-c-test-%ld", (long)getpid());
+        CHECK(setenv("ZONAL_RUNTIME_DIR", dir, 1) == 0);
+        CHECK(zonal_create("topology=nodes=2,size=8M;publish=1", &z) == 0);
+        n = zonal_publish(z, path, sizeof path);
+        CHECK(n > 0 && (size_t)n < sizeof path && strncmp(path, dir, strlen(dir)) == 0);
+        CHECK(access(path, F_OK) == 0);
+        for (i = 0; i < 20; i++) {
+            fd = connect_to(path);
+            CHECK(fd >= 0);
+            CHECK(write(fd, "zoneinfo\n", 9) == 9);
+            close(fd);
+        }
+        fd = connect_to(path);
+        CHECK(fd >= 0 && write(fd, "info\n", 5) == 5);
+        while ((n = read(fd, reply + got, sizeof reply - 1 - got)) > 0) got += n;
+        close(fd);
+        reply[got] = 0;
+        CHECK(strncmp(reply, "ok\n{", 4) == 0 && strstr(reply, "\"nodes\":2") != NULL);
+        CHECK(zonal_unpublish(z) == 1 && zonal_unpublish(z) == 0);
+        CHECK(access(path, F_OK) != 0);
+        CHECK(zonal_unpublish(NULL) == -EINVAL && zonal_publish(NULL, path, sizeof path) == -EINVAL);
+        zonal_destroy(z);
+        rmdir(dir);
+        CHECK(zonal_create("topology=nodes=1,size=8M;publish=maybe", &z) == -EINVAL);
+    }
     printf("zonal C ABI: %d checks passed\n", checks);
     return 0;
 }

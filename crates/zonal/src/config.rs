@@ -110,7 +110,7 @@ impl Config {
                 _ => {
                     return Err(Error::InvalidConfig(format!(
                         "config: unknown key `{k}`; valid keys: topology, max_order, populate, mlock, thp, \
-                         min_free_kbytes, watermark_scale_factor, pcp, percpu_pagelist_high_fraction, stat_interval"
+                         min_free_kbytes, watermark_scale_factor, pcp, percpu_pagelist_high_fraction, stat_interval, publish"
                     )))
                 }
             }
