@@ -18,13 +18,35 @@ fn fail(e: &crate::Error) -> c_int {
     layer::fail(e.to_string(), e.errno())
 }
 
-/// Creates a balancer over `z` from a config string (`mode=delayed;backend=auto;...`, empty
-/// for Linux's defaults; see the Rust `Config::parse`) into `*out`. The balancer keeps the
-/// allocator alive: `zonal_destroy` may come first.
+/// Creates a NUMA balancer over the allocator z and stores it in *out. The balancer keeps
+/// the allocator alive: zonal_destroy may come first.
 ///
-/// # Safety
-/// `z` is a live handle from `zonal_create`; `config` a NUL-terminated string; `out` valid
-/// for a write.
+/// config is a list of key=value items separated by ';' (an empty string: every default,
+/// Linux's). The keys, with their defaults:
+/// - numa_balancing: 1 balances, 0 places pages on first touch only; default 1.
+/// - mode: delayed (migrate, then map; no TLB flush) or eager (map back first); default
+///   delayed.
+/// - backend: how hint faults are taken: mprotect (SIGSEGV), userfaultfd (minor faults) or
+///   auto (userfaultfd where the kernel allows it); default auto.
+/// - scan_delay_ms: wait before a new region's first scan; default 1000.
+/// - scan_period_min_ms, scan_period_max_ms: the scan period's bounds; defaults 1000 and
+///   60000.
+/// - scan_size_mb: memory made inaccessible per scan pass, 1 to 1048576; default 256.
+/// - reserve_pages: frames kept ready per node for the fault handler; default 256.
+/// - vma_budget: mappings allowed before the balancer stops scanning and migrating;
+///   default three quarters of vm.max_map_count.
+/// - chunk_migration: 1 moves a whole hinted 2 MiB chunk in one migration; default 1.
+/// - collapse_mb: MiB per second the balancer's thread copies to merge a region's
+///   mappings again (0: only zonal_numab_collapse_now); default 64.
+///
+/// Returns 0, or a negative errno with nothing created: -EINVAL for a NULL argument or a
+/// bad config item (the message names it); the negated errno of a system call that failed
+/// while starting the balancer.
+///
+/// Safety
+/// ------
+/// z is NULL or a handle from zonal_create that has not been destroyed; config is NULL or
+/// a NUL-terminated string; out is NULL or points to storage for one pointer.
 #[no_mangle]
 pub unsafe extern "C" fn zonal_numab_create(
     z: *const Zonal,
@@ -56,10 +78,12 @@ pub unsafe extern "C" fn zonal_numab_create(
     })
 }
 
-/// Destroys a balancer. Its regions keep working until they are destroyed. Null is ignored.
+/// Destroys a balancer. Its regions keep working until they are destroyed. NULL is ignored.
 ///
-/// # Safety
-/// `b` is null or from `zonal_numab_create`, destroyed once, with no call on it running.
+/// Safety
+/// ------
+/// b is NULL or a balancer from zonal_numab_create, destroyed once, with no call on it
+/// running in another thread.
 #[no_mangle]
 pub unsafe extern "C" fn zonal_numab_destroy(b: *mut ZonalNumab) {
     if !b.is_null() {
@@ -71,10 +95,14 @@ pub unsafe extern "C" fn zonal_numab_destroy(b: *mut ZonalNumab) {
     }
 }
 
-/// One counter of the balancer (`numa_hint_faults`, `numa_pages_migrated`, ...) into `*out`.
+/// Stores one counter of the balancer (numa_hint_faults, numa_pages_migrated, ...; the
+/// same names zonal_vmstat reads) in *out. Returns 0, or -EINVAL for a NULL argument or an
+/// unknown name.
 ///
-/// # Safety
-/// `b` is a live balancer; `name` a NUL-terminated string; `out` valid for a write.
+/// Safety
+/// ------
+/// b is NULL or a live balancer; name is NULL or a NUL-terminated string; out is NULL or
+/// points to storage for one uint64_t.
 #[no_mangle]
 pub unsafe extern "C" fn zonal_numab_stat(b: *const ZonalNumab, name: *const c_char, out: *mut u64) -> c_int {
     layer::guard(|| {
@@ -98,11 +126,12 @@ pub unsafe extern "C" fn zonal_numab_stat(b: *const ZonalNumab, name: *const c_c
     })
 }
 
-/// Runs one scan pass now (the balancer's thread also scans every period); returns the pages
-/// made inaccessible, or a negated errno.
+/// Runs one scan pass now (the balancer's thread also scans every period). Returns the
+/// pages made inaccessible, or -EINVAL for NULL.
 ///
-/// # Safety
-/// `b` is a live balancer.
+/// Safety
+/// ------
+/// b is NULL or a live balancer.
 #[no_mangle]
 pub unsafe extern "C" fn zonal_numab_scan_now(b: *const ZonalNumab) -> i64 {
     i64::from(layer::guard(|| {
@@ -114,11 +143,12 @@ pub unsafe extern "C" fn zonal_numab_scan_now(b: *const ZonalNumab) -> i64 {
     }))
 }
 
-/// Runs one collapse pass now (the balancer's thread also collapses, `collapse_mb` a
-/// second), copying at most `max_pages`; returns the pages copied, or a negated errno.
+/// Runs one collapse pass now (the balancer's thread also collapses, collapse_mb a
+/// second), copying at most max_pages pages. Returns the pages copied, or -EINVAL for NULL.
 ///
-/// # Safety
-/// `b` is a live balancer.
+/// Safety
+/// ------
+/// b is NULL or a live balancer.
 #[no_mangle]
 pub unsafe extern "C" fn zonal_numab_collapse_now(b: *const ZonalNumab, max_pages: usize) -> i64 {
     i64::from(layer::guard(|| {
@@ -130,11 +160,16 @@ pub unsafe extern "C" fn zonal_numab_collapse_now(b: *const ZonalNumab, max_page
     }))
 }
 
-/// Creates a region of `bytes` (rounded up to pages) under `policy` (`local`,
-/// `preferred=1`, `bind=0-1`, `interleave=0,1`, as `zonal_set_policy`) into `*out`.
+/// Creates a region of bytes (rounded up to whole pages) whose pages are placed on first
+/// touch by policy (local, preferred=N, bind=NODES, interleave[=NODES], as
+/// zonal_set_policy) and then balanced, and stores it in *out. Returns 0, or a negative
+/// errno with nothing created: -EINVAL for NULL, 0 bytes or a malformed policy, -ENODEV for
+/// a node the topology does not have, or the negated errno of the mmap that failed.
 ///
-/// # Safety
-/// `b` is a live balancer; `policy` a NUL-terminated string; `out` valid for a write.
+/// Safety
+/// ------
+/// b is NULL or a live balancer; policy is NULL or a NUL-terminated string; out is NULL
+/// or points to storage for one pointer.
 #[no_mangle]
 pub unsafe extern "C" fn zonal_region_create(
     b: *const ZonalNumab,
@@ -168,31 +203,35 @@ pub unsafe extern "C" fn zonal_region_create(
     })
 }
 
-/// The first byte of a region (null for a null region).
+/// The first byte of a region (NULL for a NULL region).
 ///
-/// # Safety
-/// `r` is null or a live region.
+/// Safety
+/// ------
+/// r is NULL or a live region.
 #[no_mangle]
 pub unsafe extern "C" fn zonal_region_addr(r: *const ZonalRegion) -> *mut c_void {
     // SAFETY: per this function's contract.
     unsafe { r.as_ref() }.map_or(std::ptr::null_mut(), |r| r.0.as_ptr().cast())
 }
 
-/// The bytes of a region (whole pages; 0 for a null region).
+/// The bytes of a region (whole pages; 0 for a NULL region).
 ///
-/// # Safety
-/// `r` is null or a live region.
+/// Safety
+/// ------
+/// r is NULL or a live region.
 #[no_mangle]
 pub unsafe extern "C" fn zonal_region_len(r: *const ZonalRegion) -> usize {
     // SAFETY: per this function's contract.
     unsafe { r.as_ref() }.map_or(0, |r| r.0.len())
 }
 
-/// The node of the frame behind `addr` in the region: the node id, `-1` while the page has
-/// no frame, or a negated errno (`-EFAULT` outside the region).
+/// The node of the frame behind addr in the region: the node id, -1 while the page has no
+/// frame yet, or a negated errno: -EFAULT for an address outside the region, -EINVAL for
+/// NULL.
 ///
-/// # Safety
-/// `r` is a live region.
+/// Safety
+/// ------
+/// r is NULL or a live region.
 #[no_mangle]
 pub unsafe extern "C" fn zonal_region_page_to_nid(r: *const ZonalRegion, addr: *const c_void) -> c_int {
     layer::guard(|| {
@@ -208,11 +247,14 @@ pub unsafe extern "C" fn zonal_region_page_to_nid(r: *const ZonalRegion, addr: *
     })
 }
 
-/// Gives `offset..offset + len` of the region frames now and makes them accessible, so that
-/// system calls can read and write them.
+/// Gives the bytes offset to offset + len of the region frames now and makes them
+/// accessible, so that system calls (read, write, I/O) can use them. Returns 0, or a
+/// negative errno: -EFAULT for a range past the region's end, -EINVAL for NULL, -ENOMEM
+/// when no node has a free frame.
 ///
-/// # Safety
-/// `r` is a live region.
+/// Safety
+/// ------
+/// r is NULL or a live region.
 #[no_mangle]
 pub unsafe extern "C" fn zonal_region_prefault(r: *const ZonalRegion, offset: usize, len: usize) -> c_int {
     layer::guard(|| {
@@ -227,11 +269,13 @@ pub unsafe extern "C" fn zonal_region_prefault(r: *const ZonalRegion, offset: us
     })
 }
 
-/// Destroys a region: every frame goes back to the allocator, the range is unmapped (a later
-/// access faults as any unmapped address does). Null is ignored.
+/// Destroys a region: every frame goes back to the allocator and the range is unmapped (a
+/// later access faults as any unmapped address does). NULL is ignored.
 ///
-/// # Safety
-/// `r` is null or a live region, destroyed once, with no call on it running.
+/// Safety
+/// ------
+/// r is NULL or a live region, destroyed once, with no call on it running in another
+/// thread and no thread accessing its memory.
 #[no_mangle]
 pub unsafe extern "C" fn zonal_region_destroy(r: *mut ZonalRegion) {
     if !r.is_null() {
