@@ -1,21 +1,13 @@
 //! The rough edges a new user found in the `zonal` command, each fixed: a closed pipe, the
 //! words of errors, `sysctl`'s checks and JSON, `--workload`'s checks, buddyinfo's JSON.
 
+mod common;
+use common::{err, ok};
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
 
 fn zonal(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_zonal")).args(args).output().expect("zonal runs")
-}
-
-fn ok(o: &Output) -> String {
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout.clone()).unwrap()
-}
-
-fn err(o: &Output) -> String {
-    assert!(!o.status.success(), "should fail: {}", String::from_utf8_lossy(&o.stdout));
-    String::from_utf8(o.stderr.clone()).unwrap()
 }
 
 #[test]

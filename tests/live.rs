@@ -2,6 +2,8 @@
 //! command reads it (`ps`, `--pid` reports, `sysctl`, `top`), the exporter serves it over
 //! HTTP to a real client, and a peer of another uid is refused.
 
+mod common;
+use common::{err, ok};
 use std::io::BufRead;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -25,16 +27,6 @@ fn published(dir: &Path) -> Arc<Zonal> {
 
 fn zonal(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_zonal")).arg("--dir").arg(dir).args(args).output().expect("zonal runs")
-}
-
-fn ok(o: &Output) -> String {
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout.clone()).unwrap()
-}
-
-fn err(o: &Output) -> String {
-    assert!(!o.status.success(), "should fail: {}", String::from_utf8_lossy(&o.stdout));
-    String::from_utf8(o.stderr.clone()).unwrap()
 }
 
 #[test]
