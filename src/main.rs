@@ -481,7 +481,9 @@ fn sysctl_doc(items: &[String], json: bool) -> Result<(), String> {
 
 fn run(cli: Cli) -> Result<(), String> {
     match &cli.command {
-        Command::Ps { json } => return out(&live::ps(&live::dir(cli.runtime_dir.as_deref()), *json)?),
+        Command::Ps { json } if cli.pid.is_none() => {
+            return out(&live::ps(&live::dir(cli.runtime_dir.as_deref()), *json)?)
+        }
         Command::Exporter { listen } if cli.pid.is_none() => {
             return exporter::run(listen, &live::dir(cli.runtime_dir.as_deref()))
         }

@@ -87,3 +87,11 @@ fn buddyinfo_json_is_buddyinfo() {
     assert_eq!(zones[1]["free_blocks"][10], 2);
     assert!(zones[0].get("watermarks").is_none() && zones[0].get("pagesets").is_none(), "{v}");
 }
+
+#[test]
+fn commands_of_every_handle_refuse_pid() {
+    for cmd in ["ps", "exporter"] {
+        let e = err(&zonal(&["--pid", "1", cmd]));
+        assert!(e.contains("`ps` and `exporter` cover every published handle"), "{cmd}: {e}");
+    }
+}

@@ -14,6 +14,15 @@ use crate::topology::Topology;
 use crate::types::{DEFAULT_MAX_ORDER, MAX_ORDER_LIMIT};
 use crate::zone::DEFAULT_WATERMARK_SCALE_FACTOR;
 
+/// A flag's value: 1, true, yes or on; 0, false, no or off.
+pub(crate) fn parse_flag(v: &str) -> Option<bool> {
+    match v {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
 /// Everything an allocator is built from.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -88,11 +97,7 @@ impl Config {
                 v.parse().map_err(|_| Error::InvalidConfig(format!("config `{k}`: `{v}` is not a number")))
             };
             let flag = |v: &str| -> Result<bool> {
-                match v {
-                    "1" | "true" | "yes" | "on" => Ok(true),
-                    "0" | "false" | "no" | "off" => Ok(false),
-                    _ => Err(Error::InvalidConfig(format!("config `{k}`: `{v}` is not 0 or 1"))),
-                }
+                parse_flag(v).ok_or_else(|| Error::InvalidConfig(format!("config `{k}`: `{v}` is not 0 or 1")))
             };
             match k.as_str() {
                 "max_order" => c.max_order = u8::try_from(num(&v)?).unwrap_or(u8::MAX),

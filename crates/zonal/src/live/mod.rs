@@ -248,11 +248,6 @@ pub fn request(path: &Path, line: &str, timeout: Duration) -> Result<String> {
 }
 
 impl Zonal {
-    /// This handle's id, unique in the process: the `handle` of its socket's name.
-    pub fn id(&self) -> u64 {
-        self.handle_id()
-    }
-
     /// Publishes this handle in [`runtime_dir`] (see [`crate::live`]); returns its socket.
     /// Publishing a published handle returns its socket again.
     pub fn publish(self: &Arc<Self>) -> Result<PathBuf> {
@@ -300,12 +295,12 @@ impl Zonal {
     }
 }
 
-/// `ZONAL_PUBLISH`: unset, empty or `0` is off, `1` on; anything else is an error.
+/// `ZONAL_PUBLISH`: unset or empty is off, else a flag as the config key takes it.
 fn publish_from_env() -> Result<bool> {
     match std::env::var("ZONAL_PUBLISH").as_deref() {
-        Err(_) | Ok("") | Ok("0") => Ok(false),
-        Ok("1") => Ok(true),
-        Ok(v) => Err(Error::InvalidConfig(format!("ZONAL_PUBLISH=`{v}`: use 1 to publish, 0 not to"))),
+        Err(_) | Ok("") => Ok(false),
+        Ok(v) => crate::config::parse_flag(v)
+            .ok_or_else(|| Error::InvalidConfig(format!("ZONAL_PUBLISH=`{v}`: use 1 to publish, 0 not to"))),
     }
 }
 

@@ -94,8 +94,9 @@ pub(crate) struct CounterSources {
 }
 
 impl Zonal {
-    /// The handle's id, from a process-wide counter.
-    pub(crate) fn handle_id(&self) -> u64 {
+    /// This handle's id, unique in the process (from a process-wide counter): the
+    /// `handle` of its live socket's name.
+    pub fn id(&self) -> u64 {
         self.id
     }
 
