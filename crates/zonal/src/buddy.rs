@@ -204,6 +204,22 @@ impl Buddy<'_> {
         taken
     }
 
+    /// Takes up to `n` order-0 frames as whole aligned runs of `run` (each run's frames in
+    /// order), splitting the smallest blocks of at least `run` as `rmqueue_many` does, and
+    /// stops early when no block of `run` is left. Returns the frames taken.
+    pub fn rmqueue_runs(&mut self, run: Order, n: usize, out: &mut Vec<usize>) -> usize {
+        let mut taken = 0;
+        while taken < n {
+            let Some((pfn, cur)) = self.take_smallest(run) else { break };
+            let runs = (1usize << (cur.0 - run.0)).min((n - taken).div_ceil(run.pages()));
+            let k = runs << run.0;
+            out.extend(pfn..pfn + k);
+            taken += k;
+            self.list_range(pfn + k, pfn + cur.pages());
+        }
+        taken
+    }
+
     /// Delists the smallest free block of at least `order` (state `NONE`); its first frame
     /// and order.
     #[inline]
@@ -385,6 +401,35 @@ mod tests {
             let one: Vec<usize> = (0..n).map_while(|_| b2.rmqueue_smallest(order)).map(|p| p.0).collect();
             proptest::prop_assert_eq!(got, many.len());
             proptest::prop_assert_eq!(&many, &one);
+            proptest::prop_assert_eq!(snapshot(&a1, &m1, max_order), snapshot(&a2, &m2, max_order));
+            proptest::prop_assert_eq!(a1.nr_free, a2.nr_free);
+        }
+
+        /// `rmqueue_runs` takes whole runs, each run's frames in order: the blocks
+        /// `rmqueue_many` takes at the run's order, enough of them to cover `n` frames,
+        /// expanded; it leaves the same blocks listed with the same states.
+        #[test]
+        fn rmqueue_runs_is_rmqueue_many_of_runs_expanded(
+            max_order in 0u8..7,
+            takes in proptest::collection::vec(0u8..7, 0..40),
+            run in 0u8..5,
+            n in 0usize..300,
+        ) {
+            let span = 1024;
+            let run = Order(run);
+            let (mut a1, m1) = fragmented(span, max_order, &takes);
+            let (mut a2, m2) = fragmented(span, max_order, &takes);
+            let mut frames = Vec::new();
+            let got = Buddy { area: &mut a1, mem_map: &m1, start: Pfn(0), max_order: Order(max_order) }
+                .rmqueue_runs(run, n, &mut frames);
+            let mut heads = Vec::new();
+            let runs = n.div_ceil(run.pages());
+            Buddy { area: &mut a2, mem_map: &m2, start: Pfn(0), max_order: Order(max_order) }
+                .rmqueue_many(run, runs, &mut heads);
+            let expanded: Vec<usize> = heads.iter().flat_map(|&h| h..h + run.pages()).collect();
+            proptest::prop_assert_eq!(got, frames.len());
+            proptest::prop_assert!(got >= n || heads.len() < runs, "stopped with runs left");
+            proptest::prop_assert_eq!(&frames, &expanded);
             proptest::prop_assert_eq!(snapshot(&a1, &m1, max_order), snapshot(&a2, &m2, max_order));
             proptest::prop_assert_eq!(a1.nr_free, a2.nr_free);
         }

@@ -1,18 +1,20 @@
-//! zonal's `mem_map`: one entry per frame, outside the frames, holding the frame's state tag.
+//! zonal's `mem_map`: one state byte per frame, outside the frames.
 //!
 //! Kernel counterpart: `struct page` and the `mem_map`/`vmemmap` array of them. Linux gives
 //! every frame a 64-byte `struct page`, so two CPUs working on neighbouring frames never
-//! write the same cache line. zonal's entries are 64 bytes for the same reason: with one
-//! byte per frame, 64 neighbouring frames shared a line, and two CPUs of one node whose
-//! lists held neighbouring frames (a refill hands each CPU the next frames of the buddy)
-//! wrote the same line on every allocation and free. On one zone shared by two CPUs that
-//! halved the per-thread rate (`zonal bench parallel --topology nodes=1,size=128M`).
+//! write the same cache line. zonal keeps one byte per frame (1/4096 of the memory) and gets
+//! the same separation from how frames reach the per-CPU lists instead: a refill of order-0
+//! frames takes whole aligned runs of [`RUN_ORDER`] (`pcp::rmqueue_bulk`), whose state bytes
+//! fill two whole cache lines (the pair a spatial prefetcher moves together), so the lines a
+//! CPU writes on its fast path are lines no other CPU of the zone writes, until a frame is
+//! freed on another CPU or drifts through the buddy under memory pressure.
 //!
-//! Cost: 64 bytes per 4 KiB frame (1/64 of the memory, as Linux spends), allocated zeroed
-//! (`NONE` is 0), so the OS backs only the pages of the map that are written: the heads of
-//! free blocks and the frames handed out (the first frame handed out of each run of 64
-//! faults one page of the map in). A cross-CPU free moves one entry's line per frame where
-//! a byte map moved one line per 64 frames: the price of never sharing a line.
+//! Measured (2026-11-25, `zonal bench cross` and `zonal --topology nodes=1,size=128M bench
+//! parallel`): one byte per frame with run refills keeps two CPUs of one zone at 97–103% of
+//! the one-CPU rate, as 64-byte entries did, and a frame freed on another CPU than the one
+//! that allocated it shares its line transfer with up to 127 neighbours (cross-CPU free
+//! 0.30–0.38× mimalloc, against 0.69–0.80× with a line per frame and 0.48–0.55× with a byte
+//! map whose refills split runs between CPUs).
 //!
 //! Frame state (one byte at the start of each entry):
 //! - `BUDDY|o`: first frame of a free block of order `o` on `free_area[o]` (`PageBuddy`);
@@ -57,63 +59,63 @@ pub const fn decode(s: u8) -> (u8, Order) {
     (s & TAG, Order(s & ORDER_MASK))
 }
 
-/// One frame's entry. The state is the only field today; the rest of the line is room for
-/// what later layers keep per frame (NUMA balancing's last CPU and node), as `struct page`
-/// keeps `_last_cpupid`.
-#[repr(C, align(64))]
-pub(crate) struct PageEntry {
-    state: AtomicU8,
-}
+/// Frames whose state bytes share one 64-byte cache line.
+pub(crate) const FRAMES_PER_LINE: usize = 64;
 
-const _: () = assert!(std::mem::size_of::<PageEntry>() == 64);
+/// The order of an order-0 refill run (`pcp::rmqueue_bulk`): 128 frames (512 KiB), whose
+/// state bytes fill two whole lines, aligned to the pair, so that a CPU taking whole runs
+/// writes lines no other CPU of its zone writes.
+pub(crate) const RUN_ORDER: Order = Order((2 * FRAMES_PER_LINE).trailing_zeros() as u8);
 
-/// The entries of one zone's frames, indexed from the zone's first frame.
+const _: () = assert!(1 << RUN_ORDER.0 == 2 * FRAMES_PER_LINE);
+
+/// The state bytes of one zone's frames, indexed from the zone's first frame.
 pub(crate) struct MemMap {
-    entries: Box<[PageEntry]>,
+    states: Box<[AtomicU8]>,
 }
 
 impl MemMap {
-    /// `n` entries, every state `NONE` (0).
+    /// `n` states, every one `NONE` (0).
     pub(crate) fn new(n: usize) -> MemMap {
         #[cfg(not(loom))]
         {
             if n == 0 {
-                return MemMap { entries: Box::new([]) };
+                return MemMap { states: Box::new([]) };
             }
-            let layout = std::alloc::Layout::array::<PageEntry>(n).expect("a zone's map fits in the address space");
+            let layout = std::alloc::Layout::array::<AtomicU8>(n).expect("a zone's map fits in the address space");
             // SAFETY: the layout has a non-zero size (n > 0). The allocator returns zeroed
             // memory (for large maps, fresh anonymous pages the OS backs on first write).
-            let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut PageEntry;
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut AtomicU8;
             if ptr.is_null() {
                 std::alloc::handle_alloc_error(layout);
             }
             // SAFETY: `ptr` is an allocation of the global allocator with the layout of `n`
-            // `PageEntry`s, so a `Box<[PageEntry]>` of it frees it with that layout; all-zero
-            // bytes are a valid `PageEntry` (one `AtomicU8` of 0, the rest padding).
-            let entries = unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) };
-            MemMap { entries }
+            // `AtomicU8`s, so a `Box<[AtomicU8]>` of it frees it with that layout; a zero
+            // byte is a valid `AtomicU8`.
+            let states = unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) };
+            MemMap { states }
         }
         #[cfg(loom)]
         {
-            MemMap { entries: (0..n).map(|_| PageEntry { state: AtomicU8::new(0) }).collect() }
+            MemMap { states: (0..n).map(|_| AtomicU8::new(0)).collect() }
         }
     }
 
     /// The state of the frame at zone-relative index `idx`.
     #[inline(always)]
     pub(crate) fn state(&self, idx: usize) -> &AtomicU8 {
-        &self.entries[idx].state
+        &self.states[idx]
     }
 
-    /// Entries in the map.
+    /// Frames in the map.
     #[inline]
     pub(crate) fn len(&self) -> usize {
-        self.entries.len()
+        self.states.len()
     }
 
     /// Every state, in frame order (invariant walks).
     pub(crate) fn states(&self) -> impl Iterator<Item = &AtomicU8> + '_ {
-        self.entries.iter().map(|e| &e.state)
+        self.states.iter()
     }
 }
 

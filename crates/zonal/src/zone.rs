@@ -116,7 +116,7 @@ pub struct Zone {
     /// (Linux's `ZONE_PADDING`): every CPU's refills and drains write them, while the fields
     /// above are read by every allocation's watermark check.
     locked: CachePadded<LockedArea>,
-    /// The frames' entries (zonal's `mem_map`), one cache line each.
+    /// The frames' state bytes (zonal's `mem_map`).
     mem_map: MemMap,
 }
 

@@ -18,7 +18,7 @@
 //! `lists[o]` has head state `PCP|o`, and `count <= high + batch`.
 
 use super::{PcpInner, NR_PCP_LISTS, PCP_BATCH_SCALE_MAX};
-use crate::mem_map::{self, PCP};
+use crate::mem_map::{self, PCP, RUN_ORDER};
 use crate::sync::Ordering;
 use crate::types::{Order, Pfn, PAGE_SIZE};
 use crate::zone::{Watermark, Zone};
@@ -99,10 +99,25 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
     let want = want.min(room);
     let list = &mut pcp.lists[order.0 as usize];
     let first = list.len();
-    let n = zone.lock().buddy().rmqueue_many(order, want, list);
-    // Tagged after the zone lock is dropped: each tag is a store to the frame's own line,
-    // which the CPU that freed the frame last wrote, so under the lock it would make every
-    // other CPU's refill and drain wait for those misses. Nobody can take these frames
+    // Order 0 takes whole runs of `RUN_ORDER` when the lists have room for one: a run's state
+    // bytes are two lines this CPU alone then writes, where frames split between CPUs would
+    // put two CPUs' hot frames on one line (see `mem_map`). A zone without a free run (small,
+    // or fragmented) hands out its smallest blocks as before.
+    let run = RUN_ORDER.pages();
+    let runs = if order.0 == 0 { want.div_ceil(run).min(room / run) } else { 0 };
+    let mut l = zone.lock();
+    let mut b = l.buddy();
+    let n = match runs {
+        0 => b.rmqueue_many(order, want, list),
+        _ => match b.rmqueue_runs(RUN_ORDER, runs * run, list) {
+            0 => b.rmqueue_many(order, want, list),
+            n => n,
+        },
+    };
+    drop(l);
+    // Tagged after the zone lock is dropped: the tags are stores to lines the CPU that freed
+    // the frames last wrote, so under the lock they would make every other CPU's refill and
+    // drain wait for those misses. Nobody can take these frames
     // meanwhile: they are on no buddy list, and these lists are under our lock; a caller's
     // stray free of one finds `NONE` and is refused.
     for &pfn in &list[first..] {
@@ -352,6 +367,42 @@ mod tests {
         drop(g);
         assert_eq!(z.check_invariants(0), Ok(0));
         assert!(pcp.try_lock(&z).is_some(), "dropping the guard unlocks");
+    }
+
+    /// Order-0 refills take whole aligned runs: two CPUs sharing a zone never hold frames
+    /// whose state bytes share a line (or the line beside it), however their allocations
+    /// interleave, so neither CPU's fast path writes a line the other writes; and a zone too
+    /// small for a run still refills.
+    #[test]
+    fn refills_give_each_cpu_whole_runs() {
+        let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 4096, Order(10));
+        z.setup_watermarks(128, 4096, 10);
+        let cpus: Vec<PerCpuPages> = (0..2).map(|c| PerCpuPages::new(c, 7, 226, 226)).collect();
+        let mut held = vec![Vec::new(); 2];
+        for round in 0..700 {
+            for (c, pcp) in cpus.iter().enumerate() {
+                // CPU 1 allocates in bursts, so the two refill at different moments.
+                if c == 1 && round % 3 == 0 {
+                    continue;
+                }
+                let mut g = pcp.lock(&z);
+                held[c].push(g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap().0);
+                g.with(|i| check(&z, i)).unwrap();
+            }
+        }
+        let pairs = |c: usize| -> std::collections::BTreeSet<usize> {
+            let listed = cpus[c].lock(&z).with(|i| i.lists[0].clone());
+            held[c].iter().chain(&listed).map(|&p| p / RUN_ORDER.pages()).collect()
+        };
+        let (a, b) = (pairs(0), pairs(1));
+        assert!(a.len() > 3 && b.len() > 3, "several refills each: {a:?} {b:?}");
+        assert!(a.is_disjoint(&b), "CPU 0 runs {a:?}, CPU 1 runs {b:?}");
+
+        // 96 frames: no run of 128 fits, the smallest blocks serve.
+        let small = Zone::new(ZoneId(1), NodeId(0), Pfn(0), 96, Order(10));
+        small.setup_watermarks(8, 96, 10);
+        let pcp = PerCpuPages::new(0, 7, 226, 226);
+        assert!(pcp.lock(&small).with(|i| rmqueue_pcplist(&small, i, Order(0))).is_some());
     }
 
     #[test]
