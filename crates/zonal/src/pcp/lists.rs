@@ -117,9 +117,9 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
     drop(l);
     // Tagged after the zone lock is dropped: the tags are stores to lines the CPU that freed
     // the frames last wrote, so under the lock they would make every other CPU's refill and
-    // drain wait for those misses. Nobody can take these frames
-    // meanwhile: they are on no buddy list, and these lists are under our lock; a caller's
-    // stray free of one finds `NONE` and is refused.
+    // drain wait for those misses. Nobody can take these frames meanwhile: they are on no
+    // buddy list, and these lists are under our lock; a caller's stray free of one finds
+    // `NONE` and is refused.
     for &pfn in &list[first..] {
         zone.state(Pfn(pfn)).store(mem_map::state(PCP, order), Ordering::Relaxed);
     }
