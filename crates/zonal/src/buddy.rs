@@ -204,22 +204,6 @@ impl Buddy<'_> {
         taken
     }
 
-    /// Takes up to `n` order-0 frames as whole aligned runs of `run` (each run's frames in
-    /// order), splitting the smallest blocks of at least `run` as `rmqueue_many` does, and
-    /// stops early when no block of `run` is left. Returns the frames taken.
-    pub fn rmqueue_runs(&mut self, run: Order, n: usize, out: &mut Vec<usize>) -> usize {
-        let mut taken = 0;
-        while taken < n {
-            let Some((pfn, cur)) = self.take_smallest(run) else { break };
-            let runs = (1usize << (cur.0 - run.0)).min((n - taken).div_ceil(run.pages()));
-            let k = runs << run.0;
-            out.extend(pfn..pfn + k);
-            taken += k;
-            self.list_range(pfn + k, pfn + cur.pages());
-        }
-        taken
-    }
-
     /// Delists the smallest free block of at least `order` (state `NONE`); its first frame
     /// and order.
     #[inline]
@@ -400,43 +384,18 @@ mod tests {
         Ok(())
     }
 
-    /// `rmqueue_runs` takes whole runs, each run's frames in order: the blocks `rmqueue_many`
-    /// takes at the run's order, enough of them to cover `n` frames, expanded; it leaves the
-    /// same blocks listed with the same states.
-    fn runs_are_many_expanded(max_order: u8, takes: &[u8], run: Order, n: usize) -> Result<(), String> {
-        let ((mut a1, m1), (mut a2, m2)) = (fragmented(1024, max_order, takes), fragmented(1024, max_order, takes));
-        let mut frames = Vec::new();
-        let got = Buddy { area: &mut a1, mem_map: &m1, start: Pfn(0), max_order: Order(max_order) }.rmqueue_runs(
-            run,
-            n,
-            &mut frames,
-        );
-        let mut heads = Vec::new();
-        let runs = n.div_ceil(run.pages());
-        Buddy { area: &mut a2, mem_map: &m2, start: Pfn(0), max_order: Order(max_order) }
-            .rmqueue_many(run, runs, &mut heads);
-        let expanded: Vec<usize> = heads.iter().flat_map(|&h| h..h + run.pages()).collect();
-        if got != frames.len() || (got < n && heads.len() == runs) {
-            return Err(format!("took {got} of {n} frames with runs left"));
-        }
-        if frames != expanded || !same_zones(&a1, &m1, &a2, &m2, max_order) {
-            return Err(format!("runs {frames:?}, many of runs {heads:?}"));
-        }
-        Ok(())
-    }
-
     proptest::proptest! {
-        /// The batch takes of the buddy against the one-block take they stand for.
+        /// The batch take of the buddy against the one-block take it stands for, at the
+        /// pcp orders and at the refill run's (`mem_map::RUN_ORDER`).
         #[test]
         fn batch_takes_match_single_takes(
-            max_order in 0u8..7,
-            takes in proptest::collection::vec(0u8..7, 0..40),
-            order in 0u8..5,
+            max_order in 0u8..8,
+            takes in proptest::collection::vec(0u8..8, 0..40),
+            order in proptest::sample::select(vec![0u8, 1, 2, 3, crate::mem_map::RUN_ORDER.0]),
             n in 0usize..300,
         ) {
-            let small = Order(order.min(3).min(max_order));
-            proptest::prop_assert_eq!(many_is_a_loop_of_smallest(max_order, &takes, small, n), Ok(()));
-            proptest::prop_assert_eq!(runs_are_many_expanded(max_order, &takes, Order(order), n), Ok(()));
+            let order = Order(order.min(max_order));
+            proptest::prop_assert_eq!(many_is_a_loop_of_smallest(max_order, &takes, order, n), Ok(()));
         }
     }
 

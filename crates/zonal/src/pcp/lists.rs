@@ -107,14 +107,12 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
     let runs = if order.0 == 0 { want.div_ceil(run).min(room / run) } else { 0 };
     let mut l = zone.lock();
     let mut b = l.buddy();
-    let n = match runs {
-        0 => b.rmqueue_many(order, want, list),
-        _ => match b.rmqueue_runs(RUN_ORDER, runs * run, list) {
-            0 => b.rmqueue_many(order, want, list),
-            n => n,
-        },
-    };
+    let runs = if runs > 0 { b.rmqueue_many(RUN_ORDER, runs, list) } else { 0 };
+    let n = if runs == 0 { b.rmqueue_many(order, want, list) } else { runs * run };
     drop(l);
+    if runs > 0 {
+        expand_runs(list, runs);
+    }
     // Tagged after the zone lock is dropped: the tags are stores to lines the CPU that freed
     // the frames last wrote, so under the lock they would make every other CPU's refill and
     // drain wait for those misses. Nobody can take these frames meanwhile: they are on no
@@ -125,6 +123,22 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
     }
     pcp.count += n << order.0;
     n
+}
+
+/// Replaces the last `runs` entries of `list`, heads of runs of `RUN_ORDER`, with every frame
+/// of those runs, each run's frames in order. In place: run `i` is written from the back, over
+/// slots at or after its own head, which it reads first, and after every head before it.
+fn expand_runs(list: &mut Vec<usize>, runs: usize) {
+    let run = RUN_ORDER.pages();
+    let first = list.len() - runs;
+    list.resize(first + runs * run, 0);
+    for i in (0..runs).rev() {
+        let head = list[first + i];
+        let frames = &mut list[first + i * run..first + (i + 1) * run];
+        for (frame, slot) in (head..).zip(frames) {
+            *slot = frame;
+        }
+    }
 }
 
 /// Puts a claimed block (head state `NONE`) on the lists and drains to the buddy when the
@@ -403,6 +417,15 @@ mod tests {
         small.setup_watermarks(8, 96, 10);
         let pcp = PerCpuPages::new(0, 7, 226, 226);
         assert!(pcp.lock(&small).with(|i| rmqueue_pcplist(&small, i, Order(0))).is_some());
+    }
+
+    #[test]
+    fn expand_runs_writes_each_run_in_order_in_place() {
+        let run = RUN_ORDER.pages();
+        let mut list = vec![7, 3 * run, 0, 9 * run];
+        expand_runs(&mut list, 3);
+        let want: Vec<usize> = [7].into_iter().chain(3 * run..4 * run).chain(0..run).chain(9 * run..10 * run).collect();
+        assert_eq!(list, want);
     }
 
     #[test]
