@@ -136,6 +136,8 @@ extern "C" {
 
 
 
+
+
 /*
  Creates an allocator from a configuration string and stores it in *out.
 

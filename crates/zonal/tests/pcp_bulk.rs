@@ -2,6 +2,8 @@
 //! bulk calls fill exactly the empty slots, counters move once per call, tunables reject bad
 //! values and keep the old one.
 
+mod common;
+
 use std::ptr::NonNull;
 use zonal::topology::Machine;
 use zonal::vmstat::VmEvent;
@@ -36,6 +38,61 @@ fn frees_go_to_per_cpu_lists_and_drain_returns_them() {
     assert_eq!(z.nr_free_pages(NodeId(0)).unwrap(), managed(&z, 0));
     // Everything merged back into maximal blocks.
     assert_eq!(z.nr_free_blocks(NodeId(0), 10).unwrap(), 4);
+}
+
+/// Pageblock-order blocks go through the CPU's THP list (`NR_PCP_THP`): a pair reuses the
+/// block it freed, the list's frames are counted as per-CPU frames, and a drain returns them.
+#[test]
+fn thp_pairs_reuse_the_cpu_list_and_drains_return_it() {
+    let z = zonal("nodes=1,size=64M");
+    let m = managed(&z, 0);
+    common::on_cpu(0, || {
+        let a = z.alloc_pages(Gfp::KERNEL, 9).unwrap();
+        assert_eq!(z.nr_pcp_pages(NodeId(0)).unwrap(), 512, "the refill's second block waits on the list");
+        assert_eq!(z.check_invariants(), Ok(512));
+        z.free_pages(a.as_ptr(), 9).unwrap();
+        assert_eq!(z.nr_pcp_pages(NodeId(0)).unwrap(), 1024);
+        assert_eq!(z.nr_free_pages(NodeId(0)).unwrap() + 1024, m);
+        let b = z.alloc_pages(Gfp::KERNEL, 9).unwrap();
+        assert_eq!(b, a, "the block freed last is handed out first");
+        assert_eq!(
+            z.free_pages(b.as_ptr(), 3),
+            Err(Error::OrderMismatch {
+                pfn: z.addr_to_pfn(b.as_ptr()).unwrap(),
+                allocated: zonal::Order::new(9).unwrap(),
+                freed: zonal::Order::new(3).unwrap(),
+            })
+        );
+        z.free_pages(b.as_ptr(), 9).unwrap();
+        assert_eq!(z.free_pages(b.as_ptr(), 9), Err(Error::DoubleFree { pfn: z.addr_to_pfn(b.as_ptr()).unwrap() }));
+        assert_eq!(z.pcp_info(0, z.node_zones(NodeId(0)).unwrap()[0]).unwrap().count, 1024);
+        assert_eq!(z.check_invariants(), Ok(0));
+    });
+    assert_eq!(z.drain_all_pages(), 1024);
+    assert_eq!(z.nr_free_pages(NodeId(0)).unwrap(), m);
+    assert_eq!(z.nr_free_blocks(NodeId(0), 10).unwrap(), 16);
+}
+
+/// A node whose every huge block is wanted gets them all: blocks parked on a CPU's THP list
+/// are drained by the slow path, not lost.
+#[test]
+fn every_huge_block_can_be_allocated_after_frees() {
+    let z = zonal("nodes=1,size=8M");
+    let take_all = |z: &Zonal| -> Vec<NonNull<u8>> {
+        std::iter::from_fn(|| z.alloc_pages(Gfp::KERNEL | Gfp::NO_WATERMARKS, 9).ok()).collect()
+    };
+    let first = take_all(&z);
+    assert_eq!(first.len(), 4, "8 MiB is four 2 MiB blocks");
+    for p in &first {
+        z.free_pages(p.as_ptr(), 9).unwrap();
+    }
+    let again = take_all(&z);
+    assert_eq!(again.len(), 4);
+    for p in &again {
+        z.free_pages(p.as_ptr(), 9).unwrap();
+    }
+    z.drain_all_pages();
+    assert_eq!(z.check_invariants(), Ok(0));
 }
 
 #[test]

@@ -26,9 +26,16 @@ const FOUR_NODES: &str = "nodes=4,sizes=1M:1000K:768K:300K,cpus=0:1::";
 /// Two nodes, one CPU each.
 const TWO_NODES: &str = "nodes=2,sizes=1M:700K,cpus=0:1";
 
+/// The orders the workers of [`stress`] draw from.
+const ORDERS: &[u32] = &[0, 1, 2, 3, 4];
+
 fn zonal(spec: &str, pcp: bool) -> Zonal {
+    zonal_max(spec, pcp, MAX_ORDER)
+}
+
+fn zonal_max(spec: &str, pcp: bool, max_order: u8) -> Zonal {
     let t = Topology::parse_for(spec, MACHINE).unwrap();
-    let z = Zonal::new(Config::new(t).max_order(MAX_ORDER).pcp(pcp)).unwrap();
+    let z = Zonal::new(Config::new(t).max_order(max_order).pcp(pcp)).unwrap();
     // Decay the per-CPU lists concurrently with the workload.
     z.set_stat_interval(Duration::from_millis(1));
     z
@@ -196,6 +203,8 @@ struct Run {
     iters: usize,
     checkpoint_every: usize,
     move_cpus: bool,
+    /// The orders allocations draw from.
+    orders: &'static [u32],
 }
 
 /// One worker thread's loop. Returns the blocks it still holds.
@@ -229,7 +238,7 @@ fn worker(
         let choice = if mine.len() > 40 { 6 + rng.below(10) } else { rng.below(16) };
         match choice {
             0..=5 => {
-                let order = rng.below(MAX_ORDER as usize + 1) as u32;
+                let order = run.orders[rng.below(run.orders.len())];
                 let gfp = random_gfp(&mut rng);
                 let (r, thisnode, mask) = match rng.below(3) {
                     0 => {
@@ -320,14 +329,18 @@ fn worker(
 }
 
 fn stress(spec: &str, pcp: bool, move_cpus: bool) {
-    let z = zonal(spec, pcp);
+    stress_orders(spec, pcp, move_cpus, MAX_ORDER, ORDERS);
+}
+
+fn stress_orders(spec: &str, pcp: bool, move_cpus: bool, max_order: u8, orders: &'static [u32]) {
+    let z = zonal_max(spec, pcp, max_order);
     // Count NUMA events too, so that their path runs concurrently with everything else.
     z.set_numa_stats_mode("strict").unwrap();
     let initial = z.buddyinfo();
     let live = LiveSet::new();
     let mailbox = Mutex::new(Vec::new());
     let barrier = Barrier::new(THREADS);
-    let run = Run { iters: 120_000, checkpoint_every: 10_000, move_cpus };
+    let run = Run { iters: 120_000, checkpoint_every: 10_000, move_cpus, orders };
     let left: Vec<(usize, u32)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..THREADS)
             .map(|t| {
@@ -367,6 +380,14 @@ fn cross_thread_frees_four_nodes_buddy_only() {
 #[test]
 fn cross_thread_frees_two_nodes_pcp() {
     stress(TWO_NODES, true, false);
+}
+
+/// Pageblock-order blocks on the per-CPU THP list, beside the small orders, allocated and
+/// freed across threads and CPUs on zones that hold few of them (so the list is refilled,
+/// drained past its bound, drained below the high watermark and by the slow path).
+#[test]
+fn thp_blocks_cross_threads_and_cpus_pcp() {
+    stress_orders("nodes=2,sizes=12M:10M,cpus=0:1", true, true, 10, &[0, 0, 1, 3, 9, 9]);
 }
 
 #[test]

@@ -17,6 +17,10 @@ impl Zonal {
             if let Some(p) = self.alloc_order0_fast(None) {
                 return Ok(p);
             }
+        } else if let Some(o) = self.check_order(order).ok().filter(|&o| pcp::pcp_allowed(o)) {
+            if let Some(p) = self.alloc_pcp_fast(o) {
+                return Ok(p);
+            }
         }
         self.alloc_pages_general(gfp, order)
     }
@@ -277,8 +281,8 @@ impl Zonal {
                 return Some(pfn);
             }
         }
-        let pfn = if order.0 <= PCP_MAX_ORDER && self.cpus.pcp_enabled {
-            match self.pcp(cpu, z.id).try_lock(z) {
+        let pfn = if pcp::pcp_allowed(order) && self.cpus.pcp_enabled {
+            match self.pcp_try_lock(cpu, z, order) {
                 Some(mut g) => {
                     let refills = g.with(|p| {
                         let before = p.list_len(order);

@@ -27,6 +27,44 @@ impl Zonal {
         Some(self.pfn_to_ptr(pfn))
     }
 
+    /// The fast path of the larger orders the per-CPU lists keep (1 to 3 and the pageblock
+    /// order): under the local policy, when the local node's first zone is above its `low`
+    /// watermark with the block taken, the block comes from this CPU's list for the order
+    /// under its try-lock, skipping the policy's resolution, the zonelist walk and the
+    /// zonelist cache, which cannot change the answer then (the general path would try the
+    /// same zone first, at the same watermark, and take the same list). Anything else (a
+    /// thread policy, the zone low, the lists busy or the zone out of blocks) returns `None`
+    /// and the general path runs with its semantics.
+    #[inline]
+    pub(super) fn alloc_pcp_fast(&self, order: Order) -> Option<NonNull<u8>> {
+        if !self.cpus.pcp_enabled || mempolicy::thread_has_policy(self.id) {
+            return None;
+        }
+        let cpu = self.current_cpu();
+        let z = self.mem.zones.get(*self.cpus.local_zone.get(cpu)? as usize)?;
+        if !z.watermark_ok_fast(order, z.watermark(Watermark::Low), false) {
+            return None;
+        }
+        let mut g = self.pcp_try_lock(cpu, z, order)?;
+        let (pfn, refilled) = g.with(|p| {
+            let empty = p.list_len(order) == 0;
+            (pcp::rmqueue_pcplist(z, p, order), empty)
+        });
+        drop(g);
+        let pfn = pfn?;
+        if refilled {
+            self.count_event(cpu, VmEvent::PcpRefill, 1);
+        }
+        // Release: pairs with the Acquire of the claim in a later free (as `rmqueue`).
+        z.state(pfn).store(mem_map::state(mem_map::ALLOCATED, order), Ordering::Release);
+        self.count_event(cpu, VmEvent::PgallocNormal, order.pages() as u64);
+        // The local node's first zone: a hit, and local (`zone_statistics` of the general path).
+        if self.numa.key.load(Ordering::Relaxed) != 0 {
+            self.numa_charge(cpu, z, z, 1, None);
+        }
+        Some(self.pfn_to_ptr(pfn))
+    }
+
     /// The zone the order-0 fast paths (single and bulk) take from, with this thread's CPU:
     /// under the local policy, the first zone of the local node's zonelist, when it is above
     /// `low` with `extra` frames to spare. `None` sends the caller to the general path.

@@ -45,8 +45,8 @@ impl Zonal {
     /// can use a restartable sequence (`free_order0_fast`, `free_run`).
     #[inline]
     pub(super) fn free_claimed(&self, cpu: usize, zone: &Zone, pfns: &[Pfn], order: Order) {
-        if order.0 <= PCP_MAX_ORDER && self.cpus.pcp_enabled {
-            if let Some(mut g) = self.pcp(cpu, zone.id).try_lock(zone) {
+        if pcp::pcp_allowed(order) && self.cpus.pcp_enabled {
+            if let Some(mut g) = self.pcp_try_lock(cpu, zone, order) {
                 let drained: usize = g.with(|p| pfns.iter().map(|&pfn| pcp::free_to_pcp(zone, p, pfn, order)).sum());
                 drop(g);
                 if drained > 0 {

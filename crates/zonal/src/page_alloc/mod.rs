@@ -36,7 +36,7 @@ use crate::gfp::Gfp;
 use crate::mem_map::{self, ALLOCATED};
 use crate::mem_map::{claim, claim_order0, take_cached, unpush};
 use crate::mempolicy::{self, MemPolicy, NodeMask, Resolved};
-use crate::pcp::{self, PerCpuPages, PCP_MAX_ORDER};
+use crate::pcp::{self, PcpGuard, PerCpuPages, PCP_THP_ORDER};
 use crate::sync::AtomicU32;
 use crate::sync::{AtomicU64, Ordering};
 use crate::sys;
@@ -347,6 +347,19 @@ impl Zonal {
     #[inline]
     fn pcp(&self, cpu: usize, zone: ZoneId) -> &PerCpuPages {
         &self.cpus.pcps[cpu * self.mem.zones.len() + zone.0 as usize]
+    }
+
+    /// `pcp_spin_trylock` on this CPU's lists of `z` for a block of `order`, in the mode the
+    /// order needs: order 0 flushes the rseq cache into its list; orders 1 to 3 leave the
+    /// cache in place and count it; the THP list's holders leave it alone and need no fence.
+    #[inline]
+    fn pcp_try_lock<'a>(&'a self, cpu: usize, z: &'a Zone, order: Order) -> Option<PcpGuard<'a>> {
+        let pcp = self.pcp(cpu, z.id);
+        match order.0 {
+            0 => pcp.try_lock(z),
+            o if o == PCP_THP_ORDER.0 => pcp.try_lock_lists(z),
+            _ => pcp.try_lock_small_orders(z),
+        }
     }
 
     #[inline]

@@ -15,7 +15,7 @@ impl Zonal {
         // Lists only, no fence: the count is the lists' plus the cache's length as read.
         let pcp = self.pcp(cpu, zone);
         Some(pcp.lock_lists(&self.mem.zones[zone.0 as usize]).with(|p| PcpInfo {
-            count: p.count + pcp.cache_len(),
+            count: p.pages() + pcp.cache_len(),
             high: p.high,
             batch: p.batch,
             high_min: p.high_min,
@@ -69,7 +69,13 @@ impl Zonal {
             return Ok(v);
         }
         let churn: isize = (0..self.cpus.nr_cpus).map(|c| self.pcp(c, zone).unsettled()).sum();
-        Ok((v as isize + churn).max(0) as usize)
+        Ok((v as isize + churn).max(0) as usize + self.thp_on_lists(zone))
+    }
+
+    /// Frames on the CPUs' THP lists of a zone, which its `nr_zone_pcp_pages` counter leaves
+    /// out (see `PerCpuPages::thp_pages`): the readers of that counter add them.
+    pub(crate) fn thp_on_lists(&self, zone: ZoneId) -> usize {
+        (0..self.cpus.nr_cpus).map(|c| self.pcp(c, zone).thp_pages()).sum()
     }
 
     /// Frames handed out from a zone (`managed - free - on per-CPU lists`, from snapshots).
@@ -81,7 +87,12 @@ impl Zonal {
 
     /// A zone counter over every zone as folded (`global_zone_page_state`).
     pub fn global_page_state(&self, item: ZoneStatItem) -> usize {
-        self.mem.vm_zone_stat.get(item)
+        let thp = if item == ZoneStatItem::NrPcpPages {
+            self.mem.zones.iter().map(|z| self.thp_on_lists(z.id)).sum()
+        } else {
+            0
+        };
+        self.mem.vm_zone_stat.get(item) + thp
     }
 
     /// A zone counter over every zone, exact once allocation stops.

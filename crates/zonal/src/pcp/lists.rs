@@ -17,7 +17,7 @@
 //! Invariant (checked by [`check`]): `count == sum(len(lists[o]) << o)`, every block on
 //! `lists[o]` has head state `PCP|o`, and `count <= high + batch`.
 
-use super::{PcpInner, NR_PCP_LISTS, PCP_BATCH_SCALE_MAX};
+use super::{PcpInner, NR_PCP_LISTS, PCP_BATCH_SCALE_MAX, PCP_THP_HIGH, PCP_THP_ORDER};
 use crate::mem_map::{self, PCP, RUN_ORDER};
 use crate::sync::Ordering;
 use crate::types::{Order, Pfn, PAGE_SIZE};
@@ -54,6 +54,9 @@ pub fn zone_highsize(
 /// the order either.
 #[inline]
 pub fn rmqueue_pcplist(zone: &Zone, pcp: &mut PcpInner, order: Order) -> Option<Pfn> {
+    if order == PCP_THP_ORDER {
+        return rmqueue_thp(zone, pcp);
+    }
     let o = order.0 as usize;
     pcp.free_factor >>= 1;
     loop {
@@ -125,6 +128,33 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
     n
 }
 
+/// [`rmqueue_pcplist`] for the THP list: refilled with `max(batch >> order, 2)` blocks
+/// (Linux's count for every order above 0), at most [`PCP_THP_HIGH`].
+#[inline]
+fn rmqueue_thp(zone: &Zone, pcp: &mut PcpInner) -> Option<Pfn> {
+    loop {
+        if pcp.thp.is_empty() {
+            let want = (pcp.batch >> PCP_THP_ORDER.0).clamp(2, PCP_THP_HIGH);
+            let mut l = zone.lock();
+            let n = l.buddy().rmqueue_many(PCP_THP_ORDER, want, &mut pcp.thp);
+            drop(l);
+            if n == 0 {
+                return None;
+            }
+            // After the zone lock, as `rmqueue_bulk` tags.
+            for &pfn in &pcp.thp {
+                zone.state(Pfn(pfn)).store(mem_map::state(PCP, PCP_THP_ORDER), Ordering::Relaxed);
+            }
+        }
+        let pfn = Pfn(pcp.thp.pop()?);
+        pcp.thp_min = pcp.thp_min.min(pcp.thp.len());
+        // A copy left by two racing frees (see `rmqueue_pcplist`) has lost its tag.
+        if zone.state(pfn).load(Ordering::Relaxed) == mem_map::state(PCP, PCP_THP_ORDER) {
+            return Some(pfn);
+        }
+    }
+}
+
 /// Replaces the last `runs` entries of `list`, heads of runs of `RUN_ORDER`, with every frame
 /// of those runs, each run's frames in order. In place: run `i` is written from the back, over
 /// slots at or after its own head, which it reads first, and after every head before it.
@@ -146,6 +176,13 @@ fn expand_runs(list: &mut Vec<usize>, runs: usize) {
 #[inline]
 pub fn free_to_pcp(zone: &Zone, pcp: &mut PcpInner, pfn: Pfn, order: Order) -> usize {
     zone.state(pfn).store(mem_map::state(PCP, order), Ordering::Relaxed);
+    if order == PCP_THP_ORDER {
+        pcp.thp.push(pfn.0);
+        // While memory is short (below the high watermark, where `nr_pcp_high` shrinks
+        // `high`), no huge block stays on a CPU.
+        let keep = if zone.nr_free() >= zone.watermark(Watermark::High) { PCP_THP_HIGH } else { 0 };
+        return free_thp_bulk(zone, pcp, pcp.thp.len().saturating_sub(keep));
+    }
     pcp.lists[order.0 as usize].push(pfn.0);
     pcp.count += order.pages();
     pcp.free_count += order.pages();
@@ -246,20 +283,49 @@ pub fn free_pcppages_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
     freed
 }
 
-/// Returns everything on the lists to the buddy (`drain_pages_zone`).
-pub fn drain(zone: &Zone, pcp: &mut PcpInner) -> usize {
-    let n = pcp.count;
-    if n == 0 {
+/// Returns the `nr` oldest blocks of the THP list to the buddy lists under one acquisition of
+/// the zone lock, claimed first as [`free_pcppages_bulk`] claims. Returns the frames freed.
+fn free_thp_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
+    let nr = nr.min(pcp.thp.len());
+    if nr == 0 {
         return 0;
     }
-    free_pcppages_bulk(zone, pcp, n)
+    let tag = mem_map::state(PCP, PCP_THP_ORDER);
+    let claimed: Vec<usize> = pcp.thp[..nr]
+        .iter()
+        .copied()
+        .filter(|&pfn| {
+            zone.state(Pfn(pfn)).compare_exchange(tag, mem_map::NONE, Ordering::Acquire, Ordering::Relaxed).is_ok()
+        })
+        .collect();
+    let mut l = zone.lock();
+    let mut b = l.buddy();
+    for &pfn in &claimed {
+        b.free_one(Pfn(pfn), PCP_THP_ORDER);
+    }
+    drop(l);
+    pcp.thp.drain(..nr);
+    pcp.thp_min = pcp.thp_min.min(pcp.thp.len());
+    nr << PCP_THP_ORDER.0
+}
+
+/// Returns everything on the lists to the buddy (`drain_pages_zone`).
+pub fn drain(zone: &Zone, pcp: &mut PcpInner) -> usize {
+    let thp = free_thp_bulk(zone, pcp, pcp.thp.len());
+    let n = pcp.count;
+    if n == 0 {
+        return thp;
+    }
+    thp + free_pcppages_bulk(zone, pcp, n)
 }
 
 /// `decay_pcp_high`: lowers an auto-tuned `high` of lists that have sat idle, to
 /// `max(count - (batch << PCP_BATCH_SCALE_MAX), high - min(count_min, high / 5), high_min)`,
-/// and drains what is above it. Returns the frames drained.
+/// and drains what is above it; returns the THP list's blocks that sat idle through the whole
+/// interval to the buddy. Returns the frames drained.
 pub fn decay_high(zone: &Zone, pcp: &mut PcpInner) -> usize {
-    let mut drained = 0;
+    let mut drained = free_thp_bulk(zone, pcp, pcp.thp_min);
+    pcp.thp_min = pcp.thp.len();
     if pcp.high_min != pcp.high_max {
         pcp.high = decayed_high(pcp, pcp.count);
         if pcp.count > pcp.high {
@@ -283,7 +349,8 @@ fn decayed_high(pcp: &PcpInner, count: usize) -> usize {
 /// at every unlock so that the worker can skip idle lists without locking them.
 pub fn decay_is_noop(pcp: &PcpInner, cache: usize) -> bool {
     let count = pcp.count + cache;
-    pcp.count_min == count
+    pcp.thp.is_empty()
+        && pcp.count_min == count
         && (pcp.high_min == pcp.high_max || (decayed_high(pcp, count) == pcp.high && count <= pcp.high))
 }
 
@@ -300,8 +367,18 @@ pub fn set_high_and_batch(zone: &Zone, pcp: &mut PcpInner, batch: usize, high_mi
     }
 }
 
-/// Checks the pcp invariants of one CPU's lists for `zone`; returns the frames on them.
+/// Checks the pcp invariants of one CPU's lists for `zone`; returns the frames on them, the
+/// THP list's included.
 pub fn check(zone: &Zone, pcp: &PcpInner) -> Result<usize, String> {
+    for &pfn in &pcp.thp {
+        let s = zone.state(Pfn(pfn)).load(Ordering::Relaxed);
+        if s != mem_map::state(PCP, PCP_THP_ORDER) {
+            return Err(format!("zone {}: pcp block {pfn:#x} on the THP list has state {s:#x}", zone.id.0));
+        }
+    }
+    if pcp.thp.len() > PCP_THP_HIGH {
+        return Err(format!("zone {}: {} blocks on the THP list, above {PCP_THP_HIGH}", zone.id.0, pcp.thp.len()));
+    }
     let mut pages = 0;
     for (o, list) in pcp.lists.iter().enumerate() {
         for &pfn in list {
@@ -321,7 +398,7 @@ pub fn check(zone: &Zone, pcp: &PcpInner) -> Result<usize, String> {
             zone.id.0, pcp.count, pcp.high, pcp.batch
         ));
     }
-    Ok(pages)
+    Ok(pcp.pages())
 }
 
 #[cfg(all(test, not(loom)))]
@@ -417,6 +494,58 @@ mod tests {
         small.setup_watermarks(8, 96, 10);
         let pcp = PerCpuPages::new(0, 7, 226, 226);
         assert!(pcp.lock(&small).with(|i| rmqueue_pcplist(&small, i, Order(0))).is_some());
+    }
+
+    /// The THP list (`NR_PCP_THP`): refilled with two blocks, never above its bound, counted
+    /// apart from `count` (so small-order `high` never drains it), emptied while the zone is
+    /// below its high watermark, and returned to the buddy by a decay once idle.
+    #[test]
+    fn thp_list_keeps_its_own_bound_and_returns_idle_blocks() {
+        let thp = PCP_THP_ORDER;
+        let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 4096, Order(10));
+        z.setup_watermarks(128, 4096, 10);
+        let free = || z.page_state_snapshot(ZoneStatItem::NrFreePages);
+        let pcp = PerCpuPages::new(0, 63, 226, 226);
+        let mut g = pcp.lock(&z);
+        let first = g.with(|i| rmqueue_pcplist(&z, i, thp)).unwrap();
+        assert!(first.is_aligned(thp));
+        g.with(|i| assert_eq!((i.list_len(thp), i.count, i.pages()), (1, 0, 512), "max(63 >> 9, 2) = 2 taken"));
+        assert_eq!(free(), 4096 - 1024);
+        let mut blocks = vec![first];
+        blocks.extend((0..3).map(|_| g.with(|i| rmqueue_pcplist(&z, i, thp)).unwrap()));
+        g.with(|i| check(&z, i)).unwrap();
+        let mut drained = 0;
+        for &b in &blocks {
+            drained += g.with(|i| free_to_pcp(&z, i, b, thp));
+            g.with(|i| check(&z, i)).unwrap();
+        }
+        g.with(|i| assert_eq!(i.list_len(thp), PCP_THP_HIGH));
+        assert_eq!(drained, 2 << thp.0, "four blocks came back to a list that keeps two");
+        assert_eq!(free(), 4096 - 1024);
+        // Small orders never drain it: their `high` counts their own frames.
+        let p = g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap();
+        g.with(|i| free_to_pcp(&z, i, p, Order(0)));
+        g.with(|i| assert_eq!(i.list_len(thp), PCP_THP_HIGH));
+        // Blocks touched since the last decay stay through it; idle through a whole one, they go.
+        g.with(|i| decay_high(&z, i));
+        g.with(|i| assert_eq!(i.list_len(thp), PCP_THP_HIGH));
+        g.with(|i| assert!(!decay_is_noop(i, 0), "idle blocks are work for the next decay"));
+        g.with(|i| decay_high(&z, i));
+        g.with(|i| assert_eq!(i.list_len(thp), 0));
+        g.with(|i| drain(&z, i));
+        drop(g);
+        assert_eq!(z.check_invariants(0), Ok(0));
+
+        // Below the high watermark (1024 + 2 * 256 frames of 2048), no block stays.
+        let short = Zone::new(ZoneId(1), NodeId(0), Pfn(0), 2048, Order(10));
+        short.setup_watermarks(4096, 2048, 10);
+        let pcp = PerCpuPages::new(0, 63, 226, 226);
+        let mut g = pcp.lock(&short);
+        let b = g.with(|i| rmqueue_pcplist(&short, i, thp)).unwrap();
+        assert_eq!(g.with(|i| free_to_pcp(&short, i, b, thp)), 1024);
+        g.with(|i| assert_eq!(i.pages(), 0));
+        drop(g);
+        assert_eq!(short.check_invariants(0), Ok(0));
     }
 
     #[test]

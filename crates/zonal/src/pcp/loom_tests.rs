@@ -95,3 +95,53 @@ fn loom_double_free_exactly_one_wins() {
         check_all(&z, &pcp, 0);
     });
 }
+
+/// The THP list's holders take the lock lists-only (no cache flush, no fence): a failed
+/// attempt must leave the lock to its holder. A pageblock-order allocation and free race an
+/// order-0 allocation and a remote drain on one CPU's lists; loom's cell checks that no two
+/// holders ever reach the lists at once.
+#[test]
+fn loom_thp_holder_races_small_orders_and_a_drain() {
+    // A pageblock is 512 frames: the checks' state loads alone pass loom's default branch
+    // bound (they run after the joins, with nothing left to interleave).
+    let mut model = loom::model::Builder::new();
+    model.max_branches = 20_000;
+    model.check(|| {
+        let z = Arc::new(Zone::new(ZoneId(0), NodeId(0), Pfn(0), 2048, Order(9)));
+        let pcp = Arc::new(PerCpuPages::new(0, 1, 4, 4));
+        let huge = {
+            let (z, pcp) = (z.clone(), pcp.clone());
+            loom::thread::spawn(move || {
+                // As the paths do: a busy lock sends each operation to the buddy lists.
+                let thp = PCP_THP_ORDER;
+                let pfn = match pcp.try_lock_lists(&z) {
+                    Some(mut g) => g.with(|p| rmqueue_pcplist(&z, p, thp)),
+                    None => z.lock().buddy().rmqueue_smallest(thp),
+                }
+                .expect("four blocks, the THP list takes two at most");
+                z.state(pfn).store(mem_map::state(ALLOCATED, thp), Ordering::Release);
+                let claim = z.state(pfn).compare_exchange(
+                    mem_map::state(ALLOCATED, thp),
+                    mem_map::NONE,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                );
+                assert!(claim.is_ok());
+                match pcp.try_lock_lists(&z) {
+                    Some(mut g) => {
+                        g.with(|p| free_to_pcp(&z, p, pfn, thp));
+                    }
+                    None => {
+                        z.lock().buddy().free_one(pfn, thp);
+                    }
+                }
+            })
+        };
+        let small = alloc(&z, &pcp).expect("the THP list holds two of four blocks at most");
+        pcp.lock(&z).with(|p| drain(&z, p));
+        huge.join().unwrap();
+        pcp.lock(&z).with(|p| drain(&z, p));
+        check_all(&z, &pcp, 1);
+        assert_eq!(z.state(small).load(Ordering::Relaxed), mem_map::state(ALLOCATED, Order(0)));
+    });
+}

@@ -45,10 +45,22 @@ pub use lists::{
     zone_highsize,
 };
 
-/// Highest order kept on pcp lists (`PAGE_ALLOC_COSTLY_ORDER`).
+/// Highest order kept on the pcp lists counted in `count` (`PAGE_ALLOC_COSTLY_ORDER`).
 pub const PCP_MAX_ORDER: u8 = 3;
-/// Number of pcp lists (one per order `0..=PCP_MAX_ORDER`).
+/// Number of pcp lists counted in `count` (one per order `0..=PCP_MAX_ORDER`).
 pub const NR_PCP_LISTS: usize = PCP_MAX_ORDER as usize + 1;
+/// The order of the one list above the costly orders (`NR_PCP_THP`, Linux 5.13+):
+/// `pageblock_order`, the order of a transparent huge page (2 MiB of 4 KiB frames).
+pub const PCP_THP_ORDER: Order = Order(9);
+/// Blocks the THP list holds at most: its own bound, beside `high` (see [`PcpInner::thp`]).
+pub(crate) const PCP_THP_HIGH: usize = 2;
+
+/// Whether blocks of `order` go through the per-CPU lists (`pcp_allowed_order`): the orders
+/// up to `PAGE_ALLOC_COSTLY_ORDER`, and the pageblock order.
+#[inline]
+pub fn pcp_allowed(order: Order) -> bool {
+    order.0 <= PCP_MAX_ORDER || order == PCP_THP_ORDER
+}
 /// `PCP_BATCH_SCALE_MAX`: the most `free_factor` and the decay step scale a batch by.
 pub const PCP_BATCH_SCALE_MAX: u32 = 5;
 /// Smallest non-zero `percpu_pagelist_high_fraction` (`MIN_PERCPU_PAGELIST_HIGH_FRACTION`).
@@ -76,15 +88,33 @@ pub struct PcpInner {
     pub free_count: usize,
     /// Least `count` seen since the last decay (`count_min`).
     pub count_min: usize,
-    /// Frames (lists and cache) as last accounted to the zone's `nr_zone_pcp_pages`.
+    /// Frames (the small orders' lists and the cache) as last accounted to the zone's
+    /// `nr_zone_pcp_pages` (the THP list's are kept apart: `PerCpuPages::thp_pages`).
     reported: usize,
     lists: [Vec<usize>; NR_PCP_LISTS],
+    /// Blocks of [`PCP_THP_ORDER`] (`NR_PCP_THP`), counted apart from `count`: one such block
+    /// is 512 frames, more than `high + batch` on most zones, so counting it in `count` (as
+    /// Linux does) would make every THP free drain the small orders. Their own rules: a
+    /// refill takes `max(batch >> order, 2)` blocks (Linux's), at most [`PCP_THP_HIGH`] stay,
+    /// none stay while the zone is below its high watermark, and a block left untouched for a
+    /// whole decay interval returns to the buddy.
+    thp: Vec<usize>,
+    /// Least `thp.len()` seen since the last decay: blocks that sat idle through it.
+    thp_min: usize,
 }
 
 impl PcpInner {
     /// Blocks on the list of one order.
     pub fn list_len(&self, order: Order) -> usize {
+        if order == PCP_THP_ORDER {
+            return self.thp.len();
+        }
         self.lists[order.0 as usize].len()
+    }
+
+    /// Frames on every list, the THP list's included (what `nr_zone_pcp_pages` counts).
+    pub fn pages(&self) -> usize {
+        self.count + (self.thp.len() << PCP_THP_ORDER.0)
     }
 }
 
@@ -119,7 +149,8 @@ pub struct PerCpuPages {
     cache_limit: AtomicUsize,
     cache_slots: *const AtomicUsize,
     cache: Box<[AtomicUsize]>,
-    /// `count` as of the last unlock, readable without the lock (drains skip empty lists).
+    /// Frames on the lists (`PcpInner::pages`: `count` and the THP list) as of the last
+    /// unlock, readable without the lock (drains skip empty lists).
     count_hint: AtomicUsize,
     /// `high` and `batch` as of the last unlock (`high | batch << 32`, each saturated to
     /// 32 bits), so that reports read a pageset without the lock the allocation paths take.
@@ -134,6 +165,12 @@ pub struct PerCpuPages {
     /// `membarrier` calls made to fence this CPU's sections (the `pcp_fence` event), written
     /// under the lock, on a line the locker writes anyway.
     fences: AtomicU64,
+    /// Frames on the THP list as of the last unlock. They are not in the zone's
+    /// `nr_zone_pcp_pages` counter: every move of a 512-frame block would pass the per-CPU
+    /// diff's threshold and fold into the zone's shared line, two atomic adds per pair on a
+    /// line every CPU of the zone writes; the zone's readers add these instead
+    /// (`Zonal::zone_page_state_snapshot`).
+    thp_hint: AtomicUsize,
     inner: LockedCell<PcpInner>,
 }
 
@@ -164,6 +201,7 @@ impl PerCpuPages {
             cache_settled: AtomicUsize::new(0),
             decay_idle: AtomicBool::new(false),
             fences: AtomicU64::new(0),
+            thp_hint: AtomicUsize::new(0),
             inner: LockedCell::new(PcpInner {
                 count: 0,
                 high: high_min,
@@ -176,6 +214,8 @@ impl PerCpuPages {
                 count_min: 0,
                 reported: 0,
                 lists: std::array::from_fn(|o| Vec::with_capacity(cap(o))),
+                thp: Vec::with_capacity(PCP_THP_HIGH + 1),
+                thp_min: 0,
             }),
         }
     }
@@ -185,8 +225,24 @@ impl PerCpuPages {
     /// these lists belong to, whose counters the guard keeps up to date.
     #[inline]
     pub fn try_lock<'a>(&'a self, zone: &'a Zone) -> Option<PcpGuard<'a>> {
+        self.try_lock_with(zone, Cache::Flush)
+    }
+
+    /// [`PerCpuPages::try_lock`] for a holder that never takes from or gives to the order-0
+    /// list but the drains (the allocations and frees of orders 1 to 3): the cache stays where
+    /// it is and only counts, in `count`, while the holder's `f` runs, so its decisions
+    /// (refill room, `high`, drains) are those of a flushed cache, and its bound is set again
+    /// after. Moving up to 256 blocks out and 32 back cost these orders more than the rest of
+    /// their pair.
+    #[inline]
+    pub fn try_lock_small_orders<'a>(&'a self, zone: &'a Zone) -> Option<PcpGuard<'a>> {
+        self.try_lock_with(zone, Cache::Count)
+    }
+
+    #[inline]
+    fn try_lock_with<'a>(&'a self, zone: &'a Zone, mode: Cache) -> Option<PcpGuard<'a>> {
         if self.lock.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-            let cache = self.fence_remote();
+            let cache = if self.fence_remote() { mode } else { Cache::Leave };
             Some(PcpGuard { pcp: self, zone, cache })
         } else {
             None
@@ -210,10 +266,25 @@ impl PerCpuPages {
     /// that changes only `cache_len` and the slots, which this holder reads once (relaxed)
     /// to account the cache's churn, as [`PerCpuPages::unsettled`] does.
     pub fn lock_lists<'a>(&'a self, zone: &'a Zone) -> PcpGuard<'a> {
-        while self.lock.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        loop {
+            if let Some(g) = self.try_lock_lists(zone) {
+                return g;
+            }
             spin_wait();
         }
-        PcpGuard { pcp: self, zone, cache: false }
+    }
+
+    /// [`PerCpuPages::lock_lists`] without waiting: for the THP list's allocations and frees,
+    /// which never touch the order-0 cache, so they need neither its flush nor a fence.
+    #[inline]
+    pub fn try_lock_lists<'a>(&'a self, zone: &'a Zone) -> Option<PcpGuard<'a>> {
+        // `then`, not `then_some`: a guard built for a failed attempt would unlock, on drop,
+        // the lock its holder has.
+        self.lock.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok().then(|| PcpGuard {
+            pcp: self,
+            zone,
+            cache: Cache::Leave,
+        })
     }
 
     /// Whether a `decay_high` would change these lists: not as of the last unlock, and the
@@ -303,6 +374,12 @@ impl PerCpuPages {
         (count, (s & 0xFFFF_FFFF) as usize, (s >> 32) as usize)
     }
 
+    /// Frames on the THP list as of the last unlock (exact once allocation stops), which the
+    /// zone's `nr_zone_pcp_pages` counter leaves out.
+    pub fn thp_pages(&self) -> usize {
+        self.thp_hint.load(Ordering::Relaxed)
+    }
+
     /// Blocks in the rseq cache.
     pub fn cache_len(&self) -> usize {
         self.cache_len.load(Ordering::Relaxed)
@@ -326,9 +403,21 @@ fn shape(high: usize, batch: usize) -> u64 {
 pub struct PcpGuard<'a> {
     pcp: &'a PerCpuPages,
     zone: &'a Zone,
-    /// Whether this holder flushes and fills the cache: taken by `lock`/`try_lock` with the
-    /// fence done (or not needed); `lock_lists`, or a fence that failed, leave it alone.
-    cache: bool,
+    /// What this holder does with the cache.
+    cache: Cache,
+}
+
+/// What a lock holder does with the rseq cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cache {
+    /// Flushes it into the order-0 list before its work and fills it after (`lock`,
+    /// `try_lock`, with the fence done or not needed).
+    Flush,
+    /// Counts its blocks in `count` during its work and sets its bound after, moving none
+    /// (`try_lock_small_orders`, with the fence done or not needed).
+    Count,
+    /// Leaves it alone (`lock_lists`, `try_lock_lists`, or a fence that failed).
+    Leave,
 }
 
 impl PcpGuard<'_> {
@@ -339,19 +428,27 @@ impl PcpGuard<'_> {
     /// ([`PerCpuPages::lock_lists`]) shows `f` the lists alone.
     #[inline]
     pub fn with<R>(&mut self, f: impl FnOnce(&mut PcpInner) -> R) -> R {
-        let (pcp, zone, touch_cache) = (self.pcp, self.zone, self.cache);
+        let (pcp, zone, mode) = (self.pcp, self.zone, self.cache);
         // SAFETY: this guard exists only while its creator holds `pcp.lock` (try_lock/lock/
         // lock_lists), and `&mut self` keeps this the only access through it.
         unsafe {
             pcp.inner.with_mut(|inner| {
-                if touch_cache {
+                // Under `Count` no section can move the cache meanwhile (the fence is done or
+                // not needed, and new sections find the lock held), so this length holds.
+                let counted = if mode == Cache::Count { pcp.cache_len.load(Ordering::Relaxed) } else { 0 };
+                if mode == Cache::Flush {
                     pcp.flush_cache(inner);
                 }
+                inner.count += counted;
                 let r = f(inner);
-                if touch_cache {
-                    pcp.fill_cache(inner);
+                inner.count -= counted;
+                match mode {
+                    Cache::Flush => pcp.fill_cache(inner),
+                    Cache::Count => pcp.set_cache_limit(inner),
+                    Cache::Leave => {}
                 }
-                pcp.count_hint.store(inner.count, Ordering::Relaxed);
+                pcp.count_hint.store(inner.pages(), Ordering::Relaxed);
+                pcp.thp_hint.store(inner.thp.len() << PCP_THP_ORDER.0, Ordering::Relaxed);
                 pcp.shape_hint.store(shape(inner.high, inner.batch), Ordering::Relaxed);
                 // One read: a holder that leaves the cache alone may see a section commit
                 // after it, and that churn is settled at a later lock.
@@ -406,7 +503,6 @@ impl PerCpuPages {
         if !rseq::enabled() {
             return;
         }
-        let budget = (inner.high + inner.batch).min(inner.count + CACHE_CAP);
         let take = CACHE_FILL.min(inner.lists[0].len());
         let start = inner.lists[0].len() - take;
         for (slot, pfn) in self.cache.iter().zip(inner.lists[0].drain(start..)) {
@@ -414,6 +510,18 @@ impl PerCpuPages {
         }
         inner.count -= take;
         self.cache_len.store(take, Ordering::Relaxed);
-        self.cache_limit.store(budget.saturating_sub(inner.count).min(CACHE_CAP), Ordering::Relaxed);
+        self.set_cache_limit(inner);
+    }
+
+    /// Sets the cache's bound, the most it may hold, so that `count + cache <= high + batch`
+    /// (lock held, the cache this holder's). A cache already above it only shrinks: pushes
+    /// find no room.
+    #[inline]
+    fn set_cache_limit(&self, inner: &PcpInner) {
+        if !rseq::enabled() {
+            return;
+        }
+        let room = (inner.high + inner.batch).saturating_sub(inner.count);
+        self.cache_limit.store(room.min(CACHE_CAP), Ordering::Relaxed);
     }
 }

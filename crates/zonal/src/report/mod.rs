@@ -88,7 +88,8 @@ pub struct ZoneStat {
 impl Zonal {
     fn zone_stat(&self, z: &Zone) -> ZoneStat {
         let snap = |i| self.zone_page_state_snapshot(z.id, i).unwrap_or(0);
-        let folded = |i| z.page_state(i);
+        // The THP lists' frames are no part of the pcp counter; its readers add them.
+        let folded = |i| z.page_state(i) + if i == ZoneStatItem::NrPcpPages { self.thp_on_lists(z.id) } else { 0 };
         let mut items = Vec::new();
         let mut items_folded = Vec::new();
         for item in ZoneStatItem::all(z.max_order) {
