@@ -637,8 +637,12 @@ fn run(cli: Cli) -> Result<(), String> {
             if let Some(t) = &cli.topology {
                 global.extend(["--topology".to_string(), t.clone()]);
             }
-            let wanted = json_out.is_some() || plot.is_some();
+            // The main process reads the child's records for the targets, whatever the outputs.
+            let wanted = json_out.is_some() || plot.is_some() || child.is_none();
             records.extend(bench::run_tcmalloc_child(&chosen, &opts, &global, wanted, (ours.len(), total))?);
+            if child.is_none() {
+                bench::targets::print(&records);
+            }
             if let Some(out) = json_out {
                 let to = out.write(&records)?;
                 // The child's file is the parent's to read, not the user's.

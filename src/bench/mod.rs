@@ -16,6 +16,7 @@ pub mod parallel;
 pub mod peers;
 pub mod plot;
 pub mod single;
+pub mod targets;
 pub mod vmstat_exp;
 pub mod zlc;
 

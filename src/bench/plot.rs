@@ -59,6 +59,14 @@ pub fn write_all(dir: &Path, records: &[Value]) -> Result<Vec<PathBuf>, String> 
 
 /// The SVG of one experiment's records.
 pub fn render(experiment: &str, recs: &[&Rec]) -> Result<String, String> {
+    // single's figure is its order-0 table; the larger orders are in the report and records.
+    let order0: Vec<&Rec>;
+    let recs = if experiment == "single" {
+        order0 = recs.iter().copied().filter(|r| r.params["order"].as_u64().unwrap_or(0) == 0).collect();
+        &order0[..]
+    } else {
+        recs
+    };
     let (w, h) = size(experiment, recs);
     let mut svg = String::new();
     {

@@ -1,0 +1,154 @@
+//! Issue 12's targets, from the records of one `zonal bench` run (the main process's and the
+//! tcmalloc child's): each target with its figures and its verdict, printed at the end of the
+//! report. A target whose figures this run did not measure (an experiment left out, `--only`,
+//! or no child) is said to be unmeasured, not passed.
+
+use serde_json::Value;
+
+/// A target line: what it compares, the figures, the verdict.
+#[derive(Debug, PartialEq)]
+pub struct Target {
+    pub name: &'static str,
+    /// The figures, or `None` when the run did not measure them.
+    pub figures: Option<(String, bool)>,
+}
+
+/// The median ns and the ratio to its reference of the record of `process`, `experiment` and
+/// `subject` (a name prefix) whose params have every `(key, value)` of `params`.
+fn find(
+    records: &[Value],
+    process: &str,
+    experiment: &str,
+    subject: &str,
+    params: &[(&str, u64)],
+) -> Option<(f64, f64)> {
+    records
+        .iter()
+        .find(|r| {
+            r["process"] == process
+                && r["experiment"] == experiment
+                && r["subject"].as_str().is_some_and(|s| s.starts_with(subject))
+                && params.iter().all(|(k, v)| r["params"][*k].as_u64().unwrap_or(0) == *v)
+        })
+        .and_then(|r| Some((r["ns_per_op"]["median"].as_f64()?, r["ratio_to_reference"].as_f64()?)))
+}
+
+const MAIN: &str = super::MAIN_PROCESS;
+const CHILD: &str = super::CHILD_PROCESS;
+const TCMALLOC: &str = "tcmalloc (rseq per-CPU)";
+
+/// Every target of issue 12 against `records`.
+pub fn evaluate(records: &[Value]) -> Vec<Target> {
+    let order0 = [("order", 0)];
+    // Each a ratio of medians to the mimalloc measured in the same process (cross's records
+    // carry their ratio to the best peer, so the ratio is taken here for every experiment).
+    let to_mimalloc = |process: &str, experiment: &str, subject: &str, params: &[(&str, u64)]| {
+        let ns = find(records, process, experiment, subject, params)?.0;
+        Some(ns / find(records, process, experiment, "mimalloc", params)?.0)
+    };
+    let vs_tcmalloc = |experiment: &str, subject: &str, params: &[(&str, u64)]| {
+        let ours = to_mimalloc(MAIN, experiment, subject, params)?;
+        // In the child when glibc's rseq was on here; in this process when it was off.
+        let theirs = to_mimalloc(CHILD, experiment, TCMALLOC, params)
+            .or_else(|| to_mimalloc(MAIN, experiment, TCMALLOC, params))?;
+        Some((format!("zonal {ours:.2} × mimalloc, tcmalloc per-CPU {theirs:.2} × its mimalloc"), ours <= theirs))
+    };
+    let per_ideal = |experiment: &str, subject: &str, ideal: &str, params: &[(&str, u64)], limit: f64| {
+        let ours = find(records, MAIN, experiment, subject, params)?.0;
+        let floor = find(records, MAIN, experiment, ideal, params)?.0;
+        let r = ours / floor;
+        Some((format!("{r:.2} × the ideal stack (≤ {limit})"), r <= limit))
+    };
+    let ideal = super::page_api::IDEAL;
+    let bulk128 = [("batch", 128)];
+    let bulk1 = [("batch", 1)];
+    vec![
+        Target {
+            name: "single pair ≤ Google tcmalloc per-CPU", figures: vs_tcmalloc("single", "zonal pcp", &order0)
+        },
+        Target {
+            name: "order-9 pair ≤ 15 × the ideal stack",
+            figures: per_ideal("single", "zonal pcp", ideal, &[("order", 9)], super::single::ORDER9_TARGET),
+        },
+        Target {
+            name: "bulk 128, array form, per page ≤ 1.5 × the ideal stack",
+            figures: per_ideal("bulk", "zonal bulk array", ideal, &bulk128, 1.5),
+        },
+        Target {
+            name: "bulk 128, list form, per page ≤ 1.5 × the ideal stack",
+            figures: per_ideal("bulk", "zonal bulk list", ideal, &bulk128, 1.5),
+        },
+        Target {
+            name: "one-frame bulk call ≤ 1.2 × a single pair",
+            figures: per_ideal("bulk", "zonal bulk array", "zonal single", &bulk1, 1.2)
+                .map(|(f, met)| (f.replace("the ideal stack", "zonal's single pair"), met)),
+        },
+        Target { name: "cross-CPU free ≤ Google tcmalloc per-CPU", figures: vs_tcmalloc("cross", "zonal pcp", &[]) },
+        Target {
+            name: "zonelist cache, 28 nodes, on ÷ off ≤ 0.45",
+            figures: records
+                .iter()
+                .filter(|r| {
+                    r["process"] == MAIN
+                        && r["experiment"] == "zlc"
+                        && r["subject"] == "zonal zonelist_cache on"
+                        && r["params"]["nodes"] == 28
+                        && r["params"]["full_zones_ahead"].as_u64().unwrap_or(0) >= 16
+                })
+                .filter_map(|r| r["ratio_to_reference"].as_f64())
+                .reduce(f64::max)
+                .map(|r| (format!("{r:.2} (the worst thread count)"), r <= 0.45)),
+        },
+    ]
+}
+
+/// Prints the targets after the report.
+pub fn print(records: &[Value]) {
+    println!("issue 12's targets in this run (history, each experiment inside the full run against it alone, needs two runs):");
+    for t in evaluate(records) {
+        match t.figures {
+            Some((f, met)) => println!("  {}: {f}: {}", t.name, super::verdict(met)),
+            None => println!("  {}: not measured in this run", t.name),
+        }
+    }
+    println!();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rec(process: &str, experiment: &str, subject: &str, params: Value, ns: f64, ratio: f64) -> Value {
+        json!({"process": process, "experiment": experiment, "subject": subject, "params": params,
+               "ns_per_op": {"median": ns, "min": ns, "max": ns}, "ratio_to_reference": ratio})
+    }
+
+    #[test]
+    fn targets_read_their_records_and_say_what_is_missing() {
+        let records = vec![
+            rec(MAIN, "single", "zonal pcp", json!({"threads": 1, "order": 0}), 12.0, 0.80),
+            rec(MAIN, "single", "mimalloc", json!({"threads": 1, "order": 0}), 15.0, 1.0),
+            rec(CHILD, "single", TCMALLOC, json!({"threads": 1, "order": 0}), 7.0, 1.0),
+            rec(CHILD, "single", "mimalloc", json!({"threads": 1, "order": 0}), 17.5, 1.0),
+            rec(MAIN, "single", "zonal pcp", json!({"threads": 1, "order": 9}), 28.0, 0.001),
+            rec(MAIN, "single", super::super::page_api::IDEAL, json!({"threads": 1, "order": 9}), 2.0, 0.0001),
+            rec(MAIN, "bulk", "zonal bulk array", json!({"batch": 1, "order": 0}), 16.0, 1.0),
+            rec(MAIN, "bulk", "zonal single", json!({"batch": 1, "order": 0}), 13.0, 1.0),
+            rec(MAIN, "cross", "zonal pcp", json!({"threads": 2, "order": 0}), 30.0, 1.0),
+            rec(MAIN, "cross", "mimalloc", json!({"threads": 2, "order": 0}), 100.0, 1.0),
+            rec(CHILD, "cross", TCMALLOC, json!({"threads": 2, "order": 0}), 27.0, 1.0),
+            rec(CHILD, "cross", "mimalloc", json!({"threads": 2, "order": 0}), 108.0, 1.0),
+            rec(MAIN, "zlc", "zonal zonelist_cache on", json!({"nodes": 28, "full_zones_ahead": 27}), 1.0, 0.44),
+            rec(MAIN, "zlc", "zonal zonelist_cache on", json!({"nodes": 28, "full_zones_ahead": 27}), 1.0, 0.41),
+        ];
+        let t = evaluate(&records);
+        let verdicts: Vec<Option<bool>> = t.iter().map(|t| t.figures.as_ref().map(|f| f.1)).collect();
+        assert_eq!(verdicts, [Some(false), Some(true), None, None, Some(false), Some(false), Some(true)]);
+        assert!(t[0].figures.as_ref().unwrap().0.contains("zonal 0.80 × mimalloc, tcmalloc per-CPU 0.40"));
+        assert!(t[5].figures.as_ref().unwrap().0.contains("zonal 0.30 × mimalloc, tcmalloc per-CPU 0.25"));
+        assert!(t[1].figures.as_ref().unwrap().0.starts_with("14.00 × the ideal stack"));
+        assert!(t[4].figures.as_ref().unwrap().0.contains("zonal's single pair"));
+        assert!(t[6].figures.as_ref().unwrap().0.starts_with("0.44"), "the worst of the thread counts");
+    }
+}
