@@ -17,10 +17,6 @@ impl Zonal {
             if let Some(p) = self.alloc_order0_fast(None) {
                 return Ok(p);
             }
-        } else if let Some(o) = self.check_order(order).ok().filter(|&o| pcp::pcp_allowed(o)) {
-            if let Some(p) = self.alloc_pcp_fast(o) {
-                return Ok(p);
-            }
         }
         self.alloc_pages_general(gfp, order)
     }
@@ -28,6 +24,12 @@ impl Zonal {
     #[inline]
     pub(super) fn alloc_pages_general(&self, gfp: Gfp, order: u32) -> Result<NonNull<u8>> {
         let order = self.check_order(order)?;
+        // Here and not in `alloc_pages`, whose order-0 code it would change.
+        if order.0 > 0 && pcp::pcp_allowed(order) {
+            if let Some(p) = self.alloc_pcp_fast(order) {
+                return Ok(p);
+            }
+        }
         let cpu = self.current_cpu();
         let local = self.topo.cpu_to_node(CpuId(cpu as u32));
         mempolicy::with_thread_policy(self.id, local, |r| self.alloc_resolved(cpu, gfp, order, r))
