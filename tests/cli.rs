@@ -340,8 +340,15 @@ fn bench_marks_the_records_of_the_tcmalloc_child() {
     assert!(main.contains(&"zonal pcp") && main.contains(&"mimalloc"), "{main:?}");
     let e = stderr(&o);
     if stdout(&o).contains("the same experiments in a child process") {
-        // Its own mimalloc, told apart by the process, and tcmalloc on its per-CPU caches.
-        assert_eq!(child, ["tcmalloc (rseq per-CPU)", "mimalloc"]);
+        // Its own mimalloc, told apart by the process, and tcmalloc on its per-CPU caches, at
+        // order 0 and then at orders 1, 3 and 9.
+        assert_eq!(child, ["tcmalloc (rseq per-CPU)", "mimalloc"].repeat(4));
+        let orders: Vec<u64> = recs
+            .iter()
+            .filter(|r| r["process"] == "tcmalloc-child")
+            .filter_map(|r| r["params"]["order"].as_u64())
+            .collect();
+        assert_eq!(orders, [0, 0, 1, 1, 3, 3, 9, 9]);
         assert!(
             e.contains("experiment 1 of 2, single") && e.contains("experiment 2 of 2 (tcmalloc child), single"),
             "{e}"
