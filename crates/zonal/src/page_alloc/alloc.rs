@@ -284,18 +284,12 @@ impl Zonal {
             }
         }
         let pfn = if pcp::pcp_allowed(order) && self.cpus.pcp_enabled {
-            match self.pcp_try_lock(cpu, z, order) {
-                Some(mut g) => {
-                    let refills = g.with(|p| {
-                        let before = p.list_len(order);
-                        let pfn = pcp::rmqueue_pcplist(z, p, order);
-                        (pfn, before == 0)
-                    });
-                    drop(g);
-                    if refills.1 {
+            match self.pcp_take(cpu, z, order) {
+                Some((pfn, refilled)) => {
+                    if refilled {
                         self.count_event(cpu, VmEvent::PcpRefill, 1);
                     }
-                    refills.0?
+                    pfn?
                 }
                 None => {
                     self.count_event(cpu, VmEvent::PcpTrylockFail, 1);

@@ -45,12 +45,7 @@ impl Zonal {
         if !z.watermark_ok_fast(order, z.watermark(Watermark::Low), false) {
             return None;
         }
-        let mut g = self.pcp_try_lock(cpu, z, order)?;
-        let (pfn, refilled) = g.with(|p| {
-            let empty = p.list_len(order) == 0;
-            (pcp::rmqueue_pcplist(z, p, order), empty)
-        });
-        drop(g);
+        let (pfn, refilled) = self.pcp_take(cpu, z, order)?;
         let pfn = pfn?;
         if refilled {
             self.count_event(cpu, VmEvent::PcpRefill, 1);

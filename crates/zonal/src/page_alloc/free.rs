@@ -46,9 +46,7 @@ impl Zonal {
     #[inline]
     pub(super) fn free_claimed(&self, cpu: usize, zone: &Zone, pfns: &[Pfn], order: Order) {
         if pcp::pcp_allowed(order) && self.cpus.pcp_enabled {
-            if let Some(mut g) = self.pcp_try_lock(cpu, zone, order) {
-                let drained: usize = g.with(|p| pfns.iter().map(|&pfn| pcp::free_to_pcp(zone, p, pfn, order)).sum());
-                drop(g);
+            if let Some(drained) = self.pcp_give(cpu, zone, pfns, order) {
                 if drained > 0 {
                     self.count_event(cpu, VmEvent::PcpDrain, 1);
                 }

@@ -362,6 +362,45 @@ impl Zonal {
         }
     }
 
+    /// Takes a block of `order` (a pcp order) from this CPU's lists of `z`, refilling them
+    /// if need be: `None` when the lists are busy, else the block (`None` when the zone had
+    /// none either) and whether a refill ran. The block's state is still `PCP|order`.
+    #[inline]
+    fn pcp_take(&self, cpu: usize, z: &Zone, order: Order) -> Option<(Option<Pfn>, bool)> {
+        if order == PCP_THP_ORDER {
+            let mut g = self.pcp(cpu, z.id).try_lock_lists(z)?;
+            return Some(g.with_thp(|p| {
+                let empty = p.list_len(order) == 0;
+                (pcp::rmqueue_thp(z, p), empty)
+            }));
+        }
+        let mut g = self.pcp_try_lock(cpu, z, order)?;
+        Some(g.with(|p| {
+            let empty = p.list_len(order) == 0;
+            (pcp::rmqueue_pcplist(z, p, order), empty)
+        }))
+    }
+
+    /// Puts claimed blocks of `order` (a pcp order; head state `NONE`) on this CPU's lists of
+    /// `zone`, draining past their bound: `None` when the lists are busy, else the frames
+    /// drained.
+    #[inline]
+    fn pcp_give(&self, cpu: usize, zone: &Zone, pfns: &[Pfn], order: Order) -> Option<usize> {
+        if order == PCP_THP_ORDER {
+            let mut g = self.pcp(cpu, zone.id).try_lock_lists(zone)?;
+            return Some(g.with_thp(|p| {
+                pfns.iter()
+                    .map(|&pfn| {
+                        zone.state(pfn).store(mem_map::state(mem_map::PCP, order), Ordering::Relaxed);
+                        pcp::free_thp(zone, p, pfn)
+                    })
+                    .sum()
+            }));
+        }
+        let mut g = self.pcp_try_lock(cpu, zone, order)?;
+        Some(g.with(|p| pfns.iter().map(|&pfn| pcp::free_to_pcp(zone, p, pfn, order)).sum()))
+    }
+
     #[inline]
     fn count_event(&self, cpu: usize, ev: VmEvent, n: u64) {
         self.cpus.events[cpu].add(ev, n);

@@ -131,7 +131,7 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
 /// [`rmqueue_pcplist`] for the THP list: refilled with `max(batch >> order, 2)` blocks
 /// (Linux's count for every order above 0), at most [`PCP_THP_HIGH`].
 #[inline]
-fn rmqueue_thp(zone: &Zone, pcp: &mut PcpInner) -> Option<Pfn> {
+pub fn rmqueue_thp(zone: &Zone, pcp: &mut PcpInner) -> Option<Pfn> {
     loop {
         if pcp.thp.is_empty() {
             let want = (pcp.batch >> PCP_THP_ORDER.0).clamp(2, PCP_THP_HIGH);
@@ -177,11 +177,7 @@ fn expand_runs(list: &mut Vec<usize>, runs: usize) {
 pub fn free_to_pcp(zone: &Zone, pcp: &mut PcpInner, pfn: Pfn, order: Order) -> usize {
     zone.state(pfn).store(mem_map::state(PCP, order), Ordering::Relaxed);
     if order == PCP_THP_ORDER {
-        pcp.thp.push(pfn.0);
-        // While memory is short (below the high watermark, where `nr_pcp_high` shrinks
-        // `high`), no huge block stays on a CPU.
-        let keep = if zone.nr_free() >= zone.watermark(Watermark::High) { PCP_THP_HIGH } else { 0 };
-        return free_thp_bulk(zone, pcp, pcp.thp.len().saturating_sub(keep));
+        return free_thp(zone, pcp, pfn);
     }
     pcp.lists[order.0 as usize].push(pfn.0);
     pcp.count += order.pages();
@@ -193,6 +189,19 @@ pub fn free_to_pcp(zone: &Zone, pcp: &mut PcpInner, pfn: Pfn, order: Order) -> u
         // that just shrank, can overshoot by more than one drain).
         let n = nr_pcp_free(pcp).max(pcp.count.saturating_sub(high + pcp.batch));
         return free_pcppages_bulk(zone, pcp, n);
+    }
+    0
+}
+
+/// [`free_to_pcp`] for the THP list, its state already stored: at most [`PCP_THP_HIGH`] blocks
+/// stay, and none while memory is short (below the high watermark, where `nr_pcp_high`
+/// shrinks `high`). Returns the frames drained.
+#[inline]
+pub fn free_thp(zone: &Zone, pcp: &mut PcpInner, pfn: Pfn) -> usize {
+    pcp.thp.push(pfn.0);
+    let keep = if zone.nr_free() >= zone.watermark(Watermark::High) { PCP_THP_HIGH } else { 0 };
+    if pcp.thp.len() > keep {
+        return free_thp_bulk(zone, pcp, pcp.thp.len() - keep);
     }
     0
 }
@@ -285,6 +294,7 @@ pub fn free_pcppages_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
 
 /// Returns the `nr` oldest blocks of the THP list to the buddy lists under one acquisition of
 /// the zone lock, claimed first as [`free_pcppages_bulk`] claims. Returns the frames freed.
+#[cold]
 fn free_thp_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
     let nr = nr.min(pcp.thp.len());
     if nr == 0 {

@@ -41,8 +41,8 @@ mod loom_tests;
 pub mod rseq;
 
 pub use lists::{
-    check, decay_high, decay_is_noop, drain, free_to_pcp, rmqueue_pcplist, set_high_and_batch, zone_batchsize,
-    zone_highsize,
+    check, decay_high, decay_is_noop, drain, free_thp, free_to_pcp, rmqueue_pcplist, rmqueue_thp, set_high_and_batch,
+    zone_batchsize, zone_highsize,
 };
 
 /// Highest order kept on the pcp lists counted in `count` (`PAGE_ALLOC_COSTLY_ORDER`).
@@ -459,6 +459,31 @@ impl PcpGuard<'_> {
                     inner.reported = now;
                 }
                 pcp.cache_settled.store(cache, Ordering::Relaxed);
+                pcp.decay_idle.store(decay_is_noop(inner, cache), Ordering::Relaxed);
+                r
+            })
+        }
+    }
+
+    /// [`PcpGuard::with`] for a holder of [`PerCpuPages::try_lock_lists`] whose `f` moves
+    /// blocks on and off the THP list alone: `count`, `high`, `batch` and the cache are as
+    /// they were, so of the unlock's bookkeeping only the hints that read the THP list are
+    /// written (the cache's churn, if any, is settled by a later holder, as under
+    /// `lock_lists`).
+    #[inline]
+    pub fn with_thp<R>(&mut self, f: impl FnOnce(&mut PcpInner) -> R) -> R {
+        let pcp = self.pcp;
+        debug_assert_eq!(self.cache, Cache::Leave);
+        // SAFETY: as in `with`: the guard's lock is held and `&mut self` makes this the only
+        // access through it.
+        unsafe {
+            pcp.inner.with_mut(|inner| {
+                let (count, high, batch) = (inner.count, inner.high, inner.batch);
+                let r = f(inner);
+                debug_assert_eq!((count, high, batch), (inner.count, inner.high, inner.batch));
+                pcp.count_hint.store(inner.pages(), Ordering::Relaxed);
+                pcp.thp_hint.store(inner.thp.len() << PCP_THP_ORDER.0, Ordering::Relaxed);
+                let cache = pcp.cache_len.load(Ordering::Relaxed);
                 pcp.decay_idle.store(decay_is_noop(inner, cache), Ordering::Relaxed);
                 r
             })
