@@ -16,9 +16,7 @@ pub fn cell<A: PageAlloc>(a: &A, n: usize, rounds: u64) -> f64 {
     let mut v = Vec::with_capacity(n);
     let t = Instant::now();
     for _ in 0..rounds {
-        v.clear();
-        a.alloc_many(n, &mut v);
-        a.free_many(std::hint::black_box(&v));
+        a.alloc_free_many(n, &mut v);
     }
     t.elapsed().as_nanos() as f64 / (rounds * n as u64) as f64
 }

@@ -583,7 +583,7 @@ fn bulk_free_reports_the_first_bad_entry() {
             Err((0, Error::InteriorFrame { pfn: interior_pfn, block, order: Order::new(2).unwrap() }))
         );
         assert_eq!(z.check_invariants(), Ok(4));
-        assert_eq!(z.free_pages_bulk(&[]), Ok(0));
+        assert_eq!(z.free_pages_bulk::<*mut u8>(&[]), Ok(0));
         z.free_pages(big, 2).unwrap();
         z.drain_all_pages();
         assert_eq!(z.check_invariants(), Ok(0));

@@ -40,6 +40,26 @@ fn frees_go_to_per_cpu_lists_and_drain_returns_them() {
     assert_eq!(z.nr_free_blocks(NodeId(0), 10).unwrap(), 4);
 }
 
+/// The bulk free takes the pages as the bulk calls hand them out: the array form's slots
+/// (empty ones skipped, neither freed nor an error) and the list form's `NonNull`s.
+#[test]
+fn bulk_free_takes_the_array_and_the_list_as_they_are() {
+    let z = zonal("nodes=1,size=16M");
+    let mut slots = [None; 6];
+    assert_eq!(z.alloc_pages_bulk_array(Gfp::KERNEL, &mut slots), 6);
+    let taken = slots[2].take().unwrap();
+    z.free_pages(taken.as_ptr(), 0).unwrap();
+    assert_eq!(z.free_pages_bulk(&slots), Ok(5));
+    assert_eq!(z.free_pages_bulk(&[None::<NonNull<u8>>]), Ok(0));
+    // Freed once: the same slots again are double frees, the first reported by its index.
+    let first = slots[0].unwrap().as_ptr();
+    assert_eq!(z.free_pages_bulk(&slots), Err((0, Error::DoubleFree { pfn: z.addr_to_pfn(first).unwrap() })));
+    let mut list = Vec::new();
+    assert_eq!(z.alloc_pages_bulk_list(Gfp::KERNEL, 9, &mut list), 9);
+    assert_eq!(z.free_pages_bulk(&list), Ok(9));
+    assert_eq!(z.check_invariants(), Ok(0));
+}
+
 /// Pageblock-order blocks go through the CPU's THP list (`NR_PCP_THP`): a pair reuses the
 /// block it freed, the list's frames are counted as per-CPU frames, and a drain returns them.
 #[test]

@@ -4,6 +4,34 @@
 
 use super::*;
 
+/// A page as [`Zonal::free_pages_bulk`] takes it: a raw pointer, a `NonNull` (the list
+/// form's), or a slot of the array form (`None`: an empty slot, skipped).
+pub trait BulkPage: Copy {
+    /// The page's address, or `None` for an empty slot.
+    fn page_addr(self) -> Option<usize>;
+}
+
+impl BulkPage for *mut u8 {
+    #[inline(always)]
+    fn page_addr(self) -> Option<usize> {
+        Some(self as usize)
+    }
+}
+
+impl BulkPage for NonNull<u8> {
+    #[inline(always)]
+    fn page_addr(self) -> Option<usize> {
+        Some(self.as_ptr() as usize)
+    }
+}
+
+impl BulkPage for Option<NonNull<u8>> {
+    #[inline(always)]
+    fn page_addr(self) -> Option<usize> {
+        self.map(|p| p.as_ptr() as usize)
+    }
+}
+
 impl Zonal {
     /// Allocates order-0 frames into the empty (`None`) slots of `array`, leaving filled slots
     /// alone, and returns how many slots are filled afterwards (`alloc_pages_bulk`, array
@@ -165,11 +193,25 @@ impl Zonal {
     /// frame is freed, under one pcp lock (or one critical section) per zone run, and the
     /// accounting is done once. On error the others are still freed and the first bad entry
     /// is reported with its index.
-    pub fn free_pages_bulk(&self, pages: &[*mut u8]) -> std::result::Result<usize, (usize, Error)> {
+    ///
+    /// The pages may be given as the bulk calls hand them out ([`BulkPage`]): raw pointers,
+    /// the list form's `NonNull`s, or the array form's slots, whose empty ones are skipped
+    /// (neither freed nor an error), so an array filled by
+    /// [`Zonal::alloc_pages_bulk_array`] goes back as it is.
+    #[inline]
+    pub fn free_pages_bulk<P: BulkPage>(&self, pages: &[P]) -> std::result::Result<usize, (usize, Error)> {
         if let [p] = pages {
             // One frame: the single-page path is the shorter one.
-            return self.free_pages(*p, 0).map(|_| 1).map_err(|e| (0, e));
+            return match p.page_addr() {
+                Some(a) => self.free_pages(a as *mut u8, 0).map(|_| 1).map_err(|e| (0, e)),
+                None => Ok(0),
+            };
         }
+        self.free_pages_bulk_many(pages)
+    }
+
+    /// [`Zonal::free_pages_bulk`] of more than one page.
+    fn free_pages_bulk_many<P: BulkPage>(&self, pages: &[P]) -> std::result::Result<usize, (usize, Error)> {
         let cpu = self.current_cpu();
         let area = self.rseq_area();
         // Frames bound for the rseq cache are claimed straight to its tag.
@@ -186,7 +228,10 @@ impl Zonal {
         let mut i = 0;
         while i < pages.len() {
             // A run starts at a frame checked in full.
-            let addr = pages[i] as usize;
+            let Some(addr) = pages[i].page_addr() else {
+                i += 1;
+                continue;
+            };
             i += 1;
             let checked = self.addr_to_zone(addr, Order(0));
             let (z, pfn) = match checked.and_then(|(z, pfn)| claim_order0(z, pfn, to, atomic).map(|_| (z, pfn))) {
@@ -202,8 +247,8 @@ impl Zonal {
             // nothing, so checking it again there is harmless).
             let base = self.mem.arena.pfn_to_addr(z.start_pfn);
             let bytes = z.spanned << PAGE_SHIFT;
-            while let Some(&p) = pages.get(i).filter(|_| !run.is_full()) {
-                let off = (p as usize).wrapping_sub(base);
+            while let Some(p) = pages.get(i).filter(|_| !run.is_full()).and_then(|p| p.page_addr()) {
+                let off = p.wrapping_sub(base);
                 if off >= bytes || off % PAGE_SIZE != 0 {
                     break;
                 }

@@ -26,6 +26,7 @@ mod numa;
 mod stats;
 mod tune;
 
+pub use bulk::BulkPage;
 pub use stats::PcpInfo;
 pub use tune::LOG_LINES;
 
