@@ -2,7 +2,7 @@
 //! layout of seed 002's page_bench04_bulk table (array and list forms), beside the peers
 //! doing N single allocations then N frees.
 
-use super::page_api::{peer_names, BulkForm, IdealStack, PageAlloc, ZonalPages, IDEAL};
+use super::page_api::{peer_names, BulkForm, IdealStack, PageAlloc, Scratch, ZonalPages, IDEAL};
 use super::{best_peer, fmt_ns, paired_ratio, print_table, BenchOpts, Record, Summary};
 use serde_json::json;
 use std::time::Instant;
@@ -13,10 +13,10 @@ pub const SIZES: [usize; 9] = [1, 2, 3, 4, 8, 16, 32, 64, 128];
 
 /// `rounds` rounds of: allocate `n` pages in one call (or `n` calls), free them; ns per page.
 pub fn cell<A: PageAlloc>(a: &A, n: usize, rounds: u64) -> f64 {
-    let mut v = Vec::with_capacity(n);
+    let mut scratch = Scratch { ptrs: Vec::with_capacity(n), ..Scratch::default() };
     let t = Instant::now();
     for _ in 0..rounds {
-        a.alloc_free_many(n, &mut v);
+        a.alloc_free_many(n, &mut scratch);
     }
     t.elapsed().as_nanos() as f64 / (rounds * n as u64) as f64
 }

@@ -5,6 +5,7 @@
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::RefCell;
+use std::ptr::NonNull;
 use zonal::{Gfp, Zonal};
 
 /// The peers of the multi-threaded and batched experiments, each built into a subject by
@@ -54,17 +55,29 @@ pub trait PageAlloc: Sync {
     /// call each way, holding the pages in the container their bulk call fills, as a caller
     /// of the bulk API does (page_bench04_bulk allocates into its array and frees from it).
     #[inline]
-    fn alloc_free_many(&self, n: usize, scratch: &mut Vec<*mut u8>) {
-        singles_then_frees(self, n, scratch);
+    fn alloc_free_many(&self, n: usize, scratch: &mut Scratch) {
+        singles_then_frees(self, n, &mut scratch.ptrs);
     }
 }
 
-/// `n` single allocations into `scratch`, then a free of each.
+/// The containers a round of [`PageAlloc::alloc_free_many`] holds its pages in, owned by the
+/// caller and kept from round to round (as page_bench04_bulk's array is on its stack).
+#[derive(Default)]
+pub struct Scratch {
+    /// Pages as raw pointers (single allocations; the list form's free).
+    pub ptrs: Vec<*mut u8>,
+    /// The array form's slots.
+    pub slots: Vec<Option<NonNull<u8>>>,
+    /// The list form's list.
+    pub list: Vec<NonNull<u8>>,
+}
+
+/// `n` single allocations into `ptrs`, then a free of each.
 #[inline]
-fn singles_then_frees<A: PageAlloc + ?Sized>(a: &A, n: usize, scratch: &mut Vec<*mut u8>) {
-    scratch.clear();
-    alloc_each(a, n, scratch);
-    std::hint::black_box(&*scratch).iter().for_each(|&p| a.free(p));
+fn singles_then_frees<A: PageAlloc + ?Sized>(a: &A, n: usize, ptrs: &mut Vec<*mut u8>) {
+    ptrs.clear();
+    alloc_each(a, n, ptrs);
+    std::hint::black_box(&*ptrs).iter().for_each(|&p| a.free(p));
 }
 
 /// `n` single allocations into `out`, stopping at the first failure; returns how many.
@@ -139,11 +152,6 @@ pub enum BulkForm {
     List,
 }
 
-thread_local! {
-    static BULK_ARRAY: RefCell<Vec<Option<std::ptr::NonNull<u8>>>> = const { RefCell::new(Vec::new()) };
-    static BULK_LIST: RefCell<Vec<std::ptr::NonNull<u8>>> = const { RefCell::new(Vec::new()) };
-}
-
 impl PageAlloc for ZonalPages<'_> {
     fn name(&self) -> String {
         self.label.to_string()
@@ -157,32 +165,31 @@ impl PageAlloc for ZonalPages<'_> {
         let _ = self.z.free_pages(p, 0);
     }
     #[inline]
-    fn alloc_free_many(&self, n: usize, scratch: &mut Vec<*mut u8>) {
+    fn alloc_free_many(&self, n: usize, scratch: &mut Scratch) {
         match self.bulk {
-            None => singles_then_frees(self, n, scratch),
+            None => singles_then_frees(self, n, &mut scratch.ptrs),
             // The array form: the empty slots filled, then the array freed as it is (its
             // emptied slots made empty again for the next call, as the kernel's bench does).
-            Some(BulkForm::Array) => BULK_ARRAY.with(|a| {
-                let mut a = a.borrow_mut();
-                if a.len() < n {
-                    a.resize(n, None);
+            Some(BulkForm::Array) => {
+                if scratch.slots.len() < n {
+                    scratch.slots.resize(n, None);
                 }
-                let slots = &mut a[..n];
+                let slots = &mut scratch.slots[..n];
                 self.z.alloc_pages_bulk_array(Gfp::KERNEL, slots);
                 let _ = self.z.free_pages_bulk(std::hint::black_box(&*slots));
                 slots.fill(None);
-            }),
+            }
             // The list form: the list filled, then freed as raw pointers. (Freed as the list
             // of `NonNull`s it is, the one-page round measured 33 ns against 24, with the same
             // one-frame path inside; 128 pages were 5% faster. Not understood yet.)
-            Some(BulkForm::List) => BULK_LIST.with(|l| {
-                let mut l = l.borrow_mut();
-                l.clear();
-                self.z.alloc_pages_bulk_list(Gfp::KERNEL, n, &mut l);
-                scratch.clear();
-                scratch.extend(l.iter().map(|p| p.as_ptr()));
-                let _ = self.z.free_pages_bulk(std::hint::black_box(&scratch[..]));
-            }),
+            Some(BulkForm::List) => {
+                let (list, ptrs) = (&mut scratch.list, &mut scratch.ptrs);
+                list.clear();
+                self.z.alloc_pages_bulk_list(Gfp::KERNEL, n, list);
+                ptrs.clear();
+                ptrs.extend(list.iter().map(|p| p.as_ptr()));
+                let _ = self.z.free_pages_bulk(std::hint::black_box(&ptrs[..]));
+            }
         }
     }
 }
