@@ -350,16 +350,18 @@ impl Zonal {
         &self.cpus.pcps[cpu * self.mem.zones.len() + zone.0 as usize]
     }
 
-    /// `pcp_spin_trylock` on this CPU's lists of `z` for a block of `order`, in the mode the
-    /// order needs: order 0 flushes the rseq cache into its list; orders 1 to 3 leave the
-    /// cache in place and count it; the THP list's holders leave it alone and need no fence.
+    /// `pcp_spin_trylock` on this CPU's lists of `z` for a block of a small order (0 to 3),
+    /// in the mode the order needs: order 0 flushes the rseq cache into its list; orders 1
+    /// to 3 leave the cache in place and count it. (The THP list's holders take
+    /// `try_lock_lists` in [`Zonal::pcp_take`] and [`Zonal::pcp_give`]: they leave the cache
+    /// alone and need no fence.)
     #[inline]
     fn pcp_try_lock<'a>(&'a self, cpu: usize, z: &'a Zone, order: Order) -> Option<PcpGuard<'a>> {
         let pcp = self.pcp(cpu, z.id);
-        match order.0 {
-            0 => pcp.try_lock(z),
-            o if o == PCP_THP_ORDER.0 => pcp.try_lock_lists(z),
-            _ => pcp.try_lock_small_orders(z),
+        if order.0 == 0 {
+            pcp.try_lock(z)
+        } else {
+            pcp.try_lock_small_orders(z)
         }
     }
 
@@ -372,7 +374,7 @@ impl Zonal {
             let mut g = self.pcp(cpu, z.id).try_lock_lists(z)?;
             return Some(g.with_thp(|p| {
                 let empty = p.list_len(order) == 0;
-                (pcp::rmqueue_thp(z, p), empty)
+                (pcp::rmqueue_pcplist(z, p, order), empty)
             }));
         }
         let mut g = self.pcp_try_lock(cpu, z, order)?;
@@ -389,14 +391,7 @@ impl Zonal {
     fn pcp_give(&self, cpu: usize, zone: &Zone, pfns: &[Pfn], order: Order) -> Option<usize> {
         if order == PCP_THP_ORDER {
             let mut g = self.pcp(cpu, zone.id).try_lock_lists(zone)?;
-            return Some(g.with_thp(|p| {
-                pfns.iter()
-                    .map(|&pfn| {
-                        zone.state(pfn).store(mem_map::state(mem_map::PCP, order), Ordering::Relaxed);
-                        pcp::free_thp(zone, p, pfn)
-                    })
-                    .sum()
-            }));
+            return Some(g.with_thp(|p| pfns.iter().map(|&pfn| pcp::free_to_pcp(zone, p, pfn, order)).sum()));
         }
         let mut g = self.pcp_try_lock(cpu, zone, order)?;
         Some(g.with(|p| pfns.iter().map(|&pfn| pcp::free_to_pcp(zone, p, pfn, order)).sum()))

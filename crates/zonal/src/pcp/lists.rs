@@ -131,7 +131,7 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
 /// [`rmqueue_pcplist`] for the THP list: refilled with `max(batch >> order, 2)` blocks
 /// (Linux's count for every order above 0), at most [`PCP_THP_HIGH`].
 #[inline]
-pub fn rmqueue_thp(zone: &Zone, pcp: &mut PcpInner) -> Option<Pfn> {
+fn rmqueue_thp(zone: &Zone, pcp: &mut PcpInner) -> Option<Pfn> {
     loop {
         if pcp.thp.is_empty() {
             let want = (pcp.batch >> PCP_THP_ORDER.0).clamp(2, PCP_THP_HIGH);
@@ -197,7 +197,7 @@ pub fn free_to_pcp(zone: &Zone, pcp: &mut PcpInner, pfn: Pfn, order: Order) -> u
 /// stay, and none while memory is short (below the high watermark, where `nr_pcp_high`
 /// shrinks `high`). Returns the frames drained.
 #[inline]
-pub fn free_thp(zone: &Zone, pcp: &mut PcpInner, pfn: Pfn) -> usize {
+fn free_thp(zone: &Zone, pcp: &mut PcpInner, pfn: Pfn) -> usize {
     pcp.thp.push(pfn.0);
     let keep = if zone.nr_free() >= zone.watermark(Watermark::High) { PCP_THP_HIGH } else { 0 };
     if pcp.thp.len() > keep {

@@ -41,8 +41,8 @@ mod loom_tests;
 pub mod rseq;
 
 pub use lists::{
-    check, decay_high, decay_is_noop, drain, free_thp, free_to_pcp, rmqueue_pcplist, rmqueue_thp, set_high_and_batch,
-    zone_batchsize, zone_highsize,
+    check, decay_high, decay_is_noop, drain, free_to_pcp, rmqueue_pcplist, set_high_and_batch, zone_batchsize,
+    zone_highsize,
 };
 
 /// Highest order kept on the pcp lists counted in `count` (`PAGE_ALLOC_COSTLY_ORDER`).
