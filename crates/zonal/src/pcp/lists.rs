@@ -300,17 +300,20 @@ fn free_thp_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
     if nr == 0 {
         return 0;
     }
+    // Claimed in place, the winners moved to the front, as `free_pcppages_bulk` does: no
+    // buffer to allocate on a free path.
     let tag = mem_map::state(PCP, PCP_THP_ORDER);
-    let claimed: Vec<usize> = pcp.thp[..nr]
-        .iter()
-        .copied()
-        .filter(|&pfn| {
-            zone.state(Pfn(pfn)).compare_exchange(tag, mem_map::NONE, Ordering::Acquire, Ordering::Relaxed).is_ok()
-        })
-        .collect();
+    let mut kept = 0;
+    for i in 0..nr {
+        let pfn = pcp.thp[i];
+        if zone.state(Pfn(pfn)).compare_exchange(tag, mem_map::NONE, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            pcp.thp[kept] = pfn;
+            kept += 1;
+        }
+    }
     let mut l = zone.lock();
     let mut b = l.buddy();
-    for &pfn in &claimed {
+    for &pfn in &pcp.thp[..kept] {
         b.free_one(Pfn(pfn), PCP_THP_ORDER);
     }
     drop(l);
