@@ -38,6 +38,14 @@ impl Zonal {
     /// form). Under memory pressure it fills what it can: a partial fill is not an error.
     /// Accounting is done once per call with the batch count (seed 002).
     pub fn alloc_pages_bulk_array(&self, gfp: Gfp, array: &mut [Option<NonNull<u8>>]) -> usize {
+        // One empty slot: straight to the single fast path, as `alloc_bulk` sends one frame,
+        // without counting and finding the empty slots first.
+        if let [slot @ None] = array {
+            if let Some(p) = self.alloc_order0_fast(Some(VmEvent::AllocBulk)) {
+                *slot = Some(p);
+                return 1;
+            }
+        }
         let mut filled = array.iter().filter(|s| s.is_some()).count();
         let want = array.len() - filled;
         if want == 0 {

@@ -88,6 +88,14 @@ impl Zonal {
         // another node (a memoryless node's) takes the general path, which charges each one.
         let local_zone: Box<[u16]> =
             local_zone.iter().zip(local_is_hit.iter()).map(|(&z, &hit)| if hit { z } else { NO_ZONE }).collect();
+        let local_pcp = local_zone
+            .iter()
+            .enumerate()
+            .map(|(c, &z)| match (z, rseq_off) {
+                (NO_ZONE, _) | (_, None) => std::ptr::from_ref(&pcp::rseq::LOCKED_STANDIN) as usize,
+                _ => std::ptr::from_ref(&pcps[c * nz + z as usize]) as usize,
+            })
+            .collect();
         let nr_zone_stats = nr_cpus * zones.len();
         let stat_interval_ms = Arc::new(std::sync::atomic::AtomicU64::new(stat_interval_ms(config.stat_interval)));
         let worker = Worker::start(Arc::clone(&zones), Arc::clone(&pcps), Arc::clone(&stat_interval_ms));
@@ -114,6 +122,7 @@ impl Zonal {
                 pcp_enabled: config.pcp,
                 rseq_off,
                 local_zone,
+                local_pcp,
             },
             numa: NumaCounting {
                 zone_stats: (0..nr_zone_stats).map(|_| PerCpuZoneStat::default()).collect(),

@@ -179,6 +179,11 @@ struct PerCpuSets {
     /// local policy looks first, and what the order-0 fast path takes from; `NO_ZONE` for a
     /// CPU whose first zone is off its node, whose allocations must each be charged.
     local_zone: Box<[u16]>,
+    /// Where the order-0 fast path's section finds each CPU's lists of its local zone,
+    /// `[cpu]`: the address of `pcps[cpu * nr_zones + local_zone[cpu]]`, or of
+    /// [`pcp::rseq::LOCKED_STANDIN`] for a CPU the path does not serve (`NO_ZONE`, or no
+    /// restartable sequences).
+    local_pcp: Box<[usize]>,
 }
 
 /// NUMA event counting: the counters of the three strategies, the static key and the mode.
@@ -589,25 +594,9 @@ mod tests {
     fn a_second_copy_left_by_racing_frees_is_dropped() {
         let t = Topology::parse("nodes=1,size=16M").unwrap();
         let z = Zonal::new(Config::new(t)).unwrap();
-        // Skip only where rseq is legitimately absent, and say so; anywhere else a handle
-        // without its rseq area is a failure, not a pass.
-        let absent = if std::env::var_os("ZONAL_NO_RSEQ").is_some() {
-            Some("ZONAL_NO_RSEQ is set")
-        } else if !cfg!(target_arch = "x86_64") {
-            Some("the rseq sections are x86-64 only")
-        } else if sys::rseq_offset().is_none() {
-            Some("glibc registered no rseq area")
-        } else if !sys::membarrier_rseq_registered() {
-            Some("no membarrier PRIVATE_EXPEDITED_RSEQ")
-        } else {
-            None
-        };
-        if let Some(why) = absent {
-            assert!(z.rseq_area().is_none(), "{why}, yet the handle runs the rseq path");
-            eprintln!("SKIPPED: {why}: the order-0 cache is off, nothing to test");
+        if !runs_rseq(&z) {
             return;
         }
-        assert!(z.rseq_area().is_some(), "rseq and membarrier are available, but the handle does not use them");
         std::thread::scope(|s| {
             s.spawn(|| {
                 let area = z.rseq_area().unwrap();
@@ -635,5 +624,90 @@ mod tests {
         z.drain_all_pages();
         assert_eq!(z.check_invariants(), Ok(0));
         assert_eq!(z.nr_free_pages(NodeId(0)).unwrap(), z.mem.zones[0].managed);
+    }
+
+    /// Whether `z` runs the rseq fast paths. Skips (with a word on stderr) only where rseq is
+    /// legitimately absent; anywhere else a handle without its rseq area is a failure.
+    fn runs_rseq(z: &Zonal) -> bool {
+        let absent = if std::env::var_os("ZONAL_NO_RSEQ").is_some() {
+            Some("ZONAL_NO_RSEQ is set")
+        } else if !cfg!(target_arch = "x86_64") {
+            Some("the rseq sections are x86-64 only")
+        } else if sys::rseq_offset().is_none() {
+            Some("glibc registered no rseq area")
+        } else if !sys::membarrier_rseq_registered() {
+            Some("no membarrier PRIVATE_EXPEDITED_RSEQ")
+        } else {
+            None
+        };
+        if let Some(why) = absent {
+            assert!(z.rseq_area().is_none(), "{why}, yet the handle runs the rseq path");
+            eprintln!("SKIPPED: {why}: the order-0 cache is off, nothing to test");
+            return false;
+        }
+        assert!(z.rseq_area().is_some(), "rseq and membarrier are available, but the handle does not use them");
+        true
+    }
+
+    /// The order-0 fast paths find this CPU's lists of its local zone from the CPU alone: a
+    /// local frame goes onto them and comes back from them; a frame of the other node freed
+    /// here goes onto this CPU's lists of that zone; and a frame popped while the local
+    /// zone is at `low` goes back, uncounted, and the allocation moves on to the other node
+    /// as the general path decides.
+    #[test]
+    fn fast_paths_use_the_local_lists_and_give_back_below_low() {
+        let t = Topology::parse("nodes=2,size=4M,cpus=0:1").unwrap();
+        let z = Zonal::new(Config::new(t)).unwrap();
+        if !runs_rseq(&z) {
+            return;
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // One CPU for the whole test, so every section sees the same lists.
+                sys::set_affinity(sys::current_cpu()).unwrap();
+                let local = z.local_node();
+                let other = NodeId(1 - local.0);
+                let pcp = |n: NodeId| z.nr_pcp_pages(n).unwrap();
+                let frees = || z.event(VmEvent::Pgfree);
+
+                // A local frame: onto the local lists, and the next allocation's.
+                let p = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+                assert_eq!(z.page_to_nid(p.as_ptr()), Ok(local));
+                let (before, freed) = (pcp(local), frees());
+                z.free_pages(p.as_ptr(), 0).unwrap();
+                assert_eq!((pcp(local), frees()), (before + 1, freed + 1));
+                assert_eq!(z.alloc_pages(Gfp::KERNEL, 0).unwrap(), p, "the top of the local cache");
+
+                // A frame of the other node: onto this CPU's lists of its zone.
+                let q = z.alloc_pages_node(other, Gfp::THISNODE, 0).unwrap();
+                let (before, before_local) = (pcp(other), pcp(local));
+                z.free_pages(q.as_ptr(), 0).unwrap();
+                assert_eq!((pcp(other), pcp(local)), (before + 1, before_local));
+                assert_eq!(z.alloc_pages_node(other, Gfp::THISNODE, 0).unwrap(), q);
+
+                // The local zone down to `low` in the buddy, one frame back on the cache.
+                let low = z.mem.zones[z.cpus.local_zone[z.current_cpu()] as usize].watermark(Watermark::Low);
+                let mut held = vec![p, q];
+                while z.nr_free_pages(local).unwrap() > low {
+                    held.push(z.alloc_pages_node(local, Gfp::THISNODE, 0).unwrap());
+                }
+                let r = held.pop().unwrap();
+                z.free_pages(r.as_ptr(), 0).unwrap();
+                let (cached, freed, fast) = (pcp(local), frees(), z.fast_path_allocs());
+                let got = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+                assert_eq!(z.page_to_nid(got.as_ptr()), Ok(other), "the local zone is at low: the first pass moves on");
+                assert_eq!(pcp(local), cached, "the popped frame went back");
+                assert_eq!((frees(), z.fast_path_allocs()), (freed, fast), "and was not counted");
+                held.push(got);
+                for p in held {
+                    z.free_pages(p.as_ptr(), 0).unwrap();
+                }
+            });
+        });
+        z.drain_all_pages();
+        assert_eq!(z.check_invariants(), Ok(0));
+        for n in [NodeId(0), NodeId(1)] {
+            assert_eq!(z.nr_free_pages(n).unwrap(), z.mem.zones[n.0 as usize].managed);
+        }
     }
 }

@@ -106,6 +106,46 @@ pub struct Table {
     pub nr_zones: usize,
 }
 
+/// Where the local-zone section finds the lists of the current CPU's local zone:
+/// `local[cpu]` is the address of that `PerCpuPages`, or of a stand-in whose lock is always
+/// held for a CPU the fast path does not serve (see [`LOCKED_STANDIN`]).
+#[cfg_attr(not(all(target_arch = "x86_64", not(loom))), allow(dead_code))]
+#[derive(Clone, Copy, Debug)]
+pub struct LocalTable {
+    /// This thread's registered rseq area (`struct rseq`).
+    pub area: *mut u8,
+    /// `nr_cpus` addresses.
+    pub local: *const usize,
+    /// CPUs in the table.
+    pub nr_cpus: usize,
+}
+
+/// A stand-in for a CPU's lists in a [`LocalTable`]: 128 bytes, every one 1, so that the
+/// lock byte a section reads first is set and it reads nothing further.
+#[repr(C, align(128))]
+pub struct Standin([u8; 128]);
+
+/// The stand-in `LocalTable` points a CPU at when the fast path does not serve it: every
+/// byte is 1, so the lock byte reads as held and the section gives way at once.
+pub static LOCKED_STANDIN: Standin = Standin([1; 128]);
+
+// The lock byte a section reads of an entry lies inside a stand-in.
+const _: () = assert!(std::mem::offset_of!(PerCpuPages, lock) < std::mem::size_of::<Standin>());
+
+/// Pops an order-0 block from the cache of the current CPU's local-zone lists in one
+/// section (the CPU id, its lists from the table, the pop), and returns it with that CPU;
+/// `None` when the cache is empty, the lists are locked or a stand-in, or the section was
+/// interrupted.
+///
+/// # Safety
+/// `t.area` is the calling thread's registered rseq area; `t.local` points to `t.nr_cpus`
+/// addresses, each of live `PerCpuPages` that outlive the call or of [`LOCKED_STANDIN`].
+#[inline]
+pub unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
+    // SAFETY: the caller's contract, which is the section's.
+    unsafe { arch::pop_local(t) }
+}
+
 /// Pops an order-0 block from the cache of the current CPU's lists for `zone`; `None`
 /// when the cache is empty, the lists are locked, or the section was interrupted.
 ///
@@ -197,5 +237,23 @@ mod tests {
             assert!(fence(0, &mut calls));
             assert!(calls >= 2);
         }
+    }
+
+    /// A CPU whose table entry is the stand-in gives way at once: its lock byte reads as
+    /// held, and nothing past it is read or written.
+    #[test]
+    fn the_stand_in_gives_way() {
+        let Some(area) = crate::sys::rseq_area().filter(|_| enabled()) else {
+            eprintln!("SKIPPED: no restartable sequences here");
+            return;
+        };
+        let standin = std::ptr::from_ref(&LOCKED_STANDIN) as usize;
+        let local = vec![standin; crate::sys::nr_cpus_configured().max(1)];
+        let t = LocalTable { area, local: local.as_ptr(), nr_cpus: local.len() };
+        // SAFETY: this thread's rseq area; every entry is the stand-in.
+        unsafe {
+            assert_eq!(pop_local(&t), None);
+        }
+        assert!(LOCKED_STANDIN.0.iter().all(|&b| b == 1), "the stand-in is never written");
     }
 }

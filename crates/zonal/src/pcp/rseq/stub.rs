@@ -7,7 +7,7 @@
 //! Kernel counterpart: none (architectures without rseq support in zonal). Locking and
 //! invariant: nothing is touched.
 
-use super::Table;
+use super::{LocalTable, Table};
 use std::mem::MaybeUninit;
 
 /// No critical sections on this target.
@@ -31,6 +31,16 @@ pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
 pub(super) unsafe fn push(t: &Table, zone: usize, pfn: usize) -> bool {
     let _ = (t, zone, pfn);
     false
+}
+
+/// [`super::pop_local`] without sections: gives way.
+///
+/// # Safety
+/// As [`super::pop_local`].
+#[inline]
+pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
+    let _ = t;
+    None
 }
 
 /// [`super::pop_many`] without sections: gives way.

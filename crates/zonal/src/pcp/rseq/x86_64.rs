@@ -13,7 +13,7 @@
 //! before it lies at or above the old length and below `cache_limit <= CACHE_CAP`, dead
 //! until the commit.
 
-use super::Table;
+use super::{LocalTable, Table};
 use crate::pcp::PerCpuPages;
 use std::mem::MaybeUninit;
 
@@ -37,6 +37,26 @@ macro_rules! rseq_enter {
             "add {p}, {zone}\n",
             "imul {p}, {p}, {size}\n",
             "add {p}, {base}\n",
+            "cmp byte ptr [{p} + {off_lock}], 0\n",
+            "jne 25f\n",
+        )
+    };
+}
+
+/// The start of the sections over a CPU's local lists: as `rseq_enter!`, but the
+/// `PerCpuPages` comes from `{local}`, a table of one address per CPU (the lists of the
+/// CPU's local zone, or a stand-in whose lock is always held), and the CPU id stays in
+/// `{cpu}`.
+macro_rules! rseq_enter_local {
+    () => {
+        concat!(
+            "lea {t}, [rip + 24f]\n",
+            "mov qword ptr [{area} + 8], {t}\n",
+            "22:\n",
+            "mov {cpu:e}, dword ptr [{area} + 4]\n",
+            "cmp {cpu}, {ncpu}\n",
+            "jae 25f\n",
+            "mov {p}, qword ptr [{local} + {cpu} * 8]\n",
             "cmp byte ptr [{p} + {off_lock}], 0\n",
             "jne 25f\n",
         )
@@ -152,6 +172,47 @@ pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
         );
     }
     (ok != 0).then_some(out)
+}
+
+/// The x86-64 body of [`super::pop_local`].
+///
+/// # Safety
+/// As [`super::pop_local`].
+#[inline]
+pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
+    let ok: usize;
+    let out: usize;
+    let cpu: usize;
+    // SAFETY: `t.area` is this thread's registered rseq area; `t.local` holds `t.nr_cpus`
+    // addresses, each of live `PerCpuPages` or of a stand-in whose lock byte is set, and the
+    // section only indexes it with a CPU id checked against `nr_cpus`, and reads past the
+    // lock byte only when it is clear (so not in a stand-in). Otherwise as in `pop`.
+    unsafe {
+        std::arch::asm!(
+            rseq_enter_local!(),
+            "mov {t}, qword ptr [{p} + {off_len}]",
+            "test {t}, {t}",
+            "jz 25f",
+            "sub {t}, 1",
+            "mov {out}, qword ptr [{p} + {off_slots}]",
+            "mov {out}, qword ptr [{out} + {t} * 8]",
+            "mov qword ptr [{p} + {off_len}], {t}",
+            rseq_leave!(),
+            area = in(reg) t.area,
+            ncpu = in(reg) t.nr_cpus,
+            local = in(reg) t.local,
+            off_lock = const std::mem::offset_of!(PerCpuPages, lock),
+            off_len = const std::mem::offset_of!(PerCpuPages, cache_len),
+            off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
+            cpu = out(reg) cpu,
+            p = out(reg) _,
+            t = out(reg) _,
+            out = out(reg) out,
+            ok = out(reg) ok,
+            options(nostack),
+        );
+    }
+    (ok != 0).then_some((out, cpu))
 }
 
 /// The x86-64 body of [`super::push`].
