@@ -91,6 +91,22 @@ macro_rules! rseq_leave {
     };
 }
 
+/// The body of a pop, once `{p}` holds the lists: give way on an empty cache, else load the
+/// top slot into `{out}` and commit the shorter length (`pop` and `pop_local`).
+macro_rules! rseq_pop_body {
+    () => {
+        concat!(
+            "mov {t}, qword ptr [{p} + {off_len}]\n",
+            "test {t}, {t}\n",
+            "jz 25f\n",
+            "sub {t}, 1\n",
+            "mov {out}, qword ptr [{p} + {off_slots}]\n",
+            "mov {out}, qword ptr [{out} + {t} * 8]\n",
+            "mov qword ptr [{p} + {off_len}], {t}\n",
+        )
+    };
+}
+
 /// Copies `{n}` (> 0) words from the array at register `$from` to the one at `$to`, with
 /// `{zone}` as the index and `{base}` as scratch (both dead once `{p}` is found): the loop
 /// of `pop_many` (cache to buffer) and `push_many` (buffer to cache).
@@ -159,13 +175,7 @@ pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
             t,
             zone,
             [
-                "mov {t}, qword ptr [{p} + {off_len}]",
-                "test {t}, {t}",
-                "jz 25f",
-                "sub {t}, 1",
-                "mov {out}, qword ptr [{p} + {off_slots}]",
-                "mov {out}, qword ptr [{out} + {t} * 8]",
-                "mov qword ptr [{p} + {off_len}], {t}",
+                rseq_pop_body!(),
             ],
             out = out(reg) out,
             ok = out(reg) ok,
@@ -190,13 +200,7 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
     unsafe {
         std::arch::asm!(
             rseq_enter_local!(),
-            "mov {t}, qword ptr [{p} + {off_len}]",
-            "test {t}, {t}",
-            "jz 25f",
-            "sub {t}, 1",
-            "mov {out}, qword ptr [{p} + {off_slots}]",
-            "mov {out}, qword ptr [{out} + {t} * 8]",
-            "mov qword ptr [{p} + {off_len}], {t}",
+            rseq_pop_body!(),
             rseq_leave!(),
             area = in(reg) t.area,
             ncpu = in(reg) t.nr_cpus,
