@@ -99,9 +99,11 @@ impl Zonal {
         Some(self.pfn_to_ptr(pfn))
     }
 
-    /// The zone the order-0 fast paths (single and bulk) take from, with this thread's CPU:
-    /// under the local policy, the first zone of the local node's zonelist, when it is above
-    /// `low` with `extra` frames to spare. `None` sends the caller to the general path.
+    /// The zone the bulk order-0 fast path takes from, with this thread's CPU: under the
+    /// local policy, the first zone of the local node's zonelist, when it is above `low`
+    /// with `extra` frames to spare (the batch, checked before its section). `None` sends the
+    /// caller to the general path. (The single path finds the zone inside its section, with
+    /// `pop_local`, and checks `low` after the pop.)
     #[inline(always)]
     pub(super) fn local_fast_zone(&self, area: *mut u8, extra: usize) -> Option<(usize, &Zone)> {
         if mempolicy::thread_has_policy(self.id) {
@@ -112,7 +114,7 @@ impl Zonal {
         z.watermark_ok_fast(Order(0), z.watermark(Watermark::Low).saturating_add(extra), false).then_some((cpu, z))
     }
 
-    /// Accounts `n` frames the fast paths took from `local_fast_zone` (the preferred zone,
+    /// Accounts `n` frames the fast paths took from the CPU's local zone (the preferred zone,
     /// so a hit, and local when on the CPU's node). One per-CPU count serves as the
     /// `pgalloc_normal` event and, under the per-CPU strategy, as the NUMA hit and local: with
     /// that strategy, counting costs the fast path nothing but the key's load and branch.
