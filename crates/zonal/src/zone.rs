@@ -116,8 +116,61 @@ pub struct Zone {
     /// (Linux's `ZONE_PADDING`): every CPU's refills and drains write them, while the fields
     /// above are read by every allocation's watermark check.
     locked: CachePadded<LockedArea>,
+    /// The transfer list (see [`Transfer`]), on lines of its own: the CPUs that drain into it
+    /// and refill from it write them, and nothing on the allocation's way reads them.
+    transfer: CachePadded<Transfer>,
     /// The frames' state bytes (zonal's `mem_map`).
     mem_map: MemMap,
+}
+
+/// The zone's transfer list: order-0 frames one CPU's lists drained, waiting for another
+/// CPU's refill, still tagged `PCP` and counted as per-CPU pages. zonal's addition, after
+/// the transfer cache of Google's tcmalloc: where Linux sends every frame a CPU frees past
+/// its `high` through the buddy (a merge under the zone lock) and every refill splits it
+/// out again, a frame that crosses CPUs in a steady stream here moves as a pfn between
+/// two lists. It holds at most the zone's low watermark in frames (what Linux lets the
+/// CPUs of a zone keep on their lists together, `zone_highsize`), takes frames only while
+/// the zone is at or above its high watermark, and gives them all back to the buddy in
+/// `drain_all_pages` (so before any allocation fails).
+///
+/// Locking: the pcp lock of the CPU that drains or refills, then this lock; the zone lock is
+/// never taken while it is held.
+pub(crate) struct Transfer {
+    frames: Mutex<Vec<usize>>,
+    /// `frames.len()` as of its last unlock, so that a refill finds an empty list without
+    /// the lock.
+    len: AtomicUsize,
+}
+
+impl Transfer {
+    fn new() -> Transfer {
+        Transfer { frames: Mutex::new(Vec::new()), len: AtomicUsize::new(0) }
+    }
+
+    /// The frames, locked.
+    #[inline]
+    pub(crate) fn lock(&self) -> TransferLocked<'_> {
+        TransferLocked { frames: sync::lock(&self.frames), len: &self.len }
+    }
+
+    /// The frames the list held at its last unlock.
+    #[inline]
+    pub(crate) fn len_hint(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+}
+
+/// The transfer list, locked; publishes its length on unlock.
+pub(crate) struct TransferLocked<'a> {
+    pub(crate) frames: MutexGuard<'a, Vec<usize>>,
+    len: &'a AtomicUsize,
+}
+
+impl Drop for TransferLocked<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.len.store(self.frames.len(), Ordering::Relaxed);
+    }
 }
 
 /// The zone lock with what it guards, and the free count its holders keep exact.
@@ -177,6 +230,7 @@ impl Zone {
                 lock: Mutex::new(FreeArea::new(pages)),
                 free_pages: AtomicUsize::new(0),
             }),
+            transfer: CachePadded::new(Transfer::new()),
             mem_map: MemMap::new(pages),
         };
         z.refresh_stat_thresholds();
@@ -188,6 +242,12 @@ impl Zone {
     #[inline]
     pub(crate) fn lock(&self) -> ZoneLocked<'_> {
         ZoneLocked { zone: self, area: sync::lock(&self.locked.lock) }
+    }
+
+    /// The zone's transfer list.
+    #[inline]
+    pub(crate) fn transfer(&self) -> &Transfer {
+        &self.transfer
     }
 
     /// Whether the zone spans a frame.

@@ -25,8 +25,8 @@ fn zonal_on(spec: &str, cpus: usize) -> Zonal {
 fn truth(z: &Zonal, zone: ZoneId) -> (usize, usize, Vec<usize>) {
     let blocks = z.zone_stats()[zone.0 as usize].free_blocks.clone();
     let free = blocks.iter().enumerate().map(|(o, n)| n << o).sum();
-    let pcp = (0..z.nr_cpus()).map(|c| z.pcp_info(c, zone).unwrap().count).sum();
-    (free, pcp, blocks)
+    let lists: usize = (0..z.nr_cpus()).map(|c| z.pcp_info(c, zone).unwrap().count).sum();
+    (free, lists + z.zone_stats()[zone.0 as usize].transfer, blocks)
 }
 
 fn snapshot(z: &Zonal, zone: ZoneId) -> (usize, usize, Vec<usize>) {

@@ -27,10 +27,21 @@ impl Zonal {
         n
     }
 
-    /// Returns every CPU's lists to the buddy lists (`drain_all_pages`). Returns the frames
-    /// moved.
+    /// Returns every CPU's lists, and every zone's transfer list, to the buddy lists
+    /// (`drain_all_pages`). Returns the frames moved.
     pub fn drain_all_pages(&self) -> usize {
-        (0..self.cpus.nr_cpus).map(|c| self.drain_cpu_pages(c)).sum()
+        let lists: usize = (0..self.cpus.nr_cpus).map(|c| self.drain_cpu_pages(c)).sum();
+        lists + self.drain_transfer_lists()
+    }
+
+    /// Returns every zone's transfer list to the buddy lists, each under this CPU's lists
+    /// of the zone (whose report takes the frames off `nr_zone_pcp_pages`).
+    fn drain_transfer_lists(&self) -> usize {
+        if !self.cpus.pcp_enabled {
+            return 0;
+        }
+        let cpu = self.current_cpu();
+        self.mem.zones.iter().map(|z| self.pcp(cpu, z.id).lock(z).with(|p| pcp::drain_transfer(z, p))).sum()
     }
 
     /// Runs one `decay_pcp_high` pass over every CPU's lists (the background worker does this

@@ -112,14 +112,16 @@ impl Zonal {
         Ok(self.zone(zone)?.percpu_drift_mark())
     }
 
-    /// Frames on every CPU's lists for a node's zones, read without locks (each list as of
-    /// its last unlock, each rseq cache as it is): exact once allocation stops.
+    /// Frames on every CPU's lists for a node's zones and on their transfer lists, read
+    /// without locks (each list as of its last unlock, each rseq cache as it is): exact once
+    /// allocation stops.
     pub fn nr_pcp_pages(&self, nid: NodeId) -> Result<usize> {
         let zones = self.node_zones(nid)?;
-        Ok((0..self.cpus.nr_cpus)
+        let lists: usize = (0..self.cpus.nr_cpus)
             .flat_map(|c| zones.iter().map(move |z| (c, *z)))
             .map(|(c, z)| self.pcp(c, z).pageset_hint().0)
-            .sum())
+            .sum();
+        Ok(lists + zones.iter().map(|z| self.mem.zones[z.0 as usize].transfer().len_hint()).sum::<usize>())
     }
 
     /// Free blocks of one order on a node, over its zones.
@@ -151,6 +153,7 @@ impl Zonal {
                     Ok(pcp::check(z, p)? + cached)
                 })?;
             }
+            on_pcp += pcp::check_transfer(z)?;
             let counted = self.zone_page_state_snapshot(z.id, ZoneStatItem::NrPcpPages).unwrap_or(usize::MAX);
             if counted != on_pcp {
                 return Err(format!("zone {}: nr_zone_pcp_pages {counted} but the lists hold {on_pcp}", z.id.0));

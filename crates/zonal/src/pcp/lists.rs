@@ -100,6 +100,12 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
     };
     let room = 1 + ((pcp.high + pcp.batch).saturating_sub(pcp.count) >> order.0);
     let want = want.min(room);
+    if order.0 == 0 {
+        let n = take_transfer(zone, pcp, want);
+        if n > 0 {
+            return n;
+        }
+    }
     let list = &mut pcp.lists[order.0 as usize];
     let first = list.len();
     // Order 0 takes whole runs of `RUN_ORDER` when the lists have room for one: a run's state
@@ -126,6 +132,91 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
     }
     pcp.count += n << order.0;
     n
+}
+
+/// Refills the order-0 list with up to `want` frames from the zone's transfer list (the
+/// last ones another CPU drained there, the likeliest still in a cache) when it holds at
+/// least a batch of them, or `want` if that is less; returns the frames taken, 0 to send the
+/// refill to the buddy. The frames kept their `PCP` tag on the transfer list (a copy that
+/// lost it to a racing free is dropped by the pop, as on any list), and stay counted as
+/// per-CPU pages.
+#[inline]
+fn take_transfer(zone: &Zone, pcp: &mut PcpInner, want: usize) -> usize {
+    let enough = want.min(pcp.batch).max(1);
+    if zone.transfer().len_hint() < enough {
+        return 0;
+    }
+    let mut t = zone.transfer().lock();
+    let n = want.min(t.frames.len());
+    if n < enough {
+        return 0;
+    }
+    let from = t.frames.len() - n;
+    pcp.lists[0].extend_from_slice(&t.frames[from..]);
+    t.frames.truncate(from);
+    drop(t);
+    pcp.count += n;
+    pcp.transferred -= n as isize;
+    n
+}
+
+/// Moves the first `nr` frames of the order-0 list onto the zone's transfer list, as many as
+/// it has room for, when the zone is at or above its high watermark (below it, freed frames
+/// go back to the buddy, where they can merge); returns how many moved. They keep their tag.
+#[inline]
+fn give_transfer(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
+    if nr == 0 || zone.nr_free() < zone.watermark(Watermark::High) {
+        return 0;
+    }
+    let cap = zone.watermark(Watermark::Low);
+    if zone.transfer().len_hint() >= cap {
+        return 0;
+    }
+    let mut t = zone.transfer().lock();
+    let n = nr.min(cap.saturating_sub(t.frames.len()));
+    t.frames.extend_from_slice(&pcp.lists[0][..n]);
+    drop(t);
+    pcp.transferred += n as isize;
+    n
+}
+
+/// Returns the zone's transfer list to the buddy (part of `drain_all_pages`), each frame
+/// claimed first as [`free_pcppages_bulk`] claims, so that a copy left by racing frees is
+/// freed once; `pcp` is the calling CPU's lists of the zone, locked, whose report takes the
+/// frames off `nr_zone_pcp_pages`. Returns the frames freed.
+pub fn drain_transfer(zone: &Zone, pcp: &mut PcpInner) -> usize {
+    if zone.transfer().len_hint() == 0 {
+        return 0;
+    }
+    let frames = std::mem::take(&mut *zone.transfer().lock().frames);
+    pcp.transferred -= frames.len() as isize;
+    let claimed: Vec<usize> = frames
+        .iter()
+        .copied()
+        .filter(|&pfn| {
+            let tag = mem_map::state(PCP, Order(0));
+            zone.state(Pfn(pfn)).compare_exchange(tag, mem_map::NONE, Ordering::Acquire, Ordering::Relaxed).is_ok()
+        })
+        .collect();
+    let mut l = zone.lock();
+    let mut b = l.buddy();
+    for &pfn in &claimed {
+        b.free_one(Pfn(pfn), Order(0));
+    }
+    frames.len()
+}
+
+/// Checks the zone's transfer list: every frame on it tagged `PCP` at order 0. Returns its
+/// frames.
+pub fn check_transfer(zone: &Zone) -> Result<usize, String> {
+    let t = zone.transfer().lock();
+    for &pfn in t.frames.iter() {
+        let s = zone.state(Pfn(pfn)).load(Ordering::Relaxed);
+        if s != mem_map::state(PCP, Order(0)) {
+            return Err(format!("zone {}: frame {pfn:#x} on the transfer list has state {s:#x}", zone.id.0));
+        }
+    }
+    Ok(t.frames.len())
 }
 
 /// [`rmqueue_pcplist`] for the THP list: refilled with `max(batch >> order, 2)` blocks
@@ -188,7 +279,7 @@ pub fn free_to_pcp(zone: &Zone, pcp: &mut PcpInner, pfn: Pfn, order: Order) -> u
         // At least what brings the lists back within high + batch (a large block, or a high
         // that just shrank, can overshoot by more than one drain).
         let n = nr_pcp_free(pcp).max(pcp.count.saturating_sub(high + pcp.batch));
-        return free_pcppages_bulk(zone, pcp, n);
+        return free_pcppages(zone, pcp, n, true);
     }
     0
 }
@@ -245,9 +336,19 @@ fn nr_pcp_free(pcp: &mut PcpInner) -> usize {
 /// buddy's work alone (see `rmqueue_bulk` for why a per-frame store under it costs every
 /// other CPU of the zone).
 pub fn free_pcppages_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
+    free_pcppages(zone, pcp, nr, false)
+}
+
+/// [`free_pcppages_bulk`], whose order-0 frames first go to the zone's transfer list when
+/// `transfer` (a drain past `high`, where another CPU's refill may want them soon; an
+/// explicit drain or a decay returns memory to the buddy).
+fn free_pcppages(zone: &Zone, pcp: &mut PcpInner, nr: usize, transfer: bool) -> usize {
+    // Order 0 first offers its frames to the zone's transfer list: those it takes skip the
+    // claim and the buddy.
+    let moved = if transfer { give_transfer(zone, pcp, nr.min(pcp.lists[0].len())) } else { 0 };
     let mut freed = 0;
     // Per order, how many blocks leave the front of its list and how many of those, moved
-    // to the front, were claimed.
+    // to the front (after the frames moved to the transfer list), were claimed.
     let mut taken = [(0usize, 0usize); NR_PCP_LISTS];
     for (o, (list, t)) in pcp.lists.iter_mut().zip(&mut taken).enumerate() {
         if freed >= nr {
@@ -255,8 +356,9 @@ pub fn free_pcppages_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
         }
         let pages = 1usize << o;
         let take = (nr - freed).div_ceil(pages).min(list.len());
-        let mut kept = 0;
-        for i in 0..take {
+        let skip = if o == 0 { moved } else { 0 };
+        let mut kept = skip;
+        for i in skip..take {
             // A claim exactly one copy wins: two racing frees under `free_check =
             // sequential` can leave copies of a frame on two CPUs' lists, and a pop on
             // another CPU takes no zone lock. A copy that loses (the first copy already
@@ -276,20 +378,29 @@ pub fn free_pcppages_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
         *t = (take, kept);
         freed += take * pages;
     }
-    let mut l = zone.lock();
-    let mut b = l.buddy();
-    for (o, (list, &(_, kept))) in pcp.lists.iter().zip(&taken).enumerate() {
-        for &pfn in &list[..kept] {
-            b.free_one(Pfn(pfn), Order(o as u8));
-        }
+    if taken[0].1 > moved || taken[1..].iter().any(|&(_, kept)| kept > 0) {
+        free_claimed_blocks(zone, pcp, &taken, moved);
     }
-    drop(l);
     for (list, &(take, _)) in pcp.lists.iter_mut().zip(&taken) {
         list.drain(..take);
     }
     pcp.count -= freed;
     pcp.count_min = pcp.count_min.min(pcp.count);
     freed
+}
+
+/// The buddy's part of [`free_pcppages_bulk`]: frees the claimed blocks, `list[skip..kept]`
+/// of each order (`skip`: the order-0 frames moved to the transfer list), under one
+/// acquisition of the zone lock.
+fn free_claimed_blocks(zone: &Zone, pcp: &PcpInner, taken: &[(usize, usize); NR_PCP_LISTS], moved: usize) {
+    let mut l = zone.lock();
+    let mut b = l.buddy();
+    for (o, (list, &(_, kept))) in pcp.lists.iter().zip(taken).enumerate() {
+        let skip = if o == 0 { moved } else { 0 };
+        for &pfn in &list[skip..kept] {
+            b.free_one(Pfn(pfn), Order(o as u8));
+        }
+    }
 }
 
 /// Returns the `nr` oldest blocks of the THP list to the buddy lists under one acquisition of
@@ -464,13 +575,86 @@ mod tests {
                 check(&z, i).unwrap();
             });
         }
-        let drained = g.with(|i| drain(&z, i));
+        // The drains past high went to the transfer list; an explicit drain and the
+        // transfer list's bring every frame back.
+        let drained = g.with(|i| drain(&z, i) + drain_transfer(&z, i));
         assert!(drained > 0);
         g.with(|i| assert_eq!(i.count, 0));
         assert_eq!(z.page_state_snapshot(ZoneStatItem::NrFreePages), 256);
         drop(g);
         assert_eq!(z.check_invariants(0), Ok(0));
         assert!(pcp.try_lock(&z).is_some(), "dropping the guard unlocks");
+    }
+
+    /// Frames one CPU frees past its `high` go to the zone's transfer list, not the buddy,
+    /// up to the low watermark's worth; another CPU's refill takes them back from there,
+    /// newest first, without the buddy; they stay tagged and counted as per-CPU pages
+    /// throughout; below the high watermark drains go to the buddy again.
+    #[test]
+    fn drains_past_high_cross_cpus_through_the_transfer_list() {
+        let snapshot = |z: &Zone, item| z.page_state_snapshot(item);
+        let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 4096, Order(10));
+        // min 32, low 441, high 850.
+        z.setup_watermarks(128, 4096, 1000);
+        let low = z.watermark(Watermark::Low);
+        let cpus: Vec<PerCpuPages> = (0..2).map(|c| PerCpuPages::new(c, 7, 64, 64)).collect();
+        let pop = |g: &mut PcpGuard<'_>| g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap();
+        let mut g0 = cpus[0].lock(&z);
+        let taken: Vec<Pfn> = (0..600).map(|_| pop(&mut g0)).collect();
+        let free = snapshot(&z, ZoneStatItem::NrFreePages);
+
+        let mut g1 = cpus[1].lock(&z);
+        let mut drained = 0;
+        for &p in &taken {
+            drained += g1.with(|i| free_to_pcp(&z, i, p, Order(0)));
+        }
+        assert!(drained > low, "{drained} frames drained, more than the transfer list takes");
+        assert_eq!(z.transfer().len_hint(), low, "the transfer list fills up to the low watermark");
+        assert_eq!(snapshot(&z, ZoneStatItem::NrFreePages), free + drained - low, "the rest went to the buddy");
+        assert_eq!(check_transfer(&z), Ok(low), "still tagged per-cpu");
+        let (c0, c1) = (g0.with(|i| i.count), g1.with(|i| i.count));
+        assert_eq!(snapshot(&z, ZoneStatItem::NrPcpPages), c0 + c1 + low, "and counted as per-cpu pages");
+
+        // CPU 0 empties its lists; its next refill comes from the transfer list, newest first.
+        let mut again: Vec<Pfn> = (0..c0).map(|_| pop(&mut g0)).collect();
+        let free = snapshot(&z, ZoneStatItem::NrFreePages);
+        let newest = *z.transfer().lock().frames.last().unwrap();
+        again.push(pop(&mut g0));
+        assert_eq!(again.last(), Some(&Pfn(newest)), "the refill's top frame is the transfer list's newest");
+        assert_eq!(snapshot(&z, ZoneStatItem::NrFreePages), free, "the buddy was not touched");
+        let refilled = g0.with(|i| i.count) + 1;
+        assert_eq!(z.transfer().len_hint(), low - refilled);
+        let (c0, c1) = (g0.with(|i| i.count), g1.with(|i| i.count));
+        assert_eq!(snapshot(&z, ZoneStatItem::NrPcpPages), c0 + c1 + low - refilled);
+
+        // Everything back: the explicit drains go to the buddy, the transfer list's too.
+        for p in again {
+            g0.with(|i| free_to_pcp(&z, i, p, Order(0)));
+        }
+        g0.with(|i| drain(&z, i));
+        g1.with(|i| drain(&z, i) + drain_transfer(&z, i));
+        drop((g0, g1));
+        assert_eq!(z.transfer().len_hint(), 0);
+        assert_eq!(snapshot(&z, ZoneStatItem::NrPcpPages), 0);
+        assert_eq!(z.check_invariants(0), Ok(0));
+
+        // Below the high watermark (1536 of 2048 frames) drains go to the buddy.
+        let short = Zone::new(ZoneId(1), NodeId(0), Pfn(0), 2048, Order(10));
+        short.setup_watermarks(4096, 2048, 10);
+        let mut g0 = cpus[0].lock(&short);
+        let taken: Vec<Pfn> = (0..1800).map(|_| g0.with(|i| rmqueue_pcplist(&short, i, Order(0))).unwrap()).collect();
+        let mut g1 = cpus[1].lock(&short);
+        // A third of them back: the zone stays below its high watermark throughout.
+        let drained: usize = taken[..600].iter().map(|&p| g1.with(|i| free_to_pcp(&short, i, p, Order(0)))).sum();
+        assert!(drained > 0 && short.nr_free() < short.watermark(Watermark::High));
+        assert_eq!(short.transfer().len_hint(), 0);
+        for &p in &taken[600..] {
+            g0.with(|i| free_to_pcp(&short, i, p, Order(0)));
+        }
+        g0.with(|i| drain(&short, i) + drain_transfer(&short, i));
+        g1.with(|i| drain(&short, i));
+        drop((g0, g1));
+        assert_eq!(short.check_invariants(0), Ok(0));
     }
 
     /// Order-0 refills take whole aligned runs: two CPUs sharing a zone never hold frames

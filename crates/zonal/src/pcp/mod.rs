@@ -41,8 +41,8 @@ mod loom_tests;
 pub mod rseq;
 
 pub use lists::{
-    check, decay_high, decay_is_noop, drain, free_to_pcp, rmqueue_pcplist, set_high_and_batch, zone_batchsize,
-    zone_highsize,
+    check, check_transfer, decay_high, decay_is_noop, drain, drain_transfer, free_to_pcp, rmqueue_pcplist,
+    set_high_and_batch, zone_batchsize, zone_highsize,
 };
 
 /// Highest order kept on the pcp lists counted in `count` (`PAGE_ALLOC_COSTLY_ORDER`).
@@ -91,6 +91,10 @@ pub struct PcpInner {
     /// Frames (the small orders' lists and the cache) as last accounted to the zone's
     /// `nr_zone_pcp_pages` (the THP list's are kept apart: `PerCpuPages::thp_pages`).
     reported: usize,
+    /// Frames these lists moved onto the zone's transfer list since the last report, less
+    /// those they took from it or returned from it to the buddy: the transfer list's frames
+    /// stay counted in `nr_zone_pcp_pages`, so the report adds this to the change of `count`.
+    pub(crate) transferred: isize,
     lists: [Vec<usize>; NR_PCP_LISTS],
     /// Blocks of [`PCP_THP_ORDER`] (`NR_PCP_THP`), counted apart from `count`: one such block
     /// is 512 frames, more than `high + batch` on most zones, so counting it in `count` (as
@@ -213,6 +217,7 @@ impl PerCpuPages {
                 free_count: 0,
                 count_min: 0,
                 reported: 0,
+                transferred: 0,
                 lists: std::array::from_fn(|o| Vec::with_capacity(cap(o))),
                 thp: Vec::with_capacity(PCP_THP_HIGH + 1),
                 thp_min: 0,
@@ -454,10 +459,11 @@ impl PcpGuard<'_> {
                 // after it, and that churn is settled at a later lock.
                 let cache = pcp.cache_len.load(Ordering::Relaxed);
                 let now = inner.count + cache;
-                if now != inner.reported {
-                    zone.mod_page_state(pcp.cpu(), ZoneStatItem::NrPcpPages, now as isize - inner.reported as isize);
-                    inner.reported = now;
+                let delta = now as isize - inner.reported as isize + std::mem::take(&mut inner.transferred);
+                if delta != 0 {
+                    zone.mod_page_state(pcp.cpu(), ZoneStatItem::NrPcpPages, delta);
                 }
+                inner.reported = now;
                 pcp.cache_settled.store(cache, Ordering::Relaxed);
                 pcp.decay_idle.store(decay_is_noop(inner, cache), Ordering::Relaxed);
                 r

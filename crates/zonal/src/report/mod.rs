@@ -78,6 +78,9 @@ pub struct ZoneStat {
     pub under_pressure: bool,
     /// `percpu_drift_mark` (0: none).
     pub percpu_drift_mark: usize,
+    /// Frames on the zone's transfer list, between one CPU's drain and another's refill
+    /// (zonal's; counted in `nr_zone_pcp_pages`, in no CPU's pageset).
+    pub transfer: usize,
     /// Per CPU: the lists' count, high, batch, and the stat threshold.
     pub pagesets: Vec<Pageset>,
     /// The NUMA counters by name, when the report reads them (zoneinfo, JSON).
@@ -129,6 +132,7 @@ impl Zonal {
             items_folded,
             under_pressure: z.under_pressure(),
             percpu_drift_mark: z.percpu_drift_mark(),
+            transfer: z.transfer().len_hint(),
             pagesets,
             numa: None,
         }

@@ -28,6 +28,7 @@ impl Zonal {
                 let v = z.numa.as_ref().and_then(|m| m.get(n.name()).copied()).unwrap_or(0);
                 let _ = write!(s, "\n      {:<12} {}", n.name(), v);
             }
+            let _ = write!(s, "\n  transfer       {}", z.transfer);
             s.push_str("\n  pagesets");
             for p in &z.pagesets {
                 let _ = write!(
