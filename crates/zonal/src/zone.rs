@@ -112,13 +112,10 @@ pub struct Zone {
     max_drift: AtomicUsize,
     /// Whether the pressure threshold is in force (free frames fell below `low`).
     pressure: AtomicBool,
-    /// The zone lock, the lists it guards and the exact free count, on lines of their own
+    /// The zone lock, the lists it guards, the exact free count and the transfer list, on lines of their own
     /// (Linux's `ZONE_PADDING`): every CPU's refills and drains write them, while the fields
     /// above are read by every allocation's watermark check.
     locked: CachePadded<LockedArea>,
-    /// The transfer list (see [`Transfer`]), on lines of its own: the CPUs that drain into it
-    /// and refill from it write them, and nothing on the allocation's way reads them.
-    transfer: CachePadded<Transfer>,
     /// The frames' state bytes (zonal's `mem_map`).
     mem_map: MemMap,
 }
@@ -178,6 +175,9 @@ struct LockedArea {
     lock: Mutex<FreeArea>,
     /// Frames in the buddy lists, updated by each holder as it unlocks.
     free_pages: AtomicUsize,
+    /// The transfer list (see [`Transfer`]): the CPUs that drain into it and refill from it
+    /// are the zone lock's takers, and nothing on the allocation's fast way reads it.
+    transfer: Transfer,
 }
 
 impl fmt::Debug for Zone {
@@ -229,8 +229,8 @@ impl Zone {
             locked: CachePadded::new(LockedArea {
                 lock: Mutex::new(FreeArea::new(pages)),
                 free_pages: AtomicUsize::new(0),
+                transfer: Transfer::new(),
             }),
-            transfer: CachePadded::new(Transfer::new()),
             mem_map: MemMap::new(pages),
         };
         z.refresh_stat_thresholds();
@@ -247,7 +247,7 @@ impl Zone {
     /// The zone's transfer list.
     #[inline]
     pub(crate) fn transfer(&self) -> &Transfer {
-        &self.transfer
+        &self.locked.transfer
     }
 
     /// Whether the zone spans a frame.
