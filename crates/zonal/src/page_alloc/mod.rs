@@ -649,6 +649,44 @@ mod tests {
         true
     }
 
+    /// Frames freed past `high` wait on the zone's transfer list, counted as per-CPU pages;
+    /// the refills of the allocations after them take them back from it; `drain_all_pages`
+    /// returns what is left to the buddy. Every frame is accounted for throughout.
+    #[test]
+    fn frees_past_high_wait_on_the_transfer_list() {
+        let z = Zonal::new(Config::new(Topology::parse("nodes=1,size=16M").unwrap())).unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // One CPU's lists throughout.
+                sys::set_affinity(sys::current_cpu()).unwrap();
+                let node = NodeId(0);
+                let transfer = || z.zone_stats()[0].transfer;
+                let managed = z.zones()[0].managed;
+                let accounted = || z.nr_free_pages(node).unwrap() + z.nr_pcp_pages(node).unwrap();
+                let held: Vec<_> = (0..1000).map(|_| z.alloc_pages(Gfp::KERNEL, 0).unwrap()).collect();
+                for p in &held {
+                    z.free_pages(p.as_ptr(), 0).unwrap();
+                }
+                let moved = transfer();
+                assert!(moved > 0 && z.event(VmEvent::PcpDrain) > 0, "frees past high went to the transfer list");
+                assert!(moved <= z.zones()[0].watermark(Watermark::Low));
+                assert_eq!(accounted(), managed);
+                assert_eq!(z.check_invariants(), Ok(0));
+
+                let held: Vec<_> = (0..1000).map(|_| z.alloc_pages(Gfp::KERNEL, 0).unwrap()).collect();
+                assert!(transfer() < moved, "the refills took frames back from it");
+                assert_eq!(accounted(), managed - 1000);
+                for p in &held {
+                    z.free_pages(p.as_ptr(), 0).unwrap();
+                }
+                assert!(transfer() > 0);
+                assert!(z.drain_all_pages() > 0);
+                assert_eq!((transfer(), z.nr_free_pages(node).unwrap()), (0, managed));
+                assert_eq!(z.check_invariants(), Ok(0));
+            });
+        });
+    }
+
     /// The order-0 fast paths find this CPU's lists of its local zone from the CPU alone: a
     /// local frame goes onto them and comes back from them; a frame of the other node freed
     /// here goes onto this CPU's lists of that zone; and a frame popped while the local
