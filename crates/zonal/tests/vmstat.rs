@@ -394,6 +394,10 @@ fn reports_parse_back() {
         Some(z.pcp_info(1, ZoneId(0)).unwrap().batch as u64)
     );
     assert_eq!(
+        sample("zonal_zoneinfo_transfer_pages{node=\"0\",zone=\"Normal\"}"),
+        Some(z.zone_stats()[0].transfer as u64)
+    );
+    assert_eq!(
         sample("zonal_zoneinfo_managed_pages{node=\"0\",zone=\"Normal\"}"),
         Some((8 * MIB / zonal::PAGE_SIZE) as u64)
     );

@@ -670,6 +670,8 @@ mod tests {
                 let moved = transfer();
                 assert!(moved > 0 && z.event(VmEvent::PcpDrain) > 0, "frees past high went to the transfer list");
                 assert!(moved <= z.zones()[0].watermark(Watermark::Low));
+                let zoneinfo = crate::report::parse_zoneinfo(&z.zoneinfo());
+                assert!(zoneinfo[0].fields.contains(&("transfer".to_string(), moved as u64)), "zoneinfo prints it");
                 assert_eq!(accounted(), managed);
                 assert_eq!(z.check_invariants(), Ok(0));
 

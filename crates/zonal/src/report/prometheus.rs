@@ -11,7 +11,7 @@ impl Zonal {
     /// vmstat and zoneinfo collectors name theirs, under the `zonal` namespace:
     /// `zonal_vmstat_<name>` (untyped, as node_exporter's), and per zone
     /// `zonal_zoneinfo_<field>{node, zone}` (`*_pages` gauges for the watermarks and sizes,
-    /// the zone items, `numa_*_total` counters) and per CPU and zone
+    /// the zone items, `numa_*_total` counters, zonal's `transfer_pages`) and per CPU and zone
     /// `zonal_zoneinfo_pageset_{count,high,batch}` and `zonal_zoneinfo_stat_threshold`.
     pub fn prometheus(&self) -> String {
         let mut s = String::new();
@@ -44,6 +44,8 @@ impl Zonal {
             let help = format!("Zone information field {}.", name.trim_end_matches("_pages"));
             family(name, "gauge", &help, zones.iter().map(|z| (labels(z), get(z) as u64)).collect());
         }
+        let transfer = zones.iter().map(|z| (labels(z), z.transfer as u64)).collect();
+        family("transfer_pages", "gauge", "Frames on the zone's transfer list (zonal's).", transfer);
         let item_names: Vec<String> =
             zones.first().map(|z| z.items.iter().map(|(n, _)| n.clone()).collect()).unwrap_or_default();
         for (i, name) in item_names.iter().enumerate() {
