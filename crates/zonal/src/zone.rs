@@ -112,9 +112,9 @@ pub struct Zone {
     max_drift: AtomicUsize,
     /// Whether the pressure threshold is in force (free frames fell below `low`).
     pressure: AtomicBool,
-    /// The zone lock, the lists it guards, the exact free count and the transfer list, on lines of their own
-    /// (Linux's `ZONE_PADDING`): every CPU's refills and drains write them, while the fields
-    /// above are read by every allocation's watermark check.
+    /// The zone lock, the lists it guards, the exact free count and the transfer list, on
+    /// lines of their own (Linux's `ZONE_PADDING`): every CPU's refills and drains write them,
+    /// while the fields above are read by every allocation's watermark check.
     locked: CachePadded<LockedArea>,
     /// The frames' state bytes (zonal's `mem_map`).
     mem_map: MemMap,
