@@ -187,6 +187,15 @@ pub(crate) fn unpush(z: &Zone, pfn: Pfn) -> bool {
     z.state(pfn).compare_exchange(pcp, NONE, Ordering::Relaxed, Ordering::Relaxed).is_ok()
 }
 
+/// Claims a block of `order` leaving a per-CPU list (or the zone's transfer list) for the
+/// buddy: `PCP -> NONE` with a CAS, which exactly one copy wins when two racing frees under
+/// `free_check = sequential` left copies on two lists. `false`: the copy lost (the other
+/// already left with the tag) and is dropped. Acquire: pairs with the free's claim.
+#[inline]
+pub(crate) fn claim_listed(z: &Zone, pfn: Pfn, order: Order) -> bool {
+    z.state(pfn).compare_exchange(state(PCP, order), NONE, Ordering::Acquire, Ordering::Relaxed).is_ok()
+}
+
 /// Tags a frame just popped from a per-CPU cache allocated. `false` for a frame whose tag
 /// is not `PCP`: the second copy left by two racing frees under `free_check = sequential`,
 /// dropped here (the first copy is live or back in the lists).

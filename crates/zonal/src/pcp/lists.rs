@@ -190,14 +190,8 @@ pub fn drain_transfer(zone: &Zone, pcp: &mut PcpInner) -> usize {
     }
     let frames = std::mem::take(&mut *zone.transfer().lock().frames);
     pcp.transferred -= frames.len() as isize;
-    let claimed: Vec<usize> = frames
-        .iter()
-        .copied()
-        .filter(|&pfn| {
-            let tag = mem_map::state(PCP, Order(0));
-            zone.state(Pfn(pfn)).compare_exchange(tag, mem_map::NONE, Ordering::Acquire, Ordering::Relaxed).is_ok()
-        })
-        .collect();
+    let claimed: Vec<usize> =
+        frames.iter().copied().filter(|&pfn| mem_map::claim_listed(zone, Pfn(pfn), Order(0))).collect();
     let mut l = zone.lock();
     let mut b = l.buddy();
     for &pfn in &claimed {
@@ -364,13 +358,7 @@ fn free_pcppages(zone: &Zone, pcp: &mut PcpInner, nr: usize, transfer: bool) -> 
             // another CPU takes no zone lock. A copy that loses (the first copy already
             // left with the tag) is dropped; `free_one` refuses a block already free.
             let pfn = list[i];
-            let claimed = zone.state(Pfn(pfn)).compare_exchange(
-                mem_map::state(PCP, Order(o as u8)),
-                mem_map::NONE,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            );
-            if claimed.is_ok() {
+            if mem_map::claim_listed(zone, Pfn(pfn), Order(o as u8)) {
                 list[kept] = pfn;
                 kept += 1;
             }
@@ -413,11 +401,10 @@ fn free_thp_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
     }
     // Claimed in place, the winners moved to the front, as `free_pcppages_bulk` does: no
     // buffer to allocate on a free path.
-    let tag = mem_map::state(PCP, PCP_THP_ORDER);
     let mut kept = 0;
     for i in 0..nr {
         let pfn = pcp.thp[i];
-        if zone.state(Pfn(pfn)).compare_exchange(tag, mem_map::NONE, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+        if mem_map::claim_listed(zone, Pfn(pfn), PCP_THP_ORDER) {
             pcp.thp[kept] = pfn;
             kept += 1;
         }
