@@ -155,23 +155,25 @@ pub(crate) fn split(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
 /// the second copy (see [`take_cached`] and `pcp::free_pcppages_bulk`).
 #[inline(always)]
 pub(crate) fn claim_order0(z: &Zone, pfn: Pfn, to: u8, atomic: bool) -> Result<()> {
+    try_claim_order0(z, pfn, to, atomic).map_err(|seen| classify_bad_free(z, pfn, Order(0), seen))
+}
+
+/// [`claim_order0`] without the error: `Err` carries the state seen instead, for the fast
+/// free, which leaves the error to the general path (nothing changed on a failure).
+#[inline(always)]
+pub(crate) fn try_claim_order0(z: &Zone, pfn: Pfn, to: u8, atomic: bool) -> Result<(), u8> {
     let live = state(ALLOCATED, Order(0));
     let entry = z.state(pfn);
     // Acquire: pairs with the Release of the allocation that handed the frame out.
-    let seen = if atomic {
-        match entry.compare_exchange(live, to, Ordering::Acquire, Ordering::Relaxed) {
-            Ok(_) => return Ok(()),
-            Err(s) => s,
-        }
-    } else {
-        let s = entry.load(Ordering::Acquire);
-        if s == live {
-            entry.store(to, Ordering::Relaxed);
-            return Ok(());
-        }
-        s
-    };
-    Err(classify_bad_free(z, pfn, Order(0), seen))
+    if atomic {
+        return entry.compare_exchange(live, to, Ordering::Acquire, Ordering::Relaxed).map(drop);
+    }
+    let s = entry.load(Ordering::Acquire);
+    if s != live {
+        return Err(s);
+    }
+    entry.store(to, Ordering::Relaxed);
+    Ok(())
 }
 
 /// Takes back the claim of an order-0 frame claimed to the cache's tag (`PCP`) whose push

@@ -10,7 +10,7 @@ impl Zonal {
     /// Frees a block given its address and order (`free_pages`). Checks, in order: the order,
     /// that zonal owns the address, its alignment, and that a live block of exactly this order
     /// starts there. Any failure leaves everything as it was.
-    #[inline]
+    #[inline(always)]
     pub fn free_pages(&self, addr: *mut u8, order: u32) -> Result<()> {
         if let (0, Some(area)) = (order, self.rseq_area()) {
             return self.free_order0_fast(area, addr as usize);

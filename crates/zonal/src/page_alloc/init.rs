@@ -63,9 +63,9 @@ impl Zonal {
             .map(|(cpu, z)| {
                 let (batch, high_min, high_max) = pcp_sizes(&topo, z, fraction);
                 if config.pcp {
-                    PerCpuPages::new(cpu as u32, batch, high_min, high_max)
+                    PerCpuPages::new(cpu as u32, z.id.0, batch, high_min, high_max)
                 } else {
-                    PerCpuPages::new(cpu as u32, 1, 0, 0)
+                    PerCpuPages::new(cpu as u32, z.id.0, 1, 0, 0)
                 }
             })
             .collect();
@@ -96,6 +96,10 @@ impl Zonal {
                 _ => std::ptr::from_ref(&pcps[c * nz + z as usize]) as usize,
             })
             .collect();
+        let zone_pcp = (0..nz)
+            .flat_map(|z| (0..nr_cpus).map(move |c| c * nz + z))
+            .map(|i| std::ptr::from_ref(&pcps[i]) as usize)
+            .collect();
         let nr_zone_stats = nr_cpus * zones.len();
         let stat_interval_ms = Arc::new(std::sync::atomic::AtomicU64::new(stat_interval_ms(config.stat_interval)));
         let worker = Worker::start(Arc::clone(&zones), Arc::clone(&pcps), Arc::clone(&stat_interval_ms));
@@ -123,6 +127,7 @@ impl Zonal {
                 rseq_off,
                 local_zone,
                 local_pcp,
+                zone_pcp,
             },
             numa: NumaCounting {
                 zone_stats: (0..nr_zone_stats).map(|_| PerCpuZoneStat::default()).collect(),

@@ -147,6 +147,10 @@ const CACHE_FILL: usize = 32;
 #[derive(Debug)]
 pub struct PerCpuPages {
     lock: AtomicBool,
+    /// The zone these lists serve (a `ZoneId`, widened so that a stand-in's bytes, all 1,
+    /// never read as a zone): the fast free pushes onto the current CPU's local lists when
+    /// this is the frame's zone (`rseq::push_frame`).
+    zone: u32,
     /// The CPU these lists belong to.
     cpu: u32,
     cache_len: AtomicUsize,
@@ -189,12 +193,14 @@ unsafe impl Sync for PerCpuPages {}
 unsafe impl Send for PerCpuPages {}
 
 impl PerCpuPages {
-    /// Lists of `cpu` with the given batch and bounds; `high` starts at `high_min`.
-    pub fn new(cpu: u32, batch: usize, high_min: usize, high_max: usize) -> PerCpuPages {
+    /// Lists of `cpu` for `zone` with the given batch and bounds; `high` starts at
+    /// `high_min`.
+    pub fn new(cpu: u32, zone: u16, batch: usize, high_min: usize, high_max: usize) -> PerCpuPages {
         let cap = |o: usize| ((high_max + (batch << PCP_BATCH_SCALE_MAX)) >> o) + 4;
         let cache: Box<[AtomicUsize]> = (0..CACHE_CAP).map(|_| AtomicUsize::new(0)).collect();
         PerCpuPages {
             lock: AtomicBool::new(false),
+            zone: zone.into(),
             cpu,
             cache_len: AtomicUsize::new(0),
             cache_limit: AtomicUsize::new(0),

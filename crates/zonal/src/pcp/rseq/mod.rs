@@ -120,6 +120,24 @@ pub struct LocalTable {
     pub nr_cpus: usize,
 }
 
+/// Where the fast free's section finds the lists for a frame of zone `zone`: the current
+/// CPU's local lists (`local`, as in [`LocalTable`]) when they are that zone's, else
+/// `remote[cpu]`, that CPU's lists of the zone.
+#[cfg_attr(not(all(target_arch = "x86_64", not(loom))), allow(dead_code))]
+#[derive(Clone, Copy, Debug)]
+pub struct FrameTable {
+    /// This thread's registered rseq area (`struct rseq`).
+    pub area: *mut u8,
+    /// `nr_cpus` addresses: each CPU's lists of its local zone, or a stand-in.
+    pub local: *const usize,
+    /// `nr_cpus` addresses: each CPU's lists of the frame's zone.
+    pub remote: *const usize,
+    /// CPUs in the tables.
+    pub nr_cpus: usize,
+    /// The frame's zone.
+    pub zone: usize,
+}
+
 /// A stand-in for a CPU's lists in a [`LocalTable`]: 128 bytes, every one 1, so that the
 /// lock byte a section reads first is set and it reads nothing further.
 #[repr(C, align(128))]
@@ -131,6 +149,8 @@ pub static LOCKED_STANDIN: Standin = Standin([1; 128]);
 
 // The lock byte a section reads of an entry lies inside a stand-in.
 const _: () = assert!(std::mem::offset_of!(PerCpuPages, lock) < std::mem::size_of::<Standin>());
+// So does the zone the fast free compares, and its bytes (all 1) name no zone (a `u16`).
+const _: () = assert!(std::mem::offset_of!(PerCpuPages, zone) + 4 <= std::mem::size_of::<Standin>());
 
 /// Pops an order-0 block from the cache of the current CPU's local-zone lists in one
 /// section (the CPU id, its lists from the table, the pop), and returns it with that CPU;
@@ -173,6 +193,23 @@ pub unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
 pub unsafe fn push(t: &Table, zone: usize, pfn: usize) -> bool {
     // SAFETY: the caller's contract, which is the section's.
     unsafe { arch::push(t, zone, pfn) }
+}
+
+/// Pushes an order-0 block (head already tagged `PCP`) of the zone `t.zone` onto the cache
+/// of the current CPU's lists for that zone, and returns the CPU; `None` when the cache is
+/// at its bound, the lists are locked, or the section was interrupted. The lists are found
+/// from the CPU alone when they are its local zone's (`t.local`), which a frame freed on
+/// its own node's CPU is, and from `t.remote` otherwise, in one section either way.
+///
+/// # Safety
+/// `t.area` is the calling thread's registered rseq area; `t.local` and `t.remote` point to
+/// `t.nr_cpus` addresses each that outlive the call: `local[cpu]` of live `PerCpuPages` or
+/// of [`LOCKED_STANDIN`], `remote[cpu]` of the live `PerCpuPages` of `cpu` for zone
+/// `t.zone`.
+#[inline]
+pub unsafe fn push_frame(t: &FrameTable, pfn: usize) -> Option<usize> {
+    // SAFETY: the caller's contract, which is the section's.
+    unsafe { arch::push_frame(t, pfn) }
 }
 
 /// Pops up to `out.len()` order-0 blocks from the cache of the current CPU's lists for

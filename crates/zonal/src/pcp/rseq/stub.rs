@@ -7,7 +7,7 @@
 //! Kernel counterpart: none (architectures without rseq support in zonal). Locking and
 //! invariant: nothing is touched.
 
-use super::{LocalTable, Table};
+use super::{FrameTable, LocalTable, Table};
 use std::mem::MaybeUninit;
 
 /// No critical sections on this target.
@@ -31,6 +31,16 @@ pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
 pub(super) unsafe fn push(t: &Table, zone: usize, pfn: usize) -> bool {
     let _ = (t, zone, pfn);
     false
+}
+
+/// [`super::push_frame`] without sections: gives way.
+///
+/// # Safety
+/// As [`super::push_frame`].
+#[inline]
+pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> Option<usize> {
+    let _ = (t, pfn);
+    None
 }
 
 /// [`super::pop_local`] without sections: gives way.

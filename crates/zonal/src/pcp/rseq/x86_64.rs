@@ -13,7 +13,7 @@
 //! before it lies at or above the old length and below `cache_limit <= CACHE_CAP`, dead
 //! until the commit.
 
-use super::{LocalTable, Table};
+use super::{FrameTable, LocalTable, Table};
 use crate::pcp::PerCpuPages;
 use std::mem::MaybeUninit;
 
@@ -87,6 +87,29 @@ macro_rules! rseq_leave {
             "jmp 26f\n",
             ".popsection\n",
             "26:\n",
+        )
+    };
+}
+
+/// As `rseq_leave!`, for the sections that return the CPU: a committed section leaves it in
+/// `{cpu}`, the abort handler sets `{cpu}` to `usize::MAX`, and no flag is needed.
+macro_rules! rseq_leave_cpu {
+    () => {
+        concat!(
+            "23:\n",
+            ".pushsection __rseq_cs, \"aw\"\n",
+            ".balign 32\n",
+            "24:\n",
+            ".long 0, 0\n",
+            ".quad 22b, 23b - 22b, 25f\n",
+            ".popsection\n",
+            ".pushsection __rseq_failure, \"ax\"\n",
+            ".byte 0x0f, 0xb9, 0x3d\n",
+            ".long 0x53053053\n",
+            "25:\n",
+            "mov {cpu}, -1\n",
+            "jmp 23b\n",
+            ".popsection\n",
         )
     };
 }
@@ -190,7 +213,6 @@ pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
 /// As [`super::pop_local`].
 #[inline]
 pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
-    let ok: usize;
     let out: usize;
     let cpu: usize;
     // SAFETY: `t.area` is this thread's registered rseq area; `t.local` holds `t.nr_cpus`
@@ -201,7 +223,7 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
         std::arch::asm!(
             rseq_enter_local!(),
             rseq_pop_body!(),
-            rseq_leave!(),
+            rseq_leave_cpu!(),
             area = in(reg) t.area,
             ncpu = in(reg) t.nr_cpus,
             local = in(reg) t.local,
@@ -212,11 +234,10 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
             p = out(reg) _,
             t = out(reg) _,
             out = out(reg) out,
-            ok = out(reg) ok,
             options(nostack),
         );
     }
-    (ok != 0).then_some((out, cpu))
+    (cpu != usize::MAX).then_some((out, cpu))
 }
 
 /// The x86-64 body of [`super::push`].
@@ -247,6 +268,65 @@ pub(super) unsafe fn push(t: &Table, zone: usize, pfn: usize) -> bool {
         );
     }
     ok != 0
+}
+
+/// The x86-64 body of [`super::push_frame`]: the lists are the CPU's local ones when they
+/// serve the frame's zone, else the zone's from `{remote}`, chosen with a branch (not a
+/// conditional move) so that, predicted, the lists' address does not wait for the frame's
+/// zone; the rest as in `push`.
+///
+/// # Safety
+/// As [`super::push_frame`].
+#[inline]
+pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> Option<usize> {
+    let cpu: usize;
+    // SAFETY: `t.area` is this thread's registered rseq area; `t.local` and `t.remote` hold
+    // `t.nr_cpus` addresses each (of live `PerCpuPages`, or in `local` of a stand-in, whose
+    // `zone` bytes never match a zone), indexed only with a CPU id checked against
+    // `nr_cpus`; the lists pushed onto are the frame's zone's. The slot written before the
+    // commit lies below `cache_limit <= CACHE_CAP`, inside the cache, and is dead until the
+    // commit.
+    unsafe {
+        std::arch::asm!(
+            "lea {t}, [rip + 24f]",
+            "mov qword ptr [{area} + 8], {t}",
+            "22:",
+            "mov {cpu:e}, dword ptr [{area} + 4]",
+            "cmp {cpu}, {ncpu}",
+            "jae 25f",
+            "mov {p}, qword ptr [{local} + {cpu} * 8]",
+            "cmp dword ptr [{p} + {off_zone}], {zone:e}",
+            "je 28f",
+            "mov {p}, qword ptr [{remote} + {cpu} * 8]",
+            "28:",
+            "cmp byte ptr [{p} + {off_lock}], 0",
+            "jne 25f",
+            "mov {t}, qword ptr [{p} + {off_len}]",
+            "cmp {t}, qword ptr [{p} + {off_limit}]",
+            "jae 25f",
+            "mov {local}, qword ptr [{p} + {off_slots}]",
+            "mov qword ptr [{local} + {t} * 8], {pfn}",
+            "add {t}, 1",
+            "mov qword ptr [{p} + {off_len}], {t}",
+            rseq_leave_cpu!(),
+            area = in(reg) t.area,
+            ncpu = in(reg) t.nr_cpus,
+            local = inout(reg) t.local => _,
+            remote = in(reg) t.remote,
+            zone = in(reg) t.zone,
+            off_zone = const std::mem::offset_of!(PerCpuPages, zone),
+            off_lock = const std::mem::offset_of!(PerCpuPages, lock),
+            off_len = const std::mem::offset_of!(PerCpuPages, cache_len),
+            off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
+            off_limit = const std::mem::offset_of!(PerCpuPages, cache_limit),
+            pfn = in(reg) pfn,
+            cpu = out(reg) cpu,
+            p = out(reg) _,
+            t = out(reg) _,
+            options(nostack),
+        );
+    }
+    (cpu != usize::MAX).then_some(cpu)
 }
 
 /// The x86-64 body of [`super::pop_many`].
