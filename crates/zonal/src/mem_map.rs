@@ -164,16 +164,17 @@ pub(crate) fn claim_order0(z: &Zone, pfn: Pfn, to: u8, atomic: bool) -> Result<(
 pub(crate) fn try_claim_order0(z: &Zone, pfn: Pfn, to: u8, atomic: bool) -> Result<(), u8> {
     let live = state(ALLOCATED, Order(0));
     let entry = z.state(pfn);
-    // Acquire: pairs with the Release of the allocation that handed the frame out.
-    if atomic {
-        return entry.compare_exchange(live, to, Ordering::Acquire, Ordering::Relaxed).map(drop);
+    // Acquire: pairs with the Release of the allocation that handed the frame out. The
+    // default (`sequential`) first, the way the fast free falls through.
+    if !atomic {
+        let s = entry.load(Ordering::Acquire);
+        if s != live {
+            return Err(s);
+        }
+        entry.store(to, Ordering::Relaxed);
+        return Ok(());
     }
-    let s = entry.load(Ordering::Acquire);
-    if s != live {
-        return Err(s);
-    }
-    entry.store(to, Ordering::Relaxed);
-    Ok(())
+    entry.compare_exchange(live, to, Ordering::Acquire, Ordering::Relaxed).map(drop)
 }
 
 /// Takes back the claim of an order-0 frame claimed to the cache's tag (`PCP`) whose push

@@ -37,15 +37,23 @@ impl Zonal {
     /// alone, and returns how many slots are filled afterwards (`alloc_pages_bulk`, array
     /// form). Under memory pressure it fills what it can: a partial fill is not an error.
     /// Accounting is done once per call with the batch count (seed 002).
+    #[inline(always)]
     pub fn alloc_pages_bulk_array(&self, gfp: Gfp, array: &mut [Option<NonNull<u8>>]) -> usize {
         // One empty slot: straight to the single fast path, as `alloc_bulk` sends one frame,
-        // without counting and finding the empty slots first.
+        // without counting and finding the empty slots first; inlined into the caller, as
+        // the single path is (a call with the whole bulk path behind it measured 1.22-1.72
+        // times a single pair, inlined 1.14-1.20).
         if let [slot @ None] = array {
             if let Some(p) = self.alloc_order0_fast(Some(VmEvent::AllocBulk)) {
                 *slot = Some(p);
                 return 1;
             }
         }
+        self.alloc_pages_bulk_array_many(gfp, array)
+    }
+
+    /// [`Zonal::alloc_pages_bulk_array`] past the one-slot fast path.
+    fn alloc_pages_bulk_array_many(&self, gfp: Gfp, array: &mut [Option<NonNull<u8>>]) -> usize {
         let mut filled = array.iter().filter(|s| s.is_some()).count();
         let want = array.len() - filled;
         if want == 0 {
@@ -206,7 +214,7 @@ impl Zonal {
     /// the list form's `NonNull`s, or the array form's slots, whose empty ones are skipped
     /// (neither freed nor an error), so an array filled by
     /// [`Zonal::alloc_pages_bulk_array`] goes back as it is.
-    #[inline]
+    #[inline(always)]
     pub fn free_pages_bulk<P: BulkPage>(&self, pages: &[P]) -> std::result::Result<usize, (usize, Error)> {
         if let [p] = pages {
             // One frame: the single-page path is the shorter one.

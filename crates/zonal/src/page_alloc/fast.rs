@@ -161,20 +161,21 @@ impl Zonal {
         {
             return self.free_pages_general(addr as *mut u8, 0);
         }
-        let nr_cpus = self.cpus.nr_cpus;
         let t = pcp::rseq::FrameTable {
             area,
             local: self.cpus.local_pcp.as_ptr(),
-            remote: self.cpus.zone_pcp.as_ptr().wrapping_add(zone.id.0 as usize * nr_cpus),
-            nr_cpus,
+            remote: self.cpus.zone_pcp.as_ptr(),
+            nr_cpus: self.cpus.nr_cpus,
             zone: zone.id.0 as usize,
         };
-        // SAFETY: this thread's area (`rseq_area`); `local_pcp` and `zone_pcp[zone]` hold
-        // `nr_cpus` addresses each, of this handle's lists (which outlive the call) or, in
-        // `local_pcp`, the stand-in (see `Zonal::new`).
-        match unsafe { pcp::rseq::push_frame(&t, pfn.0) } {
-            Some(cpu) => {
-                self.count_event(cpu, VmEvent::Pgfree, 1);
+        // SAFETY: this thread's area (`rseq_area`); `local_pcp` holds `nr_cpus` addresses and
+        // `zone_pcp` `nr_zones * nr_cpus`, of this handle's lists (which outlive the call) or,
+        // in `local_pcp`, the stand-in (see `Zonal::new`); `zone` is one of its zones.
+        let cpu = unsafe { pcp::rseq::push_frame(&t, pfn.0) };
+        // A failed push returns `usize::MAX`, past every CPU: one comparison for both.
+        match self.cpus.events.get(cpu) {
+            Some(events) => {
+                events.add(VmEvent::Pgfree, 1);
                 Ok(())
             }
             None => self.free_unpushed(zone, pfn),

@@ -122,7 +122,7 @@ pub struct LocalTable {
 
 /// Where the fast free's section finds the lists for a frame of zone `zone`: the current
 /// CPU's local lists (`local`, as in [`LocalTable`]) when they are that zone's, else
-/// `remote[cpu]`, that CPU's lists of the zone.
+/// `remote[zone * nr_cpus + cpu]`, that CPU's lists of the zone.
 #[cfg_attr(not(all(target_arch = "x86_64", not(loom))), allow(dead_code))]
 #[derive(Clone, Copy, Debug)]
 pub struct FrameTable {
@@ -130,7 +130,7 @@ pub struct FrameTable {
     pub area: *mut u8,
     /// `nr_cpus` addresses: each CPU's lists of its local zone, or a stand-in.
     pub local: *const usize,
-    /// `nr_cpus` addresses: each CPU's lists of the frame's zone.
+    /// `nr_zones * nr_cpus` addresses: every CPU's lists of every zone, `[zone * nr_cpus + cpu]`.
     pub remote: *const usize,
     /// CPUs in the tables.
     pub nr_cpus: usize,
@@ -196,18 +196,19 @@ pub unsafe fn push(t: &Table, zone: usize, pfn: usize) -> bool {
 }
 
 /// Pushes an order-0 block (head already tagged `PCP`) of the zone `t.zone` onto the cache
-/// of the current CPU's lists for that zone, and returns the CPU; `None` when the cache is
-/// at its bound, the lists are locked, or the section was interrupted. The lists are found
-/// from the CPU alone when they are its local zone's (`t.local`), which a frame freed on
-/// its own node's CPU is, and from `t.remote` otherwise, in one section either way.
+/// of the current CPU's lists for that zone, and returns the CPU; `usize::MAX` when the
+/// cache is at its bound, the lists are locked, or the section was interrupted (so that
+/// one bounds check of the CPU serves both). The lists are found from the CPU alone when
+/// they are its local zone's (`t.local`), which a frame freed on its own node's CPU is,
+/// and from `t.remote` otherwise, in one section either way.
 ///
 /// # Safety
-/// `t.area` is the calling thread's registered rseq area; `t.local` and `t.remote` point to
-/// `t.nr_cpus` addresses each that outlive the call: `local[cpu]` of live `PerCpuPages` or
-/// of [`LOCKED_STANDIN`], `remote[cpu]` of the live `PerCpuPages` of `cpu` for zone
-/// `t.zone`.
+/// `t.area` is the calling thread's registered rseq area; `t.local` points to `t.nr_cpus`
+/// addresses, each of live `PerCpuPages` or of [`LOCKED_STANDIN`], and `t.remote` to
+/// `nr_zones * t.nr_cpus` addresses, `[zone * nr_cpus + cpu]` of the live `PerCpuPages` of
+/// `cpu` for `zone`, with `t.zone < nr_zones`; all outlive the call.
 #[inline]
-pub unsafe fn push_frame(t: &FrameTable, pfn: usize) -> Option<usize> {
+pub unsafe fn push_frame(t: &FrameTable, pfn: usize) -> usize {
     // SAFETY: the caller's contract, which is the section's.
     unsafe { arch::push_frame(t, pfn) }
 }

@@ -38,9 +38,9 @@ pub(super) unsafe fn push(t: &Table, zone: usize, pfn: usize) -> bool {
 /// # Safety
 /// As [`super::push_frame`].
 #[inline]
-pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> Option<usize> {
+pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> usize {
     let _ = (t, pfn);
-    None
+    usize::MAX
 }
 
 /// [`super::pop_local`] without sections: gives way.

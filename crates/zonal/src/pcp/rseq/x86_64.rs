@@ -271,19 +271,20 @@ pub(super) unsafe fn push(t: &Table, zone: usize, pfn: usize) -> bool {
 }
 
 /// The x86-64 body of [`super::push_frame`]: the lists are the CPU's local ones when they
-/// serve the frame's zone, else the zone's from `{remote}`, chosen with a branch (not a
+/// serve the frame's zone, else `remote[zone * nr_cpus + cpu]`, chosen with a branch (not a
 /// conditional move) so that, predicted, the lists' address does not wait for the frame's
 /// zone; the rest as in `push`.
 ///
 /// # Safety
 /// As [`super::push_frame`].
 #[inline]
-pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> Option<usize> {
+pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> usize {
     let cpu: usize;
-    // SAFETY: `t.area` is this thread's registered rseq area; `t.local` and `t.remote` hold
-    // `t.nr_cpus` addresses each (of live `PerCpuPages`, or in `local` of a stand-in, whose
-    // `zone` bytes never match a zone), indexed only with a CPU id checked against
-    // `nr_cpus`; the lists pushed onto are the frame's zone's. The slot written before the
+    // SAFETY: `t.area` is this thread's registered rseq area; `t.local` holds `t.nr_cpus`
+    // addresses (of live `PerCpuPages` or of a stand-in, whose `zone` bytes never match a
+    // zone), `t.remote` those of every zone's (`zone * nr_cpus + cpu`, `zone` below the
+    // zones), indexed only with a CPU id checked against `nr_cpus`; the lists pushed onto
+    // are the frame's zone's. The slot written before the
     // commit lies below `cache_limit <= CACHE_CAP`, inside the cache, and is dead until the
     // commit.
     unsafe {
@@ -297,7 +298,10 @@ pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> Option<usize> {
             "mov {p}, qword ptr [{local} + {cpu} * 8]",
             "cmp dword ptr [{p} + {off_zone}], {zone:e}",
             "je 28f",
-            "mov {p}, qword ptr [{remote} + {cpu} * 8]",
+            "mov {p}, {zone}",
+            "imul {p}, {ncpu}",
+            "add {p}, {cpu}",
+            "mov {p}, qword ptr [{remote} + {p} * 8]",
             "28:",
             "cmp byte ptr [{p} + {off_lock}], 0",
             "jne 25f",
@@ -326,7 +330,7 @@ pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> Option<usize> {
             options(nostack),
         );
     }
-    (cpu != usize::MAX).then_some(cpu)
+    cpu
 }
 
 /// The x86-64 body of [`super::pop_many`].
