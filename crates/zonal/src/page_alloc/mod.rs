@@ -641,56 +641,6 @@ mod tests {
         assert_eq!(z.nr_free_pages(NodeId(0)).unwrap(), z.mem.zones[0].managed);
     }
 
-    /// The fast free's one section pushes a frame onto the current CPU's lists of the frame's
-    /// zone: its local lists, found from the CPU alone, for a frame of its local zone, and
-    /// the zone's lists of that CPU for a frame of another node. Either way the frame is in
-    /// that cache, tagged for it, and the free counted on that CPU.
-    #[test]
-    fn the_fast_free_pushes_onto_the_lists_of_the_frames_zone() {
-        let t = Topology::parse("nodes=2,size=16M").unwrap();
-        let z = Zonal::new(Config::new(t)).unwrap();
-        if !runs_rseq(&z) {
-            return;
-        }
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                // One CPU for the whole test, so every section sees the same lists.
-                sys::set_affinity(sys::current_cpu()).unwrap();
-                let cpu = z.current_cpu();
-                let local = z.local_node();
-                let remote = NodeId(1 - local.0);
-                let caches = || [0, 1].map(|n| z.pcp(cpu, z.mem.node_zones[n][0]).cache_len());
-                let frees = || z.event(VmEvent::Pgfree);
-                for nid in [local, remote] {
-                    let n = nid.0 as usize;
-                    // A push fails only when preempted mid-section or at the cache's bound
-                    // (the frame then goes to the locked path): try again with another frame.
-                    let pushed = (0..1000).find_map(|_| {
-                        let p = z.alloc_pages_node(nid, Gfp::KERNEL | Gfp::THISNODE, 0).unwrap();
-                        let (zone, pfn) = z.addr_to_zone(p.as_ptr() as usize, Order(0)).unwrap();
-                        assert_eq!(zone.node, nid);
-                        let (before, freed) = (caches(), frees());
-                        z.free_pages(p.as_ptr(), 0).unwrap();
-                        assert!(frees() > freed, "the free is counted");
-                        let after = caches();
-                        (after[n] == before[n] + 1).then(|| {
-                            assert_eq!(after[1 - n], before[1 - n], "only the frame's zone's cache grew");
-                            zone.state(pfn).load(Ordering::Relaxed)
-                        })
-                    });
-                    let pushed =
-                        pushed.unwrap_or_else(|| panic!("node {n}: no frame reached this CPU's cache of its zone"));
-                    assert_eq!(pushed, mem_map::state(mem_map::PCP, Order(0)));
-                }
-            });
-        });
-        z.drain_all_pages();
-        assert_eq!(z.check_invariants(), Ok(0));
-        for n in 0..2 {
-            assert_eq!(z.nr_free_pages(NodeId(n)).unwrap(), z.mem.zones[n as usize].managed);
-        }
-    }
-
     /// Whether `z` runs the rseq fast paths. Skips (with a word on stderr) only where rseq is
     /// legitimately absent; anywhere else a handle without its rseq area is a failure.
     fn runs_rseq(z: &Zonal) -> bool {

@@ -63,16 +63,14 @@ macro_rules! rseq_enter_local {
     };
 }
 
-/// The end of every critical section: label 23 ends the restartable range (right after
-/// the commit store); the descriptor (`struct rseq_cs`: version, flags, start, length,
-/// abort) goes to `__rseq_cs`; the abort handler, preceded by glibc's x86-64 signature
-/// 0x53053053 as the kernel requires, sets `{ok}` to 0.
-macro_rules! rseq_leave {
+/// The descriptor and the head of the abort handler every section ends with: the
+/// descriptor (`struct rseq_cs`: version, flags, start, length, abort) goes to `__rseq_cs`;
+/// the abort handler, in `__rseq_failure` and preceded by glibc's x86-64 signature
+/// 0x53053053 as the kernel requires, starts at label 25 (its body and `.popsection` are
+/// the caller's).
+macro_rules! rseq_abort_head {
     () => {
         concat!(
-            "23:\n",
-            "mov {ok}, 1\n",
-            "jmp 26f\n",
             ".pushsection __rseq_cs, \"aw\"\n",
             ".balign 32\n",
             "24:\n",
@@ -83,6 +81,20 @@ macro_rules! rseq_leave {
             ".byte 0x0f, 0xb9, 0x3d\n",
             ".long 0x53053053\n",
             "25:\n",
+        )
+    };
+}
+
+/// The end of every critical section: label 23 ends the restartable range (right after
+/// the commit store), then the descriptor and the abort handler (`rseq_abort_head!`), which
+/// sets `{ok}` to 0; a committed section sets it to 1.
+macro_rules! rseq_leave {
+    () => {
+        concat!(
+            "23:\n",
+            "mov {ok}, 1\n",
+            "jmp 26f\n",
+            rseq_abort_head!(),
             "xor {ok:e}, {ok:e}\n",
             "jmp 26f\n",
             ".popsection\n",
@@ -95,22 +107,7 @@ macro_rules! rseq_leave {
 /// `{cpu}`, the abort handler sets `{cpu}` to `usize::MAX`, and no flag is needed.
 macro_rules! rseq_leave_cpu {
     () => {
-        concat!(
-            "23:\n",
-            ".pushsection __rseq_cs, \"aw\"\n",
-            ".balign 32\n",
-            "24:\n",
-            ".long 0, 0\n",
-            ".quad 22b, 23b - 22b, 25f\n",
-            ".popsection\n",
-            ".pushsection __rseq_failure, \"ax\"\n",
-            ".byte 0x0f, 0xb9, 0x3d\n",
-            ".long 0x53053053\n",
-            "25:\n",
-            "mov {cpu}, -1\n",
-            "jmp 23b\n",
-            ".popsection\n",
-        )
+        concat!("23:\n", rseq_abort_head!(), "mov {cpu}, -1\n", "jmp 23b\n", ".popsection\n",)
     };
 }
 
