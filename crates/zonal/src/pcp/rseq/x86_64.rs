@@ -49,6 +49,14 @@ macro_rules! rseq_enter {
 /// `{cpu}`.
 macro_rules! rseq_enter_local {
     () => {
+        concat!(rseq_find_local!(), "cmp byte ptr [{p} + {off_lock}], 0\n", "jne 25f\n",)
+    };
+}
+
+/// `rseq_enter_local!` up to the lists' address in `{p}`, without the lock check (the fast
+/// free checks the lists' zone first, and may take other lists).
+macro_rules! rseq_find_local {
+    () => {
         concat!(
             "lea {t}, [rip + 24f]\n",
             "mov qword ptr [{area} + 8], {t}\n",
@@ -57,8 +65,6 @@ macro_rules! rseq_enter_local {
             "cmp {cpu}, {ncpu}\n",
             "jae 25f\n",
             "mov {p}, qword ptr [{local} + {cpu} * 8]\n",
-            "cmp byte ptr [{p} + {off_lock}], 0\n",
-            "jne 25f\n",
         )
     };
 }
@@ -122,6 +128,27 @@ macro_rules! rseq_pop_body {
             "sub {t}, 1\n",
             "mov {out}, qword ptr [{p} + {off_slots}]\n",
             "mov {out}, qword ptr [{out} + {t} * 8]\n",
+            "mov qword ptr [{p} + {off_len}], {t}\n",
+        )
+    };
+}
+
+/// The body of a push, once `{p}` holds the lists: give way on a full cache, else write
+/// `{pfn}` to the slot at the length (the slots' address in the scratch register `$s`) and
+/// commit the longer length (`push` and `push_frame`).
+macro_rules! rseq_push_body {
+    ($s:literal) => {
+        concat!(
+            "mov {t}, qword ptr [{p} + {off_len}]\n",
+            "cmp {t}, qword ptr [{p} + {off_limit}]\n",
+            "jae 25f\n",
+            "mov ",
+            $s,
+            ", qword ptr [{p} + {off_slots}]\n",
+            "mov qword ptr [",
+            $s,
+            " + {t} * 8], {pfn}\n",
+            "add {t}, 1\n",
             "mov qword ptr [{p} + {off_len}], {t}\n",
         )
     };
@@ -250,15 +277,7 @@ pub(super) unsafe fn push(t: &Table, zone: usize, pfn: usize) -> bool {
         rseq_section!(
             t,
             zone,
-            [
-                "mov {t}, qword ptr [{p} + {off_len}]",
-                "cmp {t}, qword ptr [{p} + {off_limit}]",
-                "jae 25f",
-                "mov {nz}, qword ptr [{p} + {off_slots}]",
-                "mov qword ptr [{nz} + {t} * 8], {pfn}",
-                "add {t}, 1",
-                "mov qword ptr [{p} + {off_len}], {t}",
-            ],
+            [rseq_push_body!("{nz}")],
             pfn = in(reg) pfn,
             off_limit = const std::mem::offset_of!(PerCpuPages, cache_limit),
             ok = out(reg) ok,
@@ -281,18 +300,11 @@ pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> usize {
     // addresses (of live `PerCpuPages` or of a stand-in, whose `zone` bytes never match a
     // zone), `t.remote` those of every zone's (`zone * nr_cpus + cpu`, `zone` below the
     // zones), indexed only with a CPU id checked against `nr_cpus`; the lists pushed onto
-    // are the frame's zone's. The slot written before the
-    // commit lies below `cache_limit <= CACHE_CAP`, inside the cache, and is dead until the
-    // commit.
+    // are the frame's zone's. The slot written before the commit lies below
+    // `cache_limit <= CACHE_CAP`, inside the cache, and is dead until the commit.
     unsafe {
         std::arch::asm!(
-            "lea {t}, [rip + 24f]",
-            "mov qword ptr [{area} + 8], {t}",
-            "22:",
-            "mov {cpu:e}, dword ptr [{area} + 4]",
-            "cmp {cpu}, {ncpu}",
-            "jae 25f",
-            "mov {p}, qword ptr [{local} + {cpu} * 8]",
+            rseq_find_local!(),
             "cmp dword ptr [{p} + {off_zone}], {zone:e}",
             "je 28f",
             "mov {p}, {zone}",
@@ -302,13 +314,7 @@ pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> usize {
             "28:",
             "cmp byte ptr [{p} + {off_lock}], 0",
             "jne 25f",
-            "mov {t}, qword ptr [{p} + {off_len}]",
-            "cmp {t}, qword ptr [{p} + {off_limit}]",
-            "jae 25f",
-            "mov {local}, qword ptr [{p} + {off_slots}]",
-            "mov qword ptr [{local} + {t} * 8], {pfn}",
-            "add {t}, 1",
-            "mov qword ptr [{p} + {off_len}], {t}",
+            rseq_push_body!("{local}"),
             rseq_leave_cpu!(),
             area = in(reg) t.area,
             ncpu = in(reg) t.nr_cpus,
