@@ -148,7 +148,7 @@ impl Arena {
     }
 
     /// Start of the arena.
-    #[cfg(test)]
+    #[inline(always)]
     pub fn base(&self) -> usize {
         self.base
     }

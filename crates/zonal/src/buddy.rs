@@ -157,8 +157,11 @@ impl FreeArea {
 /// `Buddy` means holding the zone lock (it is built only by `ZoneLocked`).
 pub struct Buddy<'a> {
     pub(crate) area: &'a mut FreeArea,
+    /// The handle's states, which hold the zone's from `start`.
     pub(crate) mem_map: &'a MemMap,
     pub(crate) start: Pfn,
+    /// Frames in the zone.
+    pub(crate) span: usize,
     pub(crate) max_order: Order,
 }
 
@@ -170,7 +173,7 @@ impl Buddy<'_> {
 
     #[inline]
     fn set(&self, pfn: Pfn, s: u8) {
-        self.mem_map.state(pfn.0 - self.start.0).store(s, Ordering::Relaxed)
+        self.mem_map.state(pfn).store(s, Ordering::Relaxed)
     }
 
     /// Takes the smallest free block of at least `order`, splits it down to `order`, and
@@ -240,7 +243,7 @@ impl Buddy<'_> {
     /// at most `max_order + 1` byte loads under a lock the caller holds anyway, against a
     /// frame counted twice for good.
     pub fn free_one(&mut self, mut pfn: Pfn, mut order: Order) -> bool {
-        let span = self.mem_map.len();
+        let span = self.span;
         let i = pfn.0 - self.start.0;
         if let Some(o) = self.area.listed(i) {
             self.set(pfn, state(BUDDY, o));
@@ -294,7 +297,7 @@ impl Buddy<'_> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::mem_map::{decode, PCP};
+    use crate::mem_map::{decode, MemMap, PCP};
 
     fn zone(span: usize) -> (FreeArea, MemMap) {
         (FreeArea::new(span), MemMap::new(span))
@@ -303,7 +306,7 @@ mod tests {
     #[test]
     fn split_and_merge_round_trip() {
         let (mut area, states) = zone(16);
-        let mut b = Buddy { area: &mut area, mem_map: &states, start: Pfn(0), max_order: Order(3) };
+        let mut b = Buddy { area: &mut area, mem_map: &states, start: Pfn(0), span: states.len(), max_order: Order(3) };
         b.free_range(Pfn(0), 16);
         assert_eq!(b.area.nr_free(Order(3)), 2);
         let p = b.rmqueue_smallest(Order(0)).unwrap();
@@ -311,9 +314,9 @@ mod tests {
         assert_eq!(p, Pfn(8));
         // One order-3 block split into 1 (taken) + 1 + 2 + 4.
         assert_eq!((b.area.nr_free(Order(0)), b.area.nr_free(Order(1)), b.area.nr_free(Order(2))), (1, 1, 1));
-        assert_eq!(decode(states.state(9).load(Ordering::Relaxed)), (BUDDY, Order(0)));
-        assert_eq!(decode(states.state(12).load(Ordering::Relaxed)), (BUDDY, Order(2)));
-        let mut b = Buddy { area: &mut area, mem_map: &states, start: Pfn(0), max_order: Order(3) };
+        assert_eq!(decode(states.state(Pfn(9)).load(Ordering::Relaxed)), (BUDDY, Order(0)));
+        assert_eq!(decode(states.state(Pfn(12)).load(Ordering::Relaxed)), (BUDDY, Order(2)));
+        let mut b = Buddy { area: &mut area, mem_map: &states, start: Pfn(0), span: states.len(), max_order: Order(3) };
         assert!(b.free_one(p, Order(0)));
         assert_eq!(b.area.nr_free(Order(3)), 2);
         assert_eq!(b.area.nr_free(Order(0)), 0);
@@ -325,13 +328,13 @@ mod tests {
     #[test]
     fn freeing_a_free_block_is_refused() {
         let (mut area, states) = zone(16);
-        let mut b = Buddy { area: &mut area, mem_map: &states, start: Pfn(0), max_order: Order(3) };
+        let mut b = Buddy { area: &mut area, mem_map: &states, start: Pfn(0), span: states.len(), max_order: Order(3) };
         b.free_range(Pfn(0), 16);
         // Frame 8 heads a free order-3 block; frame 9 lies inside it.
         for (pfn, order, after) in [(8, 3, state(BUDDY, Order(3))), (8, 0, state(BUDDY, Order(3))), (9, 0, NONE)] {
-            states.state(pfn).store(state(PCP, Order(0)), Ordering::Relaxed);
+            states.state(Pfn(pfn)).store(state(PCP, Order(0)), Ordering::Relaxed);
             assert!(!b.free_one(Pfn(pfn), Order(order)), "pfn {pfn} order {order}");
-            assert_eq!(states.state(pfn).load(Ordering::Relaxed), after);
+            assert_eq!(states.state(Pfn(pfn)).load(Ordering::Relaxed), after);
         }
         assert_eq!((b.area.nr_free(Order(3)), b.area.nr_free(Order(0))), (2, 0));
         assert_eq!(b.area.iter(Order(3)).collect::<Vec<_>>(), vec![8, 0]);
@@ -341,7 +344,8 @@ mod tests {
     /// freed, then blocks of the given orders taken, then every other one of them freed.
     fn fragmented(span: usize, max_order: u8, takes: &[u8]) -> (FreeArea, MemMap) {
         let (mut area, map) = zone(span);
-        let mut b = Buddy { area: &mut area, mem_map: &map, start: Pfn(0), max_order: Order(max_order) };
+        let mut b =
+            Buddy { area: &mut area, mem_map: &map, start: Pfn(0), span: map.len(), max_order: Order(max_order) };
         b.free_range(Pfn(0), span);
         let taken: Vec<(Pfn, Order)> = takes
             .iter()
@@ -361,7 +365,7 @@ mod tests {
         let mut blocks: Vec<(u8, u32)> =
             (0..=max_order).flat_map(|o| area.iter(Order(o)).map(move |i| (o, i))).collect();
         blocks.sort_unstable();
-        (blocks, map.states().map(|s| s.load(Ordering::Relaxed)).collect())
+        (blocks, map.range(Pfn(0), map.len()).iter().map(|s| s.load(Ordering::Relaxed)).collect())
     }
 
     /// Whether two zones list the same blocks with the same states and counts.
@@ -374,9 +378,9 @@ mod tests {
     fn many_is_a_loop_of_smallest(max_order: u8, takes: &[u8], order: Order, n: usize) -> Result<(), String> {
         let ((mut a1, m1), (mut a2, m2)) = (fragmented(1024, max_order, takes), fragmented(1024, max_order, takes));
         let mut many = Vec::new();
-        let got = Buddy { area: &mut a1, mem_map: &m1, start: Pfn(0), max_order: Order(max_order) }
+        let got = Buddy { area: &mut a1, mem_map: &m1, start: Pfn(0), span: m1.len(), max_order: Order(max_order) }
             .rmqueue_many(order, n, &mut many);
-        let mut b2 = Buddy { area: &mut a2, mem_map: &m2, start: Pfn(0), max_order: Order(max_order) };
+        let mut b2 = Buddy { area: &mut a2, mem_map: &m2, start: Pfn(0), span: m2.len(), max_order: Order(max_order) };
         let one: Vec<usize> = (0..n).map_while(|_| b2.rmqueue_smallest(order)).map(|p| p.0).collect();
         if got != many.len() || many != one || !same_zones(&a1, &m1, &a2, &m2, max_order) {
             return Err(format!("rmqueue_many took {many:?} (said {got}), a loop took {one:?}"));
@@ -402,7 +406,7 @@ mod tests {
     #[test]
     fn partial_range_uses_smaller_blocks() {
         let (mut area, states) = zone(16);
-        let mut b = Buddy { area: &mut area, mem_map: &states, start: Pfn(0), max_order: Order(3) };
+        let mut b = Buddy { area: &mut area, mem_map: &states, start: Pfn(0), span: states.len(), max_order: Order(3) };
         b.free_range(Pfn(0), 13);
         // 8 + 4 + 1
         assert_eq!((b.area.nr_free(Order(3)), b.area.nr_free(Order(2)), b.area.nr_free(Order(0))), (1, 1, 1));

@@ -35,6 +35,7 @@ use crate::error::{Error, Result};
 use crate::sync::{AtomicU8, Ordering};
 use crate::types::{Order, Pfn};
 use crate::zone::Zone;
+use std::sync::Arc;
 
 /// State of a frame that heads no block.
 pub const NONE: u8 = 0;
@@ -69,7 +70,11 @@ pub(crate) const RUN_ORDER: Order = Order((2 * FRAMES_PER_LINE).trailing_zeros()
 
 const _: () = assert!(1 << RUN_ORDER.0 == 2 * FRAMES_PER_LINE);
 
-/// The state bytes of one zone's frames, indexed from the zone's first frame.
+/// The state bytes of every frame of a handle's arena, indexed by frame number, gaps
+/// included (always `NONE`). One map for all zones, so that the fast paths find a frame's
+/// state from its number alone: the free's claim no longer waits for the frame's zone
+/// (`block_zone`, then the zone), which put two more dependent loads on every pair. Each
+/// zone sees its own frames through a [`ZoneMap`].
 pub(crate) struct MemMap {
     states: Box<[AtomicU8]>,
 }
@@ -101,21 +106,48 @@ impl MemMap {
         }
     }
 
-    /// The state of the frame at zone-relative index `idx`.
+    /// The state of frame `pfn`.
     #[inline(always)]
-    pub(crate) fn state(&self, idx: usize) -> &AtomicU8 {
-        &self.states[idx]
+    pub(crate) fn state(&self, pfn: Pfn) -> &AtomicU8 {
+        &self.states[pfn.0]
     }
 
-    /// Frames in the map.
+    /// The state of frame `pfn`, `None` past the arena: the fast free's one bound check.
+    #[inline(always)]
+    pub(crate) fn get(&self, pfn: usize) -> Option<&AtomicU8> {
+        self.states.get(pfn)
+    }
+
+    /// Frames in the map (the arena's span).
     #[inline]
     pub(crate) fn len(&self) -> usize {
         self.states.len()
     }
 
-    /// Every state, in frame order (invariant walks).
-    pub(crate) fn states(&self) -> impl Iterator<Item = &AtomicU8> + '_ {
-        self.states.iter()
+    /// The states of `len` frames from `start`, in frame order.
+    #[inline]
+    pub(crate) fn range(&self, start: Pfn, len: usize) -> &[AtomicU8] {
+        &self.states[start.0..start.0 + len]
+    }
+}
+
+/// Which frames of a [`MemMap`] a zone is made of, to build it with.
+pub(crate) struct ZoneMap {
+    map: Arc<MemMap>,
+    start: Pfn,
+    len: usize,
+}
+
+impl ZoneMap {
+    /// The `len` frames of `map` from `start`.
+    pub(crate) fn new(map: Arc<MemMap>, start: Pfn, len: usize) -> ZoneMap {
+        assert!(start.0.checked_add(len).is_some_and(|end| end <= map.len()), "a zone lies inside its map");
+        ZoneMap { map, start, len }
+    }
+
+    /// The map, the first frame and the number of frames.
+    pub(crate) fn into_parts(self) -> (Arc<MemMap>, Pfn, usize) {
+        (self.map, self.start, self.len)
     }
 }
 
@@ -155,15 +187,15 @@ pub(crate) fn split(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
 /// the second copy (see [`take_cached`] and `pcp::free_pcppages_bulk`).
 #[inline(always)]
 pub(crate) fn claim_order0(z: &Zone, pfn: Pfn, to: u8, atomic: bool) -> Result<()> {
-    try_claim_order0(z, pfn, to, atomic).map_err(|seen| classify_bad_free(z, pfn, Order(0), seen))
+    try_claim_order0(z.state(pfn), to, atomic).map_err(|seen| classify_bad_free(z, pfn, Order(0), seen))
 }
 
-/// [`claim_order0`] without the error: `Err` carries the state seen instead, for the fast
-/// free, which leaves the error to the general path (nothing changed on a failure).
+/// [`claim_order0`] on the frame's state `entry`, without the error: `Err` carries the state
+/// seen instead, for the fast free, which leaves the error to the general path (nothing
+/// changed on a failure).
 #[inline(always)]
-pub(crate) fn try_claim_order0(z: &Zone, pfn: Pfn, to: u8, atomic: bool) -> Result<(), u8> {
+pub(crate) fn try_claim_order0(entry: &AtomicU8, to: u8, atomic: bool) -> Result<(), u8> {
     let live = state(ALLOCATED, Order(0));
-    let entry = z.state(pfn);
     // Acquire: pairs with the Release of the allocation that handed the frame out. The
     // default (`sequential`) first, the way the fast free falls through.
     if !atomic {
@@ -203,8 +235,8 @@ pub(crate) fn claim_listed(z: &Zone, pfn: Pfn, order: Order) -> bool {
 /// is not `PCP`: the second copy left by two racing frees under `free_check = sequential`,
 /// dropped here (the first copy is live or back in the lists).
 #[inline(always)]
-pub(crate) fn take_cached(z: &Zone, pfn: Pfn) -> bool {
-    let entry = z.state(pfn);
+pub(crate) fn take_cached(map: &MemMap, pfn: Pfn) -> bool {
+    let entry = map.state(pfn);
     if entry.load(Ordering::Relaxed) != state(PCP, Order(0)) {
         return false;
     }

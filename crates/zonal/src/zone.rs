@@ -15,7 +15,7 @@
 
 use crate::buddy::{Buddy, FreeArea};
 use crate::mem_map;
-use crate::mem_map::MemMap;
+use crate::mem_map::{MemMap, ZoneMap};
 use crate::sync::{self, AtomicBool, AtomicU8, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::types::{NodeId, Order, Pfn, ZoneId, PAGE_SHIFT};
 use crate::vmstat::{self, PerCpuZoneDiffs, ZoneCounters, ZoneStatItem};
@@ -116,8 +116,9 @@ pub struct Zone {
     /// lines of their own (Linux's `ZONE_PADDING`): every CPU's refills and drains write them,
     /// while the fields above are read by every allocation's watermark check.
     locked: CachePadded<LockedArea>,
-    /// The frames' state bytes (zonal's `mem_map`).
-    mem_map: MemMap,
+    /// The frames' state bytes (zonal's `mem_map`): the handle's map, which holds this
+    /// zone's frames from `start_pfn`.
+    mem_map: Arc<MemMap>,
 }
 
 /// The zone's transfer list: order-0 frames one CPU's lists drained, waiting for another
@@ -193,23 +194,25 @@ impl fmt::Debug for Zone {
 }
 
 impl Zone {
-    /// A zone of `pages` frames from `start`, all free, with counters for one CPU of its own.
+    /// A zone of `pages` frames from `start`, all free, with counters for one CPU and a map
+    /// of its own.
     #[cfg(test)]
     pub(crate) fn new(id: ZoneId, node: NodeId, start: Pfn, pages: usize, max_order: Order) -> Zone {
-        Zone::with_counters(id, node, start, pages, max_order, 1, Arc::default())
+        let map = ZoneMap::new(Arc::new(MemMap::new(start.0 + pages)), start, pages);
+        Zone::with_counters(id, node, map, max_order, 1, Arc::default())
     }
 
-    /// A zone of `pages` frames from `start`, all free, with per-CPU diffs for `nr_cpus` CPUs
-    /// folding into `global` as well as into its own counters.
+    /// A zone of the frames of `map`, all free, with per-CPU diffs for `nr_cpus` CPUs folding
+    /// into `global` as well as into its own counters.
     pub(crate) fn with_counters(
         id: ZoneId,
         node: NodeId,
-        start: Pfn,
-        pages: usize,
+        map: ZoneMap,
         max_order: Order,
         nr_cpus: usize,
         global: Arc<ZoneCounters>,
     ) -> Zone {
+        let (map, start, pages) = map.into_parts();
         let z = Zone {
             id,
             node,
@@ -231,7 +234,7 @@ impl Zone {
                 free_pages: AtomicUsize::new(0),
                 transfer: Transfer::new(),
             }),
-            mem_map: MemMap::new(pages),
+            mem_map: map,
         };
         z.refresh_stat_thresholds();
         z.lock().buddy().free_range(start, pages);
@@ -259,7 +262,19 @@ impl Zone {
     /// The state byte of a frame of this zone (see [`crate::buddy`]).
     #[inline]
     pub(crate) fn state(&self, pfn: Pfn) -> &AtomicU8 {
-        self.mem_map.state(pfn.0 - self.start_pfn.0)
+        debug_assert!(self.contains(pfn), "frame {} outside zone {}", pfn.0, self.id.0);
+        self.mem_map.state(pfn)
+    }
+
+    /// The state bytes of the whole handle, which this zone's frames are part of.
+    #[inline(always)]
+    pub(crate) fn map(&self) -> &MemMap {
+        &self.mem_map
+    }
+
+    /// This zone's state bytes, in frame order from its first frame (invariant walks).
+    fn states(&self) -> &[AtomicU8] {
+        self.mem_map.range(self.start_pfn, self.spanned)
     }
 
     /// Free frames in the buddy lists as folded (`zone_page_state(NR_FREE_PAGES)`): behind
@@ -470,7 +485,7 @@ impl Zone {
             let mut n = 0;
             for idx in l.area.iter(order) {
                 let i = idx as usize;
-                let s = (i < self.mem_map.len()).then(|| self.mem_map.state(i).load(Ordering::Relaxed));
+                let s = self.states().get(i).map(|s| s.load(Ordering::Relaxed));
                 if s != Some(mem_map::state(mem_map::BUDDY, order)) || i % order.pages() != 0 {
                     return Err(format!(
                         "zone {}: block {idx} on free_area[{o}] has state {s:?} or is misaligned",
@@ -514,7 +529,7 @@ impl Zone {
             let order = Order(o);
             let mut n = 0;
             for idx in l.area.iter(order) {
-                let s = self.mem_map.state(idx as usize).load(Ordering::Relaxed);
+                let s = self.states()[idx as usize].load(Ordering::Relaxed);
                 if s != mem_map::state(mem_map::BUDDY, order) {
                     return Err(format!("zone {}: block {idx} on free_area[{o}] has state {s:#x}", self.id.0));
                 }
@@ -553,7 +568,7 @@ impl Zone {
         }
         let mut allocated = 0;
         let mut pcp = 0;
-        for (i, s) in self.mem_map.states().enumerate() {
+        for (i, s) in self.states().iter().enumerate() {
             let (tag, order) = mem_map::decode(s.load(Ordering::Relaxed));
             match tag {
                 mem_map::ALLOCATED => {
@@ -605,6 +620,7 @@ impl ZoneLocked<'_> {
             area: &mut self.area,
             mem_map: &self.zone.mem_map,
             start: self.zone.start_pfn,
+            span: self.zone.spanned,
             max_order: self.zone.max_order,
         }
     }
@@ -673,7 +689,8 @@ mod tests {
     /// reads the exact count the lock's holders keep, not the diffs, and is exact.
     #[test]
     fn watermark_check_near_the_mark_is_exact_without_the_diffs() {
-        let z = Zone::with_counters(ZoneId(0), NodeId(0), Pfn(0), 1024, Order(3), 64, Arc::default());
+        let map = ZoneMap::new(Arc::new(MemMap::new(1024)), Pfn(0), 1024);
+        let z = Zone::with_counters(ZoneId(0), NodeId(0), map, Order(3), 64, Arc::default());
         z.fold_diffs_for_test();
         let mut taken = Vec::new();
         for _ in 0..10 {

@@ -186,7 +186,7 @@ impl Zonal {
             // outlive the call; `z` is one of this handle's zones.
             let popped = unsafe { pcp::rseq::pop_many(&table, z.id.0 as usize, &mut buf[..want]) };
             let k = popped.len();
-            for pfn in popped.iter().map(|&p| Pfn(p)).filter(|&pfn| take_cached(z, pfn)) {
+            for pfn in popped.iter().map(|&p| Pfn(p)).filter(|&pfn| take_cached(&self.mem.map, pfn)) {
                 put(self.pfn_to_ptr(pfn));
                 n += 1;
             }

@@ -38,7 +38,7 @@ impl Zonal {
             self.give_back(area, z, pfn);
             return None;
         }
-        if !take_cached(z, pfn) {
+        if !take_cached(&self.mem.map, pfn) {
             return None;
         }
         self.account_local_alloc(cpu, z, 1);
@@ -134,31 +134,38 @@ impl Zonal {
         // SAFETY: the table is this thread's rseq area (the caller's `area`) and this handle's
         // lists, which outlive the call; `z` is one of this handle's zones.
         let pfn = Pfn(unsafe { pcp::rseq::pop(&self.rseq_table(area), z.id.0 as usize) }?);
-        take_cached(z, pfn).then_some(pfn)
+        take_cached(z.map(), pfn).then_some(pfn)
     }
 
-    /// The order-0 fast path of free: the frame's zone, its alignment, a claim that tags it
-    /// for the per-CPU cache (as `free_check` says: a load and a store, or a CAS), and a push
-    /// in one restartable sequence (`push_frame`) onto this CPU's lists of the frame's zone,
-    /// which returns the CPU the free is counted on. The section takes the CPU's local lists
-    /// from the CPU alone and checks that they serve the frame's zone, with a branch: on
-    /// the pair's path the lists' address no longer waits for the frame's zone lookup
-    /// (pointer, `block_zone`, the zone), which put three dependent loads between each
-    /// allocation and the next (12.0 → 10.7 ns a pair); a frame of another zone takes that
-    /// zone's lists in the same section (two sections, one failing first, made `bench cross`
-    /// 19% slower). When a check or the claim fails, nothing has changed and the general
-    /// path decides (and reports the error); when the push fails (the cache full or locked,
-    /// the section interrupted), the frame is taken back with a CAS (`unpush`, which one
-    /// racer wins) and freed on the locked path. Every call here is a tail call, so the
-    /// path saves no registers.
+    /// The order-0 fast path of free: the frame's number (one bound for the arena and its
+    /// state map), its alignment, a claim that tags it for the per-CPU cache (as
+    /// `free_check` says: a load and a store, or a CAS), and a push in one restartable
+    /// sequence (`push_frame`) onto this CPU's lists of the frame's zone, which returns the
+    /// CPU the free is counted on. The claim finds the frame's state from its number alone
+    /// (one map for all zones), and the section takes the CPU's local lists from the CPU
+    /// alone and checks that they serve the frame's zone (its block's entry of
+    /// `block_zone`), with a branch: on the pair's path nothing waits for the zone's
+    /// structure, where the lists' address once waited for three dependent loads (pointer,
+    /// `block_zone`, the zone; 12.0 → 10.7 ns a pair) and the claim for two (10.7 → 9.7);
+    /// a frame of another zone takes that zone's lists in the same section (two sections,
+    /// one failing first, made `bench cross` 19% slower). When a check or the claim fails,
+    /// nothing has changed and the general path decides (and reports the error); when the
+    /// push fails (the cache full or locked, the section interrupted), the frame is taken
+    /// back with a CAS (`unpush`, which one racer wins) and freed on the locked path. Every
+    /// call here is a tail call, so the path saves no registers.
     #[inline(always)]
     pub(super) fn free_order0_fast(&self, area: *mut u8, addr: usize) -> Result<()> {
-        let Some((zone, pfn)) = self.frame_zone(addr) else {
+        let off = addr.wrapping_sub(self.mem.arena.base());
+        let pfn = off >> PAGE_SHIFT;
+        // The map covers the arena's span, so its bound is the arena's.
+        let Some(entry) = self.mem.map.get(pfn).filter(|_| off % PAGE_SIZE == 0) else {
             return self.free_pages_general(addr as *mut u8, 0);
         };
-        if mem_map::try_claim_order0(zone, pfn, mem_map::state(mem_map::PCP, Order(0)), self.free_check_atomic())
-            .is_err()
-        {
+        let zone = match self.mem.block_zone.get(pfn >> self.mem.max_order.0) {
+            Some(&z) if (z as usize) < self.mem.zones.len() => z as usize,
+            _ => return self.free_pages_general(addr as *mut u8, 0),
+        };
+        if mem_map::try_claim_order0(entry, mem_map::state(mem_map::PCP, Order(0)), self.free_check_atomic()).is_err() {
             return self.free_pages_general(addr as *mut u8, 0);
         }
         let t = pcp::rseq::FrameTable {
@@ -166,19 +173,19 @@ impl Zonal {
             local: self.cpus.local_pcp.as_ptr(),
             remote: self.cpus.zone_pcp.as_ptr(),
             nr_cpus: self.cpus.nr_cpus,
-            zone: zone.id.0 as usize,
+            zone,
         };
         // SAFETY: this thread's area (`rseq_area`); `local_pcp` holds `nr_cpus` addresses and
         // `zone_pcp` `nr_zones * nr_cpus`, of this handle's lists (which outlive the call) or,
         // in `local_pcp`, the stand-in (see `Zonal::new`); `zone` is one of its zones.
-        let cpu = unsafe { pcp::rseq::push_frame(&t, pfn.0) };
+        let cpu = unsafe { pcp::rseq::push_frame(&t, pfn) };
         // A failed push returns `usize::MAX`, past every CPU: one comparison for both.
         match self.cpus.events.get(cpu) {
             Some(events) => {
                 events.add(VmEvent::Pgfree, 1);
                 Ok(())
             }
-            None => self.free_unpushed(zone, pfn),
+            None => self.free_unpushed(zone, Pfn(pfn)),
         }
     }
 
@@ -187,8 +194,9 @@ impl Zonal {
     /// freed on the locked path, counted on this CPU.
     #[cold]
     #[inline(never)]
-    fn free_unpushed(&self, zone: &Zone, pfn: Pfn) -> Result<()> {
+    fn free_unpushed(&self, zone: usize, pfn: Pfn) -> Result<()> {
         let cpu = self.current_cpu();
+        let zone = &self.mem.zones[zone];
         if unpush(zone, pfn) {
             self.free_claimed(cpu, zone, &[pfn], Order(0));
         }

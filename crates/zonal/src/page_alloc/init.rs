@@ -25,14 +25,14 @@ impl Zonal {
         let mut block_zone = vec![NO_ZONE; arena.span_pages() >> max_order.0];
         let nr_cpus = topo.nr_cpus();
         let vm_zone_stat: Arc<ZoneCounters> = Arc::default();
+        let map = Arc::new(mem_map::MemMap::new(arena.span_pages()));
         for (nid, mem) in arena.nodes().iter().enumerate() {
             let id = ZoneId(zones.len() as u16);
             let node = NodeId(nid as u16);
             let z = Zone::with_counters(
                 id,
                 node,
-                mem.start_pfn,
-                mem.nr_pages,
+                mem_map::ZoneMap::new(Arc::clone(&map), mem.start_pfn, mem.nr_pages),
                 max_order,
                 nr_cpus,
                 Arc::clone(&vm_zone_stat),
@@ -115,6 +115,7 @@ impl Zonal {
                 zlc_epoch_ms: sys::coarse_now_ms(),
                 vm_zone_stat,
                 block_zone,
+                map,
                 max_order,
                 lowmem_pages,
                 arena,

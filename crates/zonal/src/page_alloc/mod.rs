@@ -157,6 +157,9 @@ struct Memory {
     vm_zone_stat: Arc<ZoneCounters>,
     /// Zone of each largest-order block of the arena (`u16::MAX`: a gap).
     block_zone: Vec<u16>,
+    /// The state byte of every frame of the arena, which its zones share (see
+    /// [`mem_map::MemMap`]).
+    map: Arc<mem_map::MemMap>,
     max_order: Order,
     /// Frames of every zone (`lowmem_pages`, what `min_free_kbytes` is shared over).
     lowmem_pages: usize,
@@ -460,24 +463,12 @@ impl Zonal {
     /// The zone that owns an address (any byte of a frame), and that frame.
     #[inline]
     fn owning_zone(&self, addr: usize) -> Result<(&Zone, Pfn)> {
-        self.find_zone(addr).ok_or(Error::NotOwned { addr })
-    }
-
-    /// [`Zonal::owning_zone`] without the error (the fast free's, which leaves it to the
-    /// general path).
-    #[inline(always)]
-    fn find_zone(&self, addr: usize) -> Option<(&Zone, Pfn)> {
-        let pfn = self.mem.arena.addr_to_pfn(addr)?;
+        let pfn = self.mem.arena.addr_to_pfn(addr).ok_or(Error::NotOwned { addr })?;
         let zid = self.mem.block_zone[pfn.0 >> self.mem.max_order.0];
-        let zone = self.mem.zones.get(zid as usize)?;
-        zone.contains(pfn).then_some((zone, pfn))
-    }
-
-    /// The zone and frame of an address that must start an order-0 frame; `None` where
-    /// [`Zonal::addr_to_zone`] would give an error.
-    #[inline(always)]
-    fn frame_zone(&self, addr: usize) -> Option<(&Zone, Pfn)> {
-        self.find_zone(addr).filter(|_| addr % PAGE_SIZE == 0)
+        match self.mem.zones.get(zid as usize) {
+            Some(zone) if zone.contains(pfn) => Ok((zone, pfn)),
+            _ => Err(Error::NotOwned { addr }),
+        }
     }
 
     /// The node a frame of zonal belongs to (`page_to_nid`).
