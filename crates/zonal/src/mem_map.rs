@@ -112,6 +112,13 @@ impl MemMap {
         &self.states[pfn.0]
     }
 
+    /// Every state, by frame number: a slice to hold in registers across a loop, where the
+    /// map's own fields would be loaded again after each atomic store.
+    #[inline(always)]
+    pub(crate) fn states(&self) -> &[AtomicU8] {
+        &self.states
+    }
+
     /// The state of frame `pfn`, `None` past the arena: the fast free's one bound check.
     #[inline(always)]
     pub(crate) fn get(&self, pfn: usize) -> Option<&AtomicU8> {
@@ -235,8 +242,8 @@ pub(crate) fn claim_listed(z: &Zone, pfn: Pfn, order: Order) -> bool {
 /// is not `PCP`: the second copy left by two racing frees under `free_check = sequential`,
 /// dropped here (the first copy is live or back in the lists).
 #[inline(always)]
-pub(crate) fn take_cached(map: &MemMap, pfn: Pfn) -> bool {
-    let entry = map.state(pfn);
+pub(crate) fn take_cached(states: &[AtomicU8], pfn: Pfn) -> bool {
+    let entry = &states[pfn.0];
     if entry.load(Ordering::Relaxed) != state(PCP, Order(0)) {
         return false;
     }

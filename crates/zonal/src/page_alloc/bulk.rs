@@ -177,6 +177,7 @@ impl Zonal {
         let Some(area) = self.rseq_area() else { return 0 };
         let Some((cpu, z)) = self.local_fast_zone(area, nr) else { return 0 };
         let table = self.rseq_table(area);
+        let states = self.mem.map.states();
         let mut buf = [const { MaybeUninit::uninit() }; BULK_CHUNK];
         let mut n = 0;
         let mut left = nr;
@@ -186,7 +187,7 @@ impl Zonal {
             // outlive the call; `z` is one of this handle's zones.
             let popped = unsafe { pcp::rseq::pop_many(&table, z.id.0 as usize, &mut buf[..want]) };
             let k = popped.len();
-            for pfn in popped.iter().map(|&p| Pfn(p)).filter(|&pfn| take_cached(&self.mem.map, pfn)) {
+            for pfn in popped.iter().map(|&p| Pfn(p)).filter(|&pfn| take_cached(states, pfn)) {
                 put(self.pfn_to_ptr(pfn));
                 n += 1;
             }
@@ -237,6 +238,7 @@ impl Zonal {
         // the CAS is a small part of the cost). Only the claim to the cache's tag may be a
         // load and a store: every way out of the cache claims again (`unpush`, the drain).
         let atomic = self.free_check_atomic() || area.is_none();
+        let states = self.mem.map.states();
         let mut first_err = None;
         let mut freed = 0usize;
         // Runs of frames of one zone, freed together.
@@ -269,7 +271,8 @@ impl Zonal {
                     break;
                 }
                 let pfn = Pfn(z.start_pfn.0 + (off >> PAGE_SHIFT));
-                if claim_order0(z, pfn, to, atomic).is_err() {
+                // A failure changes nothing: the outer loop checks the frame again, in full.
+                if mem_map::try_claim_order0(&states[pfn.0], to, atomic).is_err() {
                     break;
                 }
                 run.push(pfn.0);

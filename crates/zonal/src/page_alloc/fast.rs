@@ -38,7 +38,7 @@ impl Zonal {
             self.give_back(area, z, pfn);
             return None;
         }
-        if !take_cached(&self.mem.map, pfn) {
+        if !take_cached(self.mem.map.states(), pfn) {
             return None;
         }
         self.account_local_alloc(cpu, z, 1);
@@ -134,7 +134,7 @@ impl Zonal {
         // SAFETY: the table is this thread's rseq area (the caller's `area`) and this handle's
         // lists, which outlive the call; `z` is one of this handle's zones.
         let pfn = Pfn(unsafe { pcp::rseq::pop(&self.rseq_table(area), z.id.0 as usize) }?);
-        take_cached(z.map(), pfn).then_some(pfn)
+        take_cached(z.map().states(), pfn).then_some(pfn)
     }
 
     /// The order-0 fast path of free: the frame's number (one bound for the arena and its
