@@ -3,13 +3,15 @@
 
 #[cfg(loom)]
 pub use loom::sync::atomic::{
-    AtomicBool, AtomicI8, AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+    fence, AtomicBool, AtomicI8, AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
 };
 #[cfg(loom)]
 pub use loom::sync::{Mutex, MutexGuard};
 
 #[cfg(not(loom))]
-pub use std::sync::atomic::{AtomicBool, AtomicI8, AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+pub use std::sync::atomic::{
+    fence, AtomicBool, AtomicI8, AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 #[cfg(not(loom))]
 pub use std::sync::{Mutex, MutexGuard};
 

@@ -27,6 +27,8 @@ impl Zonal {
         // SAFETY: `area` is this thread's rseq area (`rseq_area`); `local_pcp` holds one
         // address per CPU, each of this handle's lists (which outlive the call) or of the
         // locked stand-in (see `Zonal::new`).
+        // The section counts the frame in the cache's word (`pcp::word`): `pgalloc` with the
+        // NUMA hit and local, uncounted below if the frame is not handed out.
         let (pfn, cpu) = unsafe { pcp::rseq::pop_local(&t) }?;
         let pfn = Pfn(pfn);
         // The section served `cpu` from its local zone's lists, so `local_zone[cpu]` is a zone.
@@ -35,13 +37,14 @@ impl Zonal {
         // once: below `low` (the strictest test any gfp flag asks for) the frame goes back
         // and the general path decides, as if it had never been taken.
         if !z.watermark_ok_fast(Order(0), z.watermark(Watermark::Low), false) {
-            self.give_back(area, z, pfn);
+            self.give_back(area, z, pfn, cpu);
             return None;
         }
         if !take_cached(self.mem.map.states(), pfn) {
+            self.uncount_pop(cpu);
             return None;
         }
-        self.account_local_alloc(cpu, z, 1);
+        self.charge_numa_local(cpu, z, 1);
         if let Some(e) = also {
             self.count_event(cpu, e, 1);
         }
@@ -59,11 +62,21 @@ impl Zonal {
     /// claimed frame (`unpush` first, as `free_order0_fast` does with a push that fails).
     #[cold]
     #[inline(never)]
-    fn give_back(&self, area: *mut u8, z: &Zone, pfn: Pfn) {
+    fn give_back(&self, area: *mut u8, z: &Zone, pfn: Pfn, cpu: usize) {
+        self.uncount_pop(cpu);
         // SAFETY: this thread's area, this handle's lists and zone.
         if !unsafe { pcp::rseq::push(&self.rseq_table(area), z.id.0 as usize, pfn.0) } && unpush(z, pfn) {
             self.free_claimed(self.current_cpu(), z, &[pfn], Order(0));
         }
+    }
+
+    /// Takes back the count of a frame `pop_local` popped on `cpu` (in its cache's word) but
+    /// that is not handed out: a wrapping -1 on the CPU's `local_first`, which every reader
+    /// adds to the words' counts.
+    #[cold]
+    #[inline(never)]
+    fn uncount_pop(&self, cpu: usize) {
+        self.cpus.events[cpu].add_local_first(u64::MAX);
     }
 
     /// The fast path of the larger orders the per-CPU lists keep (1 to 3 and the pageblock
@@ -122,6 +135,13 @@ impl Zonal {
     pub(super) fn account_local_alloc(&self, cpu: usize, z: &Zone, n: u64) {
         // `local_zone[cpu]` is on the CPU's node (see `Zonal::new`): a hit and local.
         self.cpus.events[cpu].add_local_first(n);
+        self.charge_numa_local(cpu, z, n);
+    }
+
+    /// The NUMA statistics of `n` local-zone frames beyond the per-CPU strategy's (which
+    /// reads them from the local-first counts): the other strategies' own counters.
+    #[inline(always)]
+    fn charge_numa_local(&self, cpu: usize, z: &Zone, n: u64) {
         if self.numa.key.load(std::sync::atomic::Ordering::Relaxed) > NUMA_ON_PERCPU {
             self.numa_charge(cpu, z, z, n, None);
         }
@@ -178,15 +198,11 @@ impl Zonal {
         // SAFETY: this thread's area (`rseq_area`); `local_pcp` holds `nr_cpus` addresses and
         // `zone_pcp` `nr_zones * nr_cpus`, of this handle's lists (which outlive the call) or,
         // in `local_pcp`, the stand-in (see `Zonal::new`); `zone` is one of its zones.
-        let cpu = unsafe { pcp::rseq::push_frame(&t, pfn) };
-        // A failed push returns `usize::MAX`, past every CPU: one comparison for both.
-        match self.cpus.events.get(cpu) {
-            Some(events) => {
-                events.add(VmEvent::Pgfree, 1);
-                Ok(())
-            }
-            None => self.free_unpushed(zone, Pfn(pfn)),
+        // The section counts the frame (`pgfree`) in the cache's word (`pcp::word`).
+        if unsafe { pcp::rseq::push_frame(&t, pfn) } == usize::MAX {
+            return self.free_unpushed(zone, Pfn(pfn));
         }
+        Ok(())
     }
 
     /// The end of a fast free whose push failed: the claim taken back (`unpush`; a racer's

@@ -416,12 +416,27 @@ impl Zonal {
     /// An event counter summed over CPUs.
     pub fn event(&self, ev: VmEvent) -> u64 {
         let n = vmstat::sum_events(&self.cpus.events, ev);
+        let pcps = self.cpus.pcps.iter();
         match ev {
             // Counted by the lists fenced, under their lock: the worker that fences too has
             // no event counters of its own.
-            VmEvent::PcpFence => self.cpus.pcps.iter().map(PerCpuPages::fences).fold(n, u64::wrapping_add),
+            VmEvent::PcpFence => pcps.map(PerCpuPages::fences).fold(n, u64::wrapping_add),
+            // The single order-0 paths count in their caches' words (`pcp::word`).
+            VmEvent::PgallocNormal => pcps.map(|p| p.fast_counts().0).fold(n, u64::wrapping_add),
+            VmEvent::Pgfree => pcps.map(|p| p.fast_counts().1).fold(n, u64::wrapping_add),
             _ => n,
         }
+    }
+
+    /// Frames the fast paths took from `cpu`'s local zone (a hit, and local): its
+    /// `local_first` count, and the single allocation's pops, which that path counts in its
+    /// cache's word (only the local zone's cache has any).
+    pub(super) fn local_first(&self, cpu: usize) -> u64 {
+        let nz = self.mem.zones.len();
+        self.cpus.pcps[cpu * nz..(cpu + 1) * nz]
+            .iter()
+            .map(|p| p.fast_counts().0)
+            .fold(self.cpus.events[cpu].local_first(), u64::wrapping_add)
     }
 
     /// Frames the order-0 fast paths (the rseq cache, single and bulk) have handed out, summed
@@ -429,7 +444,7 @@ impl Zonal {
     /// `local_first` count those paths keep anyway, so it costs them nothing; 0 where the
     /// fast paths do not run (no rseq, `ZONAL_NO_RSEQ`, lists off).
     pub fn fast_path_allocs(&self) -> u64 {
-        self.cpus.events.iter().map(PerCpuEvents::local_first).fold(0, u64::wrapping_add)
+        (0..self.cpus.nr_cpus).map(|c| self.local_first(c)).fold(0, u64::wrapping_add)
     }
 
     /// The zone of a frame zonal handed out.
@@ -690,6 +705,53 @@ mod tests {
                 assert!(transfer() > 0);
                 assert!(z.drain_all_pages() > 0);
                 assert_eq!((transfer(), z.nr_free_pages(node).unwrap()), (0, managed));
+                assert_eq!(z.check_invariants(), Ok(0));
+            });
+        });
+    }
+
+    /// The single order-0 paths count in their cache's word: when a count reaches its
+    /// guard bit, its section gives way, the locked path that runs instead folds both counts
+    /// out of the word, and the sections count on from zero; `pgalloc` and `pgfree` miss no
+    /// frame and count none twice throughout.
+    #[test]
+    fn fast_counts_fold_at_their_guard() {
+        let z = Zonal::new(Config::new(Topology::parse("nodes=1,size=16M").unwrap())).unwrap();
+        if !runs_rseq(&z) {
+            return;
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                sys::set_affinity(sys::current_cpu()).unwrap();
+                let cpu = z.current_cpu();
+                let pcp = &z.cpus.pcps[cpu * z.mem.zones.len() + z.cpus.local_zone[cpu] as usize];
+                let pair = || {
+                    let p = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+                    z.free_pages(p.as_ptr(), 0).unwrap();
+                };
+                pair();
+                let counts = || (z.event(VmEvent::PgallocNormal), z.event(VmEvent::Pgfree), z.fast_path_allocs());
+                // Three pairs below each guard (bit 23 of a 24-bit count).
+                // (Setting the counts adds what they gain to the totals.)
+                let near = (1 << 23) - 3;
+                let (pops, pushes) = pcp.word_counts();
+                let before = counts();
+                pcp.set_word_counts(near, near);
+                let fast_before = pcp.fast_counts();
+                for _ in 0..10 {
+                    pair();
+                }
+                let after = counts();
+                assert_eq!(after.0, before.0 + (near - pops) + 10, "pgalloc");
+                assert_eq!(after.1, before.1 + (near - pushes) + 10, "pgfree");
+                // The allocation that found its count at the guard took the locked path (unless
+                // the worker's fold came first).
+                let slow = (before.2 + (near - pops) + 10).checked_sub(after.2);
+                assert!(matches!(slow, Some(0 | 1)), "fast-path allocations: {} slow", slow.map_or(-1, |s| s as i64));
+                let (pops, pushes) = pcp.word_counts();
+                assert!(pops < 10 && pushes < 10, "the counts were folded out of the word: {pops}, {pushes}");
+                let fast = pcp.fast_counts();
+                assert!(fast.0 > fast_before.0 && fast.1 > fast_before.1, "the sections count on after the fold");
                 assert_eq!(z.check_invariants(), Ok(0));
             });
         });

@@ -99,7 +99,7 @@ impl Zonal {
                 let frozen = self.numa.fast_frozen[c].load(std::sync::atomic::Ordering::Relaxed);
                 if fast_on {
                     let base = self.numa.fast_base[c].load(std::sync::atomic::Ordering::Relaxed);
-                    let since = counted_since(self.cpus.events[c].local_first(), base);
+                    let since = counted_since(self.local_first(c), base);
                     frozen.wrapping_add(since)
                 } else {
                     frozen
@@ -119,7 +119,7 @@ impl Zonal {
             return;
         }
         for c in 0..self.cpus.nr_cpus {
-            let now = self.cpus.events[c].local_first();
+            let now = self.local_first(c);
             if old == NUMA_ON_PERCPU {
                 let since = counted_since(now, self.numa.fast_base[c].load(Relaxed));
                 self.numa.fast_frozen[c].fetch_add(since, Relaxed);

@@ -15,7 +15,7 @@
 //!
 //! Locking: none inside a section; a section gives way whenever its CPU's lists are locked,
 //! and a locker on another CPU fences that CPU ([`fence`]) before it touches the cache.
-//! Invariant: a section commits with exactly one store of `cache_len`, the last instruction
+//! Invariant: a section commits with exactly one store of the cache word, the last instruction
 //! of its restartable range, so the cache is either untouched or changed as a whole; a push
 //! commits only below `cache_limit <= CACHE_CAP`.
 //!

@@ -14,7 +14,7 @@
 //! until the commit.
 
 use super::{FrameTable, LocalTable, Table};
-use crate::pcp::PerCpuPages;
+use crate::pcp::{word, PerCpuPages};
 use std::mem::MaybeUninit;
 
 /// The sections can run on this architecture (given rseq and membarrier at run time).
@@ -117,38 +117,60 @@ macro_rules! rseq_leave_cpu {
     };
 }
 
-/// The body of a pop, once `{p}` holds the lists: give way on an empty cache, else load the
-/// top slot into `{out}` and commit the shorter length (`pop` and `pop_local`).
+/// The body of a pop, once `{p}` holds the lists: give way on an empty cache or one whose
+/// count of pops is at its guard bit (see [`crate::pcp::word`]), else load the top slot
+/// into `{out}` (the slots' address in the scratch register `$s`) and commit the cache word
+/// that `$commit` makes of `{t}`: one shorter, for `pop`; one shorter and a pop counted,
+/// for `pop_local`.
 macro_rules! rseq_pop_body {
-    () => {
+    ($s:literal, $commit:literal) => {
         concat!(
             "mov {t}, qword ptr [{p} + {off_len}]\n",
-            "test {t}, {t}\n",
+            "movzx {out:e}, {t:x}\n",
+            "test {out:e}, {out:e}\n",
             "jz 25f\n",
-            "sub {t}, 1\n",
-            "mov {out}, qword ptr [{p} + {off_slots}]\n",
-            "mov {out}, qword ptr [{out} + {t} * 8]\n",
+            "bt {t}, {pops_guard}\n",
+            "jc 25f\n",
+            $commit,
+            "\n",
+            "mov ",
+            $s,
+            ", qword ptr [{p} + {off_slots}]\n",
+            "mov {out}, qword ptr [",
+            $s,
+            " + {out} * 8 - 8]\n",
             "mov qword ptr [{p} + {off_len}], {t}\n",
         )
     };
 }
 
-/// The body of a push, once `{p}` holds the lists: give way on a full cache, else write
-/// `{pfn}` to the slot at the length (the slots' address in the scratch register `$s`) and
-/// commit the longer length (`push` and `push_frame`).
+/// The body of a push, once `{p}` holds the lists: give way on a full cache (or when
+/// `$guard` says so), else write `{pfn}` to the slot at the length (its address made in the
+/// scratch register `$s`) and commit the cache word that `$commit` makes of `{t}` (with `$s`
+/// free again): one longer, for `push`; one longer and a push counted, for `push_frame`.
 macro_rules! rseq_push_body {
-    ($s:literal) => {
+    ($s:literal, $guard:literal, $commit:literal) => {
         concat!(
             "mov {t}, qword ptr [{p} + {off_len}]\n",
-            "cmp {t}, qword ptr [{p} + {off_limit}]\n",
+            "movzx ",
+            $s,
+            ", {t:x}\n",
+            "cmp ",
+            $s,
+            ", qword ptr [{p} + {off_limit}]\n",
             "jae 25f\n",
-            "mov ",
+            $guard,
+            "shl ",
+            $s,
+            ", 3\n",
+            "add ",
             $s,
             ", qword ptr [{p} + {off_slots}]\n",
             "mov qword ptr [",
             $s,
-            " + {t} * 8], {pfn}\n",
-            "add {t}, 1\n",
+            "], {pfn}\n",
+            $commit,
+            "\n",
             "mov qword ptr [{p} + {off_len}], {t}\n",
         )
     };
@@ -193,7 +215,7 @@ macro_rules! rseq_section {
             base = inout(reg) $table.base => _,
             size = const std::mem::size_of::<PerCpuPages>(),
             off_lock = const std::mem::offset_of!(PerCpuPages, lock),
-            off_len = const std::mem::offset_of!(PerCpuPages, cache_len),
+            off_len = const std::mem::offset_of!(PerCpuPages, cache_word),
             off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
             p = out(reg) _,
             t = out(reg) _,
@@ -221,10 +243,9 @@ pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
         rseq_section!(
             t,
             zone,
-            [
-                rseq_pop_body!(),
-            ],
+            [rseq_pop_body!("{nz}", "sub {t}, 1")],
             out = out(reg) out,
+            pops_guard = const word::POPS_GUARD,
             ok = out(reg) ok,
         );
     }
@@ -246,13 +267,15 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
     unsafe {
         std::arch::asm!(
             rseq_enter_local!(),
-            rseq_pop_body!(),
+            rseq_pop_body!("{local}", "add {t}, {pop_local}"),
             rseq_leave_cpu!(),
             area = in(reg) t.area,
             ncpu = in(reg) t.nr_cpus,
-            local = in(reg) t.local,
+            local = inout(reg) t.local => _,
+            pops_guard = const word::POPS_GUARD,
+            pop_local = const word::POP_LOCAL,
             off_lock = const std::mem::offset_of!(PerCpuPages, lock),
-            off_len = const std::mem::offset_of!(PerCpuPages, cache_len),
+            off_len = const std::mem::offset_of!(PerCpuPages, cache_word),
             off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
             cpu = out(reg) cpu,
             p = out(reg) _,
@@ -277,7 +300,7 @@ pub(super) unsafe fn push(t: &Table, zone: usize, pfn: usize) -> bool {
         rseq_section!(
             t,
             zone,
-            [rseq_push_body!("{nz}")],
+            [rseq_push_body!("{nz}", "", "add {t}, 1")],
             pfn = in(reg) pfn,
             off_limit = const std::mem::offset_of!(PerCpuPages, cache_limit),
             ok = out(reg) ok,
@@ -314,8 +337,9 @@ pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> usize {
             "28:",
             "cmp byte ptr [{p} + {off_lock}], 0",
             "jne 25f",
-            rseq_push_body!("{local}"),
+            rseq_push_body!("{local}", "test {t}, {t}\njs 25f\n", "mov {local}, {push_frame}\nadd {t}, {local}"),
             rseq_leave_cpu!(),
+            push_frame = const word::PUSH_FRAME,
             area = in(reg) t.area,
             ncpu = in(reg) t.nr_cpus,
             local = inout(reg) t.local => _,
@@ -323,7 +347,7 @@ pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> usize {
             zone = in(reg) t.zone,
             off_zone = const std::mem::offset_of!(PerCpuPages, zone),
             off_lock = const std::mem::offset_of!(PerCpuPages, lock),
-            off_len = const std::mem::offset_of!(PerCpuPages, cache_len),
+            off_len = const std::mem::offset_of!(PerCpuPages, cache_word),
             off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
             off_limit = const std::mem::offset_of!(PerCpuPages, cache_limit),
             pfn = in(reg) pfn,
@@ -357,16 +381,19 @@ pub(super) unsafe fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUni
             zone,
             [
                 "mov {t}, qword ptr [{p} + {off_len}]",
-                // n = min(len, max)
+                // n = min(len, max), with the length from the word's low bits
+                "movzx {nz}, {t:x}",
                 "mov {n}, {max}",
-                "cmp {t}, {n}",
-                "cmovb {n}, {t}",
+                "cmp {nz}, {n}",
+                "cmovb {n}, {nz}",
                 "test {n}, {n}",
                 "jz 25f",
+                // the word n shorter (no borrow: n <= len), its counts kept
                 "sub {t}, {n}",
                 // nz = &slots[new len]; copy slots[new len + i] to out[i], i in zone.
-                "mov {nz}, qword ptr [{p} + {off_slots}]",
-                "lea {nz}, [{nz} + {t} * 8]",
+                "sub {nz}, {n}",
+                "shl {nz}, 3",
+                "add {nz}, qword ptr [{p} + {off_slots}]",
                 rseq_copy!("{nz}", "{out}"),
                 "mov qword ptr [{p} + {off_len}], {t}",
             ],
@@ -402,15 +429,16 @@ pub(super) unsafe fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize 
             zone,
             [
                 "mov {t}, qword ptr [{p} + {off_len}]",
-                // n = min(limit - len, count)
+                // n = min(limit - len, count), with the length from the word's low bits
+                "movzx {nz}, {t:x}",
                 "mov {n}, qword ptr [{p} + {off_limit}]",
-                "sub {n}, {t}",
+                "sub {n}, {nz}",
                 "jbe 25f",
                 "cmp {n}, {count}",
                 "cmova {n}, {count}",
                 // nz = &slots[len]; copy src[i] to it, i in zone.
-                "mov {nz}, qword ptr [{p} + {off_slots}]",
-                "lea {nz}, [{nz} + {t} * 8]",
+                "shl {nz}, 3",
+                "add {nz}, qword ptr [{p} + {off_slots}]",
                 rseq_copy!("{src}", "{nz}"),
                 "add {t}, {n}",
                 "mov qword ptr [{p} + {off_len}], {t}",
