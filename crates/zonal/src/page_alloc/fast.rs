@@ -160,13 +160,13 @@ impl Zonal {
     /// The order-0 fast path of free: the frame's number (one bound for the arena and its
     /// state map), its alignment, a claim that tags it for the per-CPU cache (as
     /// `free_check` says: a load and a store, or a CAS), and a push in one restartable
-    /// sequence (`push_frame`) onto this CPU's lists of the frame's zone, which returns the
-    /// CPU the free is counted on. The claim finds the frame's state from its number alone
+    /// sequence (`push_frame`) onto this CPU's lists of the frame's zone, which counts the
+    /// free (`pgfree`) in its commit (`pcp::word`). The claim finds the frame's state from its number alone
     /// (one map for all zones), and the section takes the CPU's local lists from the CPU
     /// alone and checks that they serve the frame's zone (its block's entry of
     /// `block_zone`), with a branch: on the pair's path nothing waits for the zone's
     /// structure, where the lists' address once waited for three dependent loads (pointer,
-    /// `block_zone`, the zone; 12.0 → 10.7 ns a pair) and the claim for two (10.7 → 9.7);
+    /// `block_zone`, the zone; 12.0 → 10.7 ns a pair) and the claim for two (10.7 → 8.8);
     /// a frame of another zone takes that zone's lists in the same section (two sections,
     /// one failing first, made `bench cross` 19% slower). When a check or the claim fails,
     /// nothing has changed and the general path decides (and reports the error); when the

@@ -153,8 +153,9 @@ const _: () = assert!(std::mem::offset_of!(PerCpuPages, lock) < std::mem::size_o
 const _: () = assert!(std::mem::offset_of!(PerCpuPages, zone) + 4 <= std::mem::size_of::<Standin>());
 
 /// Pops an order-0 block from the cache of the current CPU's local-zone lists in one
-/// section (the CPU id, its lists from the table, the pop), and returns it with that CPU;
-/// `None` when the cache is empty, the lists are locked or a stand-in, or the section was
+/// section (the CPU id, its lists from the table, the pop), counting it in the cache word's
+/// pops (`pcp::word`), and returns it with that CPU; `None` when the cache is empty, the
+/// lists are locked or a stand-in, the count is at its guard bit, or the section was
 /// interrupted.
 ///
 /// # Safety
@@ -167,7 +168,9 @@ pub unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
 }
 
 /// Pops an order-0 block from the cache of the current CPU's lists for `zone`; `None`
-/// when the cache is empty, the lists are locked, or the section was interrupted.
+/// when the cache is empty, the lists are locked, the word's pops are at their guard bit
+/// (so that the locked path runs and folds them, see `pcp::word`), or the section was
+/// interrupted.
 ///
 /// # Safety
 /// `t.area` is the calling thread's registered rseq area, `t.base` points to
@@ -196,9 +199,9 @@ pub unsafe fn push(t: &Table, zone: usize, pfn: usize) -> bool {
 }
 
 /// Pushes an order-0 block (head already tagged `PCP`) of the zone `t.zone` onto the cache
-/// of the current CPU's lists for that zone, and returns the CPU; `usize::MAX` when the
-/// cache is at its bound, the lists are locked, or the section was interrupted (so that
-/// one bounds check of the CPU serves both). The lists are found from the CPU alone when
+/// of the current CPU's lists for that zone, counting it in the cache word's pushes
+/// (`pcp::word`), and returns the CPU; `usize::MAX` when the cache is at its bound, the
+/// lists are locked, the count is at its guard bit, or the section was interrupted. The lists are found from the CPU alone when
 /// they are its local zone's (`t.local`), which a frame freed on its own node's CPU is,
 /// and from `t.remote` otherwise, in one section either way.
 ///
