@@ -647,6 +647,17 @@ mod tests {
         assert_eq!(z.nr_free_pages(NodeId(0)).unwrap(), z.mem.zones[0].managed);
     }
 
+    /// Runs `f` on a thread pinned to the CPU it starts on, so that every section and lock
+    /// of `f` finds one CPU's lists.
+    fn on_one_cpu(f: impl FnOnce() + Send) {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                sys::set_affinity(sys::current_cpu()).unwrap();
+                f();
+            });
+        });
+    }
+
     /// Whether `z` runs the rseq fast paths. Skips (with a word on stderr) only where rseq is
     /// legitimately absent; anywhere else a handle without its rseq area is a failure.
     fn runs_rseq(z: &Zonal) -> bool {
@@ -676,37 +687,34 @@ mod tests {
     #[test]
     fn frees_past_high_wait_on_the_transfer_list() {
         let z = Zonal::new(Config::new(Topology::parse("nodes=1,size=16M").unwrap())).unwrap();
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                // One CPU's lists throughout.
-                sys::set_affinity(sys::current_cpu()).unwrap();
-                let node = NodeId(0);
-                let transfer = || z.zone_stats()[0].transfer;
-                let managed = z.zones()[0].managed;
-                let accounted = || z.nr_free_pages(node).unwrap() + z.nr_pcp_pages(node).unwrap();
-                let held: Vec<_> = (0..1000).map(|_| z.alloc_pages(Gfp::KERNEL, 0).unwrap()).collect();
-                for p in &held {
-                    z.free_pages(p.as_ptr(), 0).unwrap();
-                }
-                let moved = transfer();
-                assert!(moved > 0 && z.event(VmEvent::PcpDrain) > 0, "frees past high went to the transfer list");
-                assert!(moved <= z.zones()[0].watermark(Watermark::Low));
-                let zoneinfo = crate::report::parse_zoneinfo(&z.zoneinfo());
-                assert!(zoneinfo[0].fields.contains(&("transfer".to_string(), moved as u64)), "zoneinfo prints it");
-                assert_eq!(accounted(), managed);
-                assert_eq!(z.check_invariants(), Ok(0));
+        on_one_cpu(|| {
+            // One CPU's lists throughout.
+            let node = NodeId(0);
+            let transfer = || z.zone_stats()[0].transfer;
+            let managed = z.zones()[0].managed;
+            let accounted = || z.nr_free_pages(node).unwrap() + z.nr_pcp_pages(node).unwrap();
+            let held: Vec<_> = (0..1000).map(|_| z.alloc_pages(Gfp::KERNEL, 0).unwrap()).collect();
+            for p in &held {
+                z.free_pages(p.as_ptr(), 0).unwrap();
+            }
+            let moved = transfer();
+            assert!(moved > 0 && z.event(VmEvent::PcpDrain) > 0, "frees past high went to the transfer list");
+            assert!(moved <= z.zones()[0].watermark(Watermark::Low));
+            let zoneinfo = crate::report::parse_zoneinfo(&z.zoneinfo());
+            assert!(zoneinfo[0].fields.contains(&("transfer".to_string(), moved as u64)), "zoneinfo prints it");
+            assert_eq!(accounted(), managed);
+            assert_eq!(z.check_invariants(), Ok(0));
 
-                let held: Vec<_> = (0..1000).map(|_| z.alloc_pages(Gfp::KERNEL, 0).unwrap()).collect();
-                assert!(transfer() < moved, "the refills took frames back from it");
-                assert_eq!(accounted(), managed - 1000);
-                for p in &held {
-                    z.free_pages(p.as_ptr(), 0).unwrap();
-                }
-                assert!(transfer() > 0);
-                assert!(z.drain_all_pages() > 0);
-                assert_eq!((transfer(), z.nr_free_pages(node).unwrap()), (0, managed));
-                assert_eq!(z.check_invariants(), Ok(0));
-            });
+            let held: Vec<_> = (0..1000).map(|_| z.alloc_pages(Gfp::KERNEL, 0).unwrap()).collect();
+            assert!(transfer() < moved, "the refills took frames back from it");
+            assert_eq!(accounted(), managed - 1000);
+            for p in &held {
+                z.free_pages(p.as_ptr(), 0).unwrap();
+            }
+            assert!(transfer() > 0);
+            assert!(z.drain_all_pages() > 0);
+            assert_eq!((transfer(), z.nr_free_pages(node).unwrap()), (0, managed));
+            assert_eq!(z.check_invariants(), Ok(0));
         });
     }
 
@@ -720,40 +728,37 @@ mod tests {
         if !runs_rseq(&z) {
             return;
         }
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                sys::set_affinity(sys::current_cpu()).unwrap();
-                let cpu = z.current_cpu();
-                let pcp = &z.cpus.pcps[cpu * z.mem.zones.len() + z.cpus.local_zone[cpu] as usize];
-                let pair = || {
-                    let p = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
-                    z.free_pages(p.as_ptr(), 0).unwrap();
-                };
+        on_one_cpu(|| {
+            let cpu = z.current_cpu();
+            let pcp = &z.cpus.pcps[cpu * z.mem.zones.len() + z.cpus.local_zone[cpu] as usize];
+            let pair = || {
+                let p = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+                z.free_pages(p.as_ptr(), 0).unwrap();
+            };
+            pair();
+            let counts = || (z.event(VmEvent::PgallocNormal), z.event(VmEvent::Pgfree), z.fast_path_allocs());
+            // Three pairs below each guard (bit 23 of a 24-bit count).
+            // (Setting the counts adds what they gain to the totals.)
+            let near = (1 << 23) - 3;
+            let (pops, pushes) = pcp.word_counts();
+            let before = counts();
+            pcp.set_word_counts(near, near);
+            let fast_before = pcp.fast_counts();
+            for _ in 0..10 {
                 pair();
-                let counts = || (z.event(VmEvent::PgallocNormal), z.event(VmEvent::Pgfree), z.fast_path_allocs());
-                // Three pairs below each guard (bit 23 of a 24-bit count).
-                // (Setting the counts adds what they gain to the totals.)
-                let near = (1 << 23) - 3;
-                let (pops, pushes) = pcp.word_counts();
-                let before = counts();
-                pcp.set_word_counts(near, near);
-                let fast_before = pcp.fast_counts();
-                for _ in 0..10 {
-                    pair();
-                }
-                let after = counts();
-                assert_eq!(after.0, before.0 + (near - pops) + 10, "pgalloc");
-                assert_eq!(after.1, before.1 + (near - pushes) + 10, "pgfree");
-                // The allocation that found its count at the guard took the locked path (unless
-                // the worker's fold came first).
-                let slow = (before.2 + (near - pops) + 10).checked_sub(after.2);
-                assert!(matches!(slow, Some(0 | 1)), "fast-path allocations: {} slow", slow.map_or(-1, |s| s as i64));
-                let (pops, pushes) = pcp.word_counts();
-                assert!(pops < 10 && pushes < 10, "the counts were folded out of the word: {pops}, {pushes}");
-                let fast = pcp.fast_counts();
-                assert!(fast.0 > fast_before.0 && fast.1 > fast_before.1, "the sections count on after the fold");
-                assert_eq!(z.check_invariants(), Ok(0));
-            });
+            }
+            let after = counts();
+            assert_eq!(after.0, before.0 + (near - pops) + 10, "pgalloc");
+            assert_eq!(after.1, before.1 + (near - pushes) + 10, "pgfree");
+            // The allocation that found its count at the guard took the locked path (unless
+            // the worker's fold came first).
+            let slow = (before.2 + (near - pops) + 10).checked_sub(after.2);
+            assert!(matches!(slow, Some(0 | 1)), "fast-path allocations: {} slow", slow.map_or(-1, |s| s as i64));
+            let (pops, pushes) = pcp.word_counts();
+            assert!(pops < 10 && pushes < 10, "the counts were folded out of the word: {pops}, {pushes}");
+            let fast = pcp.fast_counts();
+            assert!(fast.0 > fast_before.0 && fast.1 > fast_before.1, "the sections count on after the fold");
+            assert_eq!(z.check_invariants(), Ok(0));
         });
     }
 
@@ -769,48 +774,45 @@ mod tests {
         if !runs_rseq(&z) {
             return;
         }
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                // One CPU for the whole test, so every section sees the same lists.
-                sys::set_affinity(sys::current_cpu()).unwrap();
-                let local = z.local_node();
-                let other = NodeId(1 - local.0);
-                let pcp = |n: NodeId| z.nr_pcp_pages(n).unwrap();
-                let frees = || z.event(VmEvent::Pgfree);
+        // One CPU for the whole test, so every section sees the same lists.
+        on_one_cpu(|| {
+            let local = z.local_node();
+            let other = NodeId(1 - local.0);
+            let pcp = |n: NodeId| z.nr_pcp_pages(n).unwrap();
+            let frees = || z.event(VmEvent::Pgfree);
 
-                // A local frame: onto the local lists, and the next allocation's.
-                let p = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
-                assert_eq!(z.page_to_nid(p.as_ptr()), Ok(local));
-                let (before, freed) = (pcp(local), frees());
+            // A local frame: onto the local lists, and the next allocation's.
+            let p = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+            assert_eq!(z.page_to_nid(p.as_ptr()), Ok(local));
+            let (before, freed) = (pcp(local), frees());
+            z.free_pages(p.as_ptr(), 0).unwrap();
+            assert_eq!((pcp(local), frees()), (before + 1, freed + 1));
+            assert_eq!(z.alloc_pages(Gfp::KERNEL, 0).unwrap(), p, "the top of the local cache");
+
+            // A frame of the other node: onto this CPU's lists of its zone.
+            let q = z.alloc_pages_node(other, Gfp::THISNODE, 0).unwrap();
+            let (before, before_local) = (pcp(other), pcp(local));
+            z.free_pages(q.as_ptr(), 0).unwrap();
+            assert_eq!((pcp(other), pcp(local)), (before + 1, before_local));
+            assert_eq!(z.alloc_pages_node(other, Gfp::THISNODE, 0).unwrap(), q);
+
+            // The local zone down to `low` in the buddy, one frame back on the cache.
+            let low = z.mem.zones[z.cpus.local_zone[z.current_cpu()] as usize].watermark(Watermark::Low);
+            let mut held = vec![p, q];
+            while z.nr_free_pages(local).unwrap() > low {
+                held.push(z.alloc_pages_node(local, Gfp::THISNODE, 0).unwrap());
+            }
+            let r = held.pop().unwrap();
+            z.free_pages(r.as_ptr(), 0).unwrap();
+            let (cached, freed, fast) = (pcp(local), frees(), z.fast_path_allocs());
+            let got = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+            assert_eq!(z.page_to_nid(got.as_ptr()), Ok(other), "the local zone is at low: the first pass moves on");
+            assert_eq!(pcp(local), cached, "the popped frame went back");
+            assert_eq!((frees(), z.fast_path_allocs()), (freed, fast), "and was not counted");
+            held.push(got);
+            for p in held {
                 z.free_pages(p.as_ptr(), 0).unwrap();
-                assert_eq!((pcp(local), frees()), (before + 1, freed + 1));
-                assert_eq!(z.alloc_pages(Gfp::KERNEL, 0).unwrap(), p, "the top of the local cache");
-
-                // A frame of the other node: onto this CPU's lists of its zone.
-                let q = z.alloc_pages_node(other, Gfp::THISNODE, 0).unwrap();
-                let (before, before_local) = (pcp(other), pcp(local));
-                z.free_pages(q.as_ptr(), 0).unwrap();
-                assert_eq!((pcp(other), pcp(local)), (before + 1, before_local));
-                assert_eq!(z.alloc_pages_node(other, Gfp::THISNODE, 0).unwrap(), q);
-
-                // The local zone down to `low` in the buddy, one frame back on the cache.
-                let low = z.mem.zones[z.cpus.local_zone[z.current_cpu()] as usize].watermark(Watermark::Low);
-                let mut held = vec![p, q];
-                while z.nr_free_pages(local).unwrap() > low {
-                    held.push(z.alloc_pages_node(local, Gfp::THISNODE, 0).unwrap());
-                }
-                let r = held.pop().unwrap();
-                z.free_pages(r.as_ptr(), 0).unwrap();
-                let (cached, freed, fast) = (pcp(local), frees(), z.fast_path_allocs());
-                let got = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
-                assert_eq!(z.page_to_nid(got.as_ptr()), Ok(other), "the local zone is at low: the first pass moves on");
-                assert_eq!(pcp(local), cached, "the popped frame went back");
-                assert_eq!((frees(), z.fast_path_allocs()), (freed, fast), "and was not counted");
-                held.push(got);
-                for p in held {
-                    z.free_pages(p.as_ptr(), 0).unwrap();
-                }
-            });
+            }
         });
         z.drain_all_pages();
         assert_eq!(z.check_invariants(), Ok(0));
