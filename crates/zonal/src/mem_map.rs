@@ -73,8 +73,8 @@ const _: () = assert!(1 << RUN_ORDER.0 == 2 * FRAMES_PER_LINE);
 /// The state bytes of every frame of a handle's arena, indexed by frame number, gaps
 /// included (always `NONE`). One map for all zones, so that the fast paths find a frame's
 /// state from its number alone: the free's claim no longer waits for the frame's zone
-/// (`block_zone`, then the zone), which put two more dependent loads on every pair. Each
-/// zone sees its own frames through a [`ZoneMap`].
+/// (`block_zone`, then the zone), which put two more dependent loads on every pair. A zone
+/// holds the map and its own range of it (built from a [`ZoneMap`]).
 pub(crate) struct MemMap {
     states: Box<[AtomicU8]>,
 }
@@ -117,12 +117,6 @@ impl MemMap {
     #[inline(always)]
     pub(crate) fn states(&self) -> &[AtomicU8] {
         &self.states
-    }
-
-    /// The state of frame `pfn`, `None` past the arena: the fast free's one bound check.
-    #[inline(always)]
-    pub(crate) fn get(&self, pfn: usize) -> Option<&AtomicU8> {
-        self.states.get(pfn)
     }
 
     /// Frames in the map (the arena's span).

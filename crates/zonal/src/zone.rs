@@ -266,12 +266,6 @@ impl Zone {
         self.mem_map.state(pfn)
     }
 
-    /// The state bytes of the whole handle, which this zone's frames are part of.
-    #[inline(always)]
-    pub(crate) fn map(&self) -> &MemMap {
-        &self.mem_map
-    }
-
     /// This zone's state bytes, in frame order from its first frame (invariant walks).
     fn states(&self) -> &[AtomicU8] {
         self.mem_map.range(self.start_pfn, self.spanned)

@@ -24,11 +24,11 @@ impl Zonal {
             return None;
         }
         let t = self.local_table(area);
+        // The section counts the frame in the cache's word (`pcp::word`): `pgalloc` with the
+        // NUMA hit and local, uncounted below if the frame is not handed out.
         // SAFETY: `area` is this thread's rseq area (`rseq_area`); `local_pcp` holds one
         // address per CPU, each of this handle's lists (which outlive the call) or of the
         // locked stand-in (see `Zonal::new`).
-        // The section counts the frame in the cache's word (`pcp::word`): `pgalloc` with the
-        // NUMA hit and local, uncounted below if the frame is not handed out.
         let (pfn, cpu) = unsafe { pcp::rseq::pop_local(&t) }?;
         let pfn = Pfn(pfn);
         // The section served `cpu` from its local zone's lists, so `local_zone[cpu]` is a zone.
@@ -154,16 +154,16 @@ impl Zonal {
         // SAFETY: the table is this thread's rseq area (the caller's `area`) and this handle's
         // lists, which outlive the call; `z` is one of this handle's zones.
         let pfn = Pfn(unsafe { pcp::rseq::pop(&self.rseq_table(area), z.id.0 as usize) }?);
-        take_cached(z.map().states(), pfn).then_some(pfn)
+        take_cached(self.mem.map.states(), pfn).then_some(pfn)
     }
 
     /// The order-0 fast path of free: the frame's number (one bound for the arena and its
     /// state map), its alignment, a claim that tags it for the per-CPU cache (as
     /// `free_check` says: a load and a store, or a CAS), and a push in one restartable
     /// sequence (`push_frame`) onto this CPU's lists of the frame's zone, which counts the
-    /// free (`pgfree`) in its commit (`pcp::word`). The claim finds the frame's state from its number alone
-    /// (one map for all zones), and the section takes the CPU's local lists from the CPU
-    /// alone and checks that they serve the frame's zone (its block's entry of
+    /// free (`pgfree`) in its commit (`pcp::word`). The claim finds the frame's state from
+    /// its number alone (one map for all zones), and the section takes the CPU's local lists
+    /// from the CPU alone and checks that they serve the frame's zone (its block's entry of
     /// `block_zone`), with a branch: on the pair's path nothing waits for the zone's
     /// structure, where the lists' address once waited for three dependent loads (pointer,
     /// `block_zone`, the zone; 12.0 → 10.7 ns a pair) and the claim for two (10.7 → 8.8);
@@ -178,7 +178,7 @@ impl Zonal {
         let off = addr.wrapping_sub(self.mem.arena.base());
         let pfn = off >> PAGE_SHIFT;
         // The map covers the arena's span, so its bound is the arena's.
-        let Some(entry) = self.mem.map.get(pfn).filter(|_| off % PAGE_SIZE == 0) else {
+        let Some(entry) = self.mem.map.states().get(pfn).filter(|_| off % PAGE_SIZE == 0) else {
             return self.free_pages_general(addr as *mut u8, 0);
         };
         let zone = match self.mem.block_zone.get(pfn >> self.mem.max_order.0) {
