@@ -112,6 +112,14 @@ pub struct Zone {
     max_drift: AtomicUsize,
     /// Whether the pressure threshold is in force (free frames fell below `low`).
     pressure: AtomicBool,
+    /// Whether the exact free count is above the `low` watermark (clamped to `managed`): the
+    /// watermark test of an order-0 allocation, which the per-CPU cache's section reads
+    /// through each of this zone's lists (`PerCpuPages::above_low`) instead of loading the
+    /// count and the mark after its pop. Only the free count and the watermarks decide it,
+    /// so it is kept where they change: by every holder of the zone lock that changes the
+    /// count ([`ZoneLocked`]'s accounting) and by `setup_watermarks`, under the lock; it is
+    /// written only when it flips, so its line stays shared between the CPUs that read it.
+    above_low: std::sync::atomic::AtomicBool,
     /// The zone lock, the lists it guards, the exact free count and the transfer list, on
     /// lines of their own (Linux's `ZONE_PADDING`): every CPU's refills and drains write them,
     /// while the fields above are read by every allocation's watermark check.
@@ -229,6 +237,7 @@ impl Zone {
             percpu_drift_mark: AtomicUsize::new(0),
             max_drift: AtomicUsize::new(0),
             pressure: AtomicBool::new(false),
+            above_low: std::sync::atomic::AtomicBool::new(false),
             locked: CachePadded::new(LockedArea {
                 lock: Mutex::new(FreeArea::new(pages)),
                 free_pages: AtomicUsize::new(0),
@@ -410,11 +419,30 @@ impl Zone {
         let pages_min = (min_free_kbytes >> (PAGE_SHIFT - 10)) as u128;
         let min = (pages_min * self.managed as u128 / lowmem_pages.max(1) as u128) as usize;
         let tmp = (min / 4).max((self.managed as u128 * wsf as u128 / 10_000) as usize);
-        self.watermark[Watermark::Min as usize].store(min, Ordering::Relaxed);
-        self.watermark[Watermark::Low as usize].store(min + tmp, Ordering::Relaxed);
-        self.watermark[Watermark::High as usize].store(min + 2 * tmp, Ordering::Relaxed);
-        self.watermark[Watermark::Promo as usize].store(min + 3 * tmp, Ordering::Relaxed);
+        {
+            // Under the lock, so that `above_low` agrees with the marks for every holder.
+            let _l = self.lock();
+            self.watermark[Watermark::Min as usize].store(min, Ordering::Relaxed);
+            self.watermark[Watermark::Low as usize].store(min + tmp, Ordering::Relaxed);
+            self.watermark[Watermark::High as usize].store(min + 2 * tmp, Ordering::Relaxed);
+            self.watermark[Watermark::Promo as usize].store(min + 3 * tmp, Ordering::Relaxed);
+            self.set_above_low(self.nr_free_exact());
+        }
         self.refresh_stat_thresholds();
+    }
+
+    /// Whether the exact free count is above `low` (see the field), for the sections that
+    /// read it through a zone's lists.
+    pub(crate) fn above_low(&self) -> &std::sync::atomic::AtomicBool {
+        &self.above_low
+    }
+
+    /// Sets [`Zone::above_low`] from the exact free count `free`; the zone lock is held.
+    fn set_above_low(&self, free: usize) {
+        let above = free > self.watermark(Watermark::Low).min(self.managed);
+        if self.above_low.load(std::sync::atomic::Ordering::Relaxed) != above {
+            self.above_low.store(above, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// `__zone_watermark_ok`: may an allocation of `order` take frames, leaving the zone above
@@ -553,6 +581,14 @@ impl Zone {
                 self.nr_free_exact()
             ));
         }
+        let above = self.above_low.load(std::sync::atomic::Ordering::Relaxed);
+        if above != (free > self.watermark(Watermark::Low).min(self.managed)) {
+            return Err(format!(
+                "zone {}: above_low {above} with {free} free and low {}",
+                self.id.0,
+                self.watermark(Watermark::Low)
+            ));
+        }
         for o in 0..=self.max_order.0 {
             let (n, counted) =
                 (l.area.nr_free(Order(o)), self.page_state_snapshot(ZoneStatItem::NrFreeOrder(Order(o))));
@@ -647,7 +683,9 @@ impl ZoneLocked<'_> {
             self.zone.mod_page_state(cpu, ZoneStatItem::NrFreePages, pages);
             // The lock is held: a load and a store cannot race with another writer.
             let exact = &self.zone.locked.free_pages;
-            exact.store(exact.load(Ordering::Relaxed).wrapping_add_signed(pages), Ordering::Relaxed);
+            let free = exact.load(Ordering::Relaxed).wrapping_add_signed(pages);
+            exact.store(free, Ordering::Relaxed);
+            self.zone.set_above_low(free);
         }
     }
 }
@@ -703,6 +741,44 @@ mod tests {
             z.lock().buddy().free_one(p, Order(0));
         }
         assert_eq!(z.nr_free_exact(), 1024);
+        assert_eq!(z.check_invariants(0), Ok(0));
+    }
+
+    /// `above_low` (what the order-0 fast path reads for its watermark test) follows the
+    /// exact free count across `low` both ways, and the marks when they move.
+    #[test]
+    fn above_low_follows_the_count_and_the_marks() {
+        let map = ZoneMap::new(Arc::new(MemMap::new(1024)), Pfn(0), 1024);
+        let z = Zone::with_counters(ZoneId(0), NodeId(0), map, Order(3), 64, Arc::default());
+        let flag = || z.above_low().load(std::sync::atomic::Ordering::Relaxed);
+        assert!(flag(), "no marks yet: 1024 free is above a low of 0");
+        // min = 512 * 1024 / 2048 = 256 frames, tmp = 64: low = 320.
+        z.setup_watermarks(2048, 2048, 10);
+        assert_eq!(z.watermark(Watermark::Low), 320);
+        assert!(flag());
+        let mut taken = Vec::new();
+        while z.nr_free_exact() > 321 {
+            taken.push(z.lock().buddy().rmqueue_smallest(Order(0)).unwrap());
+            assert!(flag(), "{} free", z.nr_free_exact());
+        }
+        taken.push(z.lock().buddy().rmqueue_smallest(Order(0)).unwrap());
+        assert_eq!(z.nr_free_exact(), 320);
+        assert!(!flag(), "at low");
+        // A lower mark lifts it without a change of the count, a higher one drops it again.
+        z.setup_watermarks(1024, 2048, 10);
+        assert!(flag());
+        z.setup_watermarks(4096, 2048, 10);
+        assert!(!flag());
+        z.setup_watermarks(2048, 2048, 10);
+        z.lock().buddy().free_one(taken.pop().unwrap(), Order(0));
+        assert!(flag(), "321 free");
+        // A mark above what the zone manages is clamped to it, as `watermark_ok_fast` does.
+        for p in taken {
+            z.lock().buddy().free_one(p, Order(0));
+        }
+        z.setup_watermarks(1 << 30, 2048, 10);
+        assert!(z.watermark(Watermark::Low) > z.managed);
+        assert!(!flag(), "all 1024 free is not above a mark clamped to 1024");
         assert_eq!(z.check_invariants(0), Ok(0));
     }
 

@@ -8,12 +8,12 @@ use super::*;
 impl Zonal {
     /// The order-0 fast path. Under the local policy an allocation tries the first zone of
     /// the local node's zonelist first: one restartable sequence finds this CPU's lists of
-    /// that zone from the CPU id alone (`local_pcp`) and pops a frame from their cache, with
-    /// no lock and no atomic read-modify-write; the frame is handed out when the zone is
-    /// above its low watermark (the strictest test any gfp flag asks for), and goes back
-    /// otherwise. Anything else (no rseq, a thread policy, a zone near its watermarks, an
-    /// empty cache, an interrupted section) returns `None`, and the general path runs with
-    /// the same semantics.
+    /// that zone from the CPU id alone (`local_pcp`), reads the zone's flag that says it is
+    /// above its low watermark (the strictest test any gfp flag asks for, which the zone
+    /// lock's holders keep; see `Zone::above_low`), and pops a frame from the cache, with no
+    /// lock and no atomic read-modify-write. Anything else (no rseq, a thread policy, a zone
+    /// at or below `low`, an empty cache, an interrupted section) returns `None`, and the
+    /// general path runs with the same semantics.
     ///
     /// `also`: an event to count on the CPU the path ran on (a bulk call of one frame counts
     /// itself as a bulk call); `None` from the single path, which the inlining removes.
@@ -27,47 +27,37 @@ impl Zonal {
         // The section counts the frame in the cache's word (`pcp::word`): `pgalloc` with the
         // NUMA hit and local, uncounted below if the frame is not handed out.
         // SAFETY: `area` is this thread's rseq area (`rseq_area`); `local_pcp` holds one
-        // address per CPU, each of this handle's lists (which outlive the call) or of the
-        // locked stand-in (see `Zonal::new`).
+        // address per CPU, each of this handle's lists (which outlive the call, as do their
+        // zones' flags) or of the locked stand-in (see `Zonal::new`).
         let (pfn, cpu) = unsafe { pcp::rseq::pop_local(&t) }?;
         let pfn = Pfn(pfn);
-        // The section served `cpu` from its local zone's lists, so `local_zone[cpu]` is a zone.
-        let z = &self.mem.zones[self.cpus.local_zone[cpu] as usize];
-        // The watermark after the pop, so that the section finds the CPU and the zone at
-        // once: below `low` (the strictest test any gfp flag asks for) the frame goes back
-        // and the general path decides, as if it had never been taken.
-        if !z.watermark_ok_fast(Order(0), z.watermark(Watermark::Low), false) {
-            self.give_back(area, z, pfn, cpu);
-            return None;
-        }
         if !take_cached(self.mem.map.states(), pfn) {
             self.uncount_pop(cpu);
             return None;
         }
-        self.charge_numa_local(cpu, z, 1);
+        if self.numa.key.load(std::sync::atomic::Ordering::Relaxed) > NUMA_ON_PERCPU {
+            self.charge_numa_popped(cpu);
+        }
         if let Some(e) = also {
             self.count_event(cpu, e, 1);
         }
         Some(self.pfn_to_ptr(pfn))
     }
 
+    /// The NUMA statistics of a frame `pop_local` took on `cpu`, beyond the per-CPU
+    /// strategy's: the CPU's local zone, a hit and local.
+    #[cold]
+    #[inline(never)]
+    fn charge_numa_popped(&self, cpu: usize) {
+        // The section served `cpu` from its local zone's lists, so `local_zone[cpu]` is a zone.
+        let z = &self.mem.zones[self.cpus.local_zone[cpu] as usize];
+        self.numa_charge(cpu, z, z, 1, None);
+    }
+
     /// Where this thread's local-zone sections find each CPU's lists.
     #[inline(always)]
     fn local_table(&self, area: *mut u8) -> pcp::rseq::LocalTable {
         pcp::rseq::LocalTable { area, local: self.cpus.local_pcp.as_ptr(), nr_cpus: self.cpus.local_pcp.len() }
-    }
-
-    /// Returns a frame the order-0 fast path popped (still tagged `PCP`) but may not hand
-    /// out: onto this CPU's cache again, or, when that fails, to the locked path as a
-    /// claimed frame (`unpush` first, as `free_order0_fast` does with a push that fails).
-    #[cold]
-    #[inline(never)]
-    fn give_back(&self, area: *mut u8, z: &Zone, pfn: Pfn, cpu: usize) {
-        self.uncount_pop(cpu);
-        // SAFETY: this thread's area, this handle's lists and zone.
-        if !unsafe { pcp::rseq::push(&self.rseq_table(area), z.id.0 as usize, pfn.0) } && unpush(z, pfn) {
-            self.free_claimed(self.current_cpu(), z, &[pfn], Order(0));
-        }
     }
 
     /// Takes back the count of a frame `pop_local` popped on `cpu` (in its cache's word) but

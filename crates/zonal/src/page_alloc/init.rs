@@ -63,7 +63,7 @@ impl Zonal {
             .map(|(cpu, z)| {
                 let (batch, high_min, high_max) = pcp_sizes(&topo, z, fraction);
                 if config.pcp {
-                    PerCpuPages::new(cpu as u32, z.id.0, batch, high_min, high_max)
+                    PerCpuPages::new(cpu as u32, z.id.0, batch, high_min, high_max).watching(z)
                 } else {
                     PerCpuPages::new(cpu as u32, z.id.0, 1, 0, 0)
                 }

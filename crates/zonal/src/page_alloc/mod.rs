@@ -630,8 +630,8 @@ mod tests {
                     // A push fails only when preempted mid-section or at the cache's bound,
                     // which a single earlier allocation leaves far away.
                     // SAFETY: this thread's rseq area, the handle's lists and one of its zones.
-                    let push = || unsafe { pcp::rseq::push(&z.rseq_table(area), zone.id.0 as usize, pfn.0) };
-                    assert!((0..1000).any(|_| push()));
+                    let push = || unsafe { pcp::rseq::push_many(&z.rseq_table(area), zone.id.0 as usize, &[pfn.0]) };
+                    assert!((0..1000).any(|_| push() == 1));
                 }
                 let first = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
                 assert_eq!(first, p, "the top of the cache is the frame");

@@ -185,6 +185,10 @@ pub struct PerCpuPages {
     /// moved, each counted by its commit: popped by `pop_local` (bits 16-39) and pushed by
     /// `push_frame` (bits 40-63). See [`word`].
     cache_word: AtomicU64,
+    /// The zone's [`Zone::above_low`], which `rseq::pop_local` reads before it pops: the
+    /// order-0 fast path's watermark test. Lists not yet given a zone (`watching`) point to
+    /// a flag that is always clear, so that path never pops from them.
+    above_low: *const std::sync::atomic::AtomicBool,
     cache_limit: AtomicUsize,
     cache_slots: *const AtomicUsize,
     cache: Box<[AtomicUsize]>,
@@ -222,10 +226,14 @@ const _: () = assert!(std::mem::align_of::<PerCpuPages>() == 128);
 
 // SAFETY: `inner` is only reached through a `PcpGuard`, which exists only while `lock` is
 // held by its creator, so accesses from different threads never overlap; the cache is made
-// of atomics, and `cache_slots` points into `cache`, which lives as long as the struct.
+// of atomics, and `cache_slots` points into `cache`, which lives as long as the struct;
+// `above_low` points to an atomic that outlives every section reading it (`watching`).
 unsafe impl Sync for PerCpuPages {}
 // SAFETY: as above; nothing in the struct is tied to the thread that built it.
 unsafe impl Send for PerCpuPages {}
+
+/// The watermark flag of lists not yet given a zone: never set.
+static NEVER_ABOVE_LOW: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl PerCpuPages {
     /// Lists of `cpu` for `zone` with the given batch and bounds; `high` starts at
@@ -238,6 +246,7 @@ impl PerCpuPages {
             zone: zone.into(),
             cpu,
             cache_word: AtomicU64::new(0),
+            above_low: &NEVER_ABOVE_LOW,
             cache_limit: AtomicUsize::new(0),
             cache_slots: cache.as_ptr(),
             cache,
@@ -266,6 +275,14 @@ impl PerCpuPages {
                 thp_min: 0,
             }),
         }
+    }
+
+    /// These lists with `zone`'s watermark flag, which the order-0 fast path's section reads
+    /// (see [`Zone::above_low`]); `zone` is the zone they serve and outlives them wherever a
+    /// section may run on them (a handle holds both).
+    pub fn watching(mut self, zone: &Zone) -> PerCpuPages {
+        self.above_low = zone.above_low();
+        self
     }
 
     /// `pcp_spin_trylock`: the lists if no one holds them, with the cache flushed into them

@@ -153,10 +153,10 @@ const _: () = assert!(std::mem::offset_of!(PerCpuPages, lock) < std::mem::size_o
 const _: () = assert!(std::mem::offset_of!(PerCpuPages, zone) + 4 <= std::mem::size_of::<Standin>());
 
 /// Pops an order-0 block from the cache of the current CPU's local-zone lists in one
-/// section (the CPU id, its lists from the table, the pop), counting it in the cache word's
-/// pops (`pcp::word`), and returns it with that CPU; `None` when the cache is empty, the
-/// lists are locked or a stand-in, the count is at its guard bit, or the section was
-/// interrupted.
+/// section (the CPU id, its lists from the table, their zone's watermark flag, the pop),
+/// counting it in the cache word's pops (`pcp::word`), and returns it with that CPU; `None`
+/// when the zone is not above `low` (`Zone::above_low`), the cache is empty, the lists are
+/// locked or a stand-in, the count is at its guard bit, or the section was interrupted.
 ///
 /// # Safety
 /// `t.area` is the calling thread's registered rseq area; `t.local` points to `t.nr_cpus`
@@ -181,21 +181,6 @@ pub unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
 pub unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
     // SAFETY: the caller's contract, which is the section's.
     unsafe { arch::pop(t, zone) }
-}
-
-/// Pushes an order-0 block (head already tagged `PCP`) onto the cache of the current
-/// CPU's lists for `zone`; `false` when the cache is at its bound, the lists are locked,
-/// or the section was interrupted.
-///
-/// # Safety
-/// `t.area` is the calling thread's registered rseq area, `t.base` points to
-/// `t.nr_cpus * t.nr_zones` live `PerCpuPages` laid out `[cpu * nr_zones + zone]` that outlive
-/// the call, and `zone < t.nr_zones`: the section indexes the table with the CPU id the
-/// kernel wrote (checked against `nr_cpus`) and `zone` (not checked).
-#[inline]
-pub unsafe fn push(t: &Table, zone: usize, pfn: usize) -> bool {
-    // SAFETY: the caller's contract, which is the section's.
-    unsafe { arch::push(t, zone, pfn) }
 }
 
 /// Pushes an order-0 block (head already tagged `PCP`) of the zone `t.zone` onto the cache

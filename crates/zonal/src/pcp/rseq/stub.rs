@@ -23,16 +23,6 @@ pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
     None
 }
 
-/// [`super::push`] without sections: gives way.
-///
-/// # Safety
-/// As [`super::push`].
-#[inline]
-pub(super) unsafe fn push(t: &Table, zone: usize, pfn: usize) -> bool {
-    let _ = (t, zone, pfn);
-    false
-}
-
 /// [`super::push_frame`] without sections: gives way.
 ///
 /// # Safety

@@ -144,38 +144,6 @@ macro_rules! rseq_pop_body {
     };
 }
 
-/// The body of a push, once `{p}` holds the lists: give way on a full cache (or when
-/// `$guard` says so), else write `{pfn}` to the slot at the length (its address made in the
-/// scratch register `$s`) and commit the cache word that `$commit` makes of `{t}` (with `$s`
-/// free again): one longer, for `push`; one longer and a push counted, for `push_frame`.
-macro_rules! rseq_push_body {
-    ($s:literal, $guard:literal, $commit:literal) => {
-        concat!(
-            "mov {t}, qword ptr [{p} + {off_len}]\n",
-            "movzx ",
-            $s,
-            ", {t:x}\n",
-            "cmp ",
-            $s,
-            ", qword ptr [{p} + {off_limit}]\n",
-            "jae 25f\n",
-            $guard,
-            "shl ",
-            $s,
-            ", 3\n",
-            "add ",
-            $s,
-            ", qword ptr [{p} + {off_slots}]\n",
-            "mov qword ptr [",
-            $s,
-            "], {pfn}\n",
-            $commit,
-            "\n",
-            "mov qword ptr [{p} + {off_len}], {t}\n",
-        )
-    };
-}
-
 /// Copies `{n}` (> 0) words from the array at register `$from` to the one at `$to`, with
 /// `{zone}` as the index and `{base}` as scratch (both dead once `{p}` is found): the loop
 /// of `pop_many` (cache to buffer) and `push_many` (buffer to cache).
@@ -263,10 +231,15 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
     // SAFETY: `t.area` is this thread's registered rseq area; `t.local` holds `t.nr_cpus`
     // addresses, each of live `PerCpuPages` or of a stand-in whose lock byte is set, and the
     // section only indexes it with a CPU id checked against `nr_cpus`, and reads past the
-    // lock byte only when it is clear (so not in a stand-in). Otherwise as in `pop`.
+    // lock byte only when it is clear (so not in a stand-in); `above_low` points to a live
+    // flag (`PerCpuPages::watching`). Otherwise as in `pop`.
     unsafe {
         std::arch::asm!(
             rseq_enter_local!(),
+            // The zone above `low` (the flag its lock holders keep), or give way.
+            "mov {t}, qword ptr [{p} + {off_above_low}]",
+            "cmp byte ptr [{t}], 0",
+            "je 25f",
             rseq_pop_body!("{local}", "add {t}, {pop_local}"),
             rseq_leave_cpu!(),
             area = in(reg) t.area,
@@ -274,6 +247,7 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
             local = inout(reg) t.local => _,
             pops_guard = const word::POPS_GUARD,
             pop_local = const word::POP_LOCAL,
+            off_above_low = const std::mem::offset_of!(PerCpuPages, above_low),
             off_lock = const std::mem::offset_of!(PerCpuPages, lock),
             off_len = const std::mem::offset_of!(PerCpuPages, cache_word),
             off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
@@ -287,32 +261,10 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
     (cpu != usize::MAX).then_some((out, cpu))
 }
 
-/// The x86-64 body of [`super::push`].
-///
-/// # Safety
-/// As [`super::push`].
-#[inline]
-pub(super) unsafe fn push(t: &Table, zone: usize, pfn: usize) -> bool {
-    let ok: usize;
-    // SAFETY: as in `pop`; the slot written before the commit lies below
-    // `cache_limit <= CACHE_CAP`, inside the cache, and is dead until the commit.
-    unsafe {
-        rseq_section!(
-            t,
-            zone,
-            [rseq_push_body!("{nz}", "", "add {t}, 1")],
-            pfn = in(reg) pfn,
-            off_limit = const std::mem::offset_of!(PerCpuPages, cache_limit),
-            ok = out(reg) ok,
-        );
-    }
-    ok != 0
-}
-
 /// The x86-64 body of [`super::push_frame`]: the lists are the CPU's local ones when they
 /// serve the frame's zone, else `remote[zone * nr_cpus + cpu]`, chosen with a branch (not a
 /// conditional move) so that, predicted, the lists' address does not wait for the frame's
-/// zone; the rest as in `push`.
+/// zone.
 ///
 /// # Safety
 /// As [`super::push_frame`].
@@ -337,7 +289,21 @@ pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> usize {
             "28:",
             "cmp byte ptr [{p} + {off_lock}], 0",
             "jne 25f",
-            rseq_push_body!("{local}", "test {t}, {t}\njs 25f\n", "mov {local}, {push_frame}\nadd {t}, {local}"),
+            // Give way on a full cache or a count of pushes at its guard bit, else write
+            // `{pfn}` to the slot at the length (its address made in `{local}`, free once
+            // `{p}` is found) and commit the word one longer, a push counted.
+            "mov {t}, qword ptr [{p} + {off_len}]",
+            "movzx {local}, {t:x}",
+            "cmp {local}, qword ptr [{p} + {off_limit}]",
+            "jae 25f",
+            "test {t}, {t}",
+            "js 25f",
+            "shl {local}, 3",
+            "add {local}, qword ptr [{p} + {off_slots}]",
+            "mov qword ptr [{local}], {pfn}",
+            "mov {local}, {push_frame}",
+            "add {t}, {local}",
+            "mov qword ptr [{p} + {off_len}], {t}",
             rseq_leave_cpu!(),
             push_frame = const word::PUSH_FRAME,
             area = in(reg) t.area,
@@ -420,7 +386,7 @@ pub(super) unsafe fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize 
     }
     let ok: usize;
     let n: usize;
-    // SAFETY: as in `push`: the section writes `n <= limit - len` slots at and above
+    // SAFETY: as in `pop`; the section writes `n <= limit - len` slots at and above
     // the cache's length, inside the cache (`limit <= CACHE_CAP`) and dead until the
     // commit, then commits the new length with one store.
     unsafe {
