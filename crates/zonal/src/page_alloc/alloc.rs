@@ -278,8 +278,8 @@ impl Zonal {
     /// buddy lists for large ones or when the lists are busy (`pcp_spin_trylock` failed).
     #[inline]
     pub(super) fn rmqueue(&self, cpu: usize, z: &Zone, order: Order) -> Option<Pfn> {
-        if let (0, Some(area)) = (order.0, self.rseq_area()) {
-            if let Some(pfn) = self.pop_cached(area, z) {
+        if let (0, Some(rseq)) = (order.0, self.rseq_off()) {
+            if let Some(pfn) = self.pop_cached(rseq, z) {
                 return Some(pfn);
             }
         }

@@ -174,9 +174,9 @@ impl Zonal {
     /// under the same conditions as the single fast path (local policy, zone above `low` with
     /// room for the batch). Accounting once for them. Returns how many it put.
     pub(super) fn alloc_bulk_cached(&self, nr: usize, put: &mut impl FnMut(NonNull<u8>)) -> usize {
-        let Some(area) = self.rseq_area() else { return 0 };
-        let Some((cpu, z)) = self.local_fast_zone(area, nr) else { return 0 };
-        let table = self.rseq_table(area);
+        let Some(rseq) = self.rseq_off() else { return 0 };
+        let Some((cpu, z)) = self.local_fast_zone(rseq, nr) else { return 0 };
+        let table = self.rseq_table(rseq);
         let states = self.mem.map.states();
         let mut buf = [const { MaybeUninit::uninit() }; BULK_CHUNK];
         let mut n = 0;
@@ -230,14 +230,14 @@ impl Zonal {
     /// [`Zonal::free_pages_bulk`] of more than one page.
     fn free_pages_bulk_many<P: BulkPage>(&self, pages: &[P]) -> std::result::Result<usize, (usize, Error)> {
         let cpu = self.current_cpu();
-        let area = self.rseq_area();
+        let rseq = self.rseq_off();
         // Frames bound for the rseq cache are claimed straight to its tag.
-        let to = if area.is_some() { mem_map::state(mem_map::PCP, Order(0)) } else { mem_map::NONE };
+        let to = if rseq.is_some() { mem_map::state(mem_map::PCP, Order(0)) } else { mem_map::NONE };
         // A claim to `NONE` goes straight to the locked lists or the buddy, which must never
         // get a frame twice: a CAS, whatever `free_check` says (this is the locked path, where
         // the CAS is a small part of the cost). Only the claim to the cache's tag may be a
         // load and a store: every way out of the cache claims again (`unpush`, the drain).
-        let atomic = self.free_check_atomic() || area.is_none();
+        let atomic = self.free_check_atomic() || rseq.is_none();
         let states = self.mem.map.states();
         let mut first_err = None;
         let mut freed = 0usize;
@@ -279,7 +279,7 @@ impl Zonal {
                 i += 1;
             }
             freed += run.len();
-            self.free_run(cpu, area, z, &run);
+            self.free_run(cpu, rseq, z, &run);
             run.clear();
         }
         self.count_event(cpu, VmEvent::Pgfree, freed as u64);
@@ -290,19 +290,19 @@ impl Zonal {
     }
 
     /// Frees claimed order-0 frames of one zone: as many as fit onto this CPU's rseq cache in
-    /// one critical section (with `area`, they were claimed to the cache's tag), the rest
+    /// one critical section (with `rseq`, they were claimed to the cache's tag), the rest
     /// onto the lists under one lock, or to the buddy when the lists are off or busy.
-    pub(super) fn free_run(&self, cpu: usize, area: Option<*mut u8>, z: &Zone, pfns: &[usize]) {
-        // SAFETY: `area` is this thread's rseq area, the table this handle's lists, which
+    pub(super) fn free_run(&self, cpu: usize, rseq: Option<isize>, z: &Zone, pfns: &[usize]) {
+        // SAFETY: `rseq` places this thread's rseq area, the table this handle's lists, which
         // outlive the call; `z` is one of this handle's zones.
-        let k = area.map_or(0, |area| unsafe { pcp::rseq::push_many(&self.rseq_table(area), z.id.0 as usize, pfns) });
+        let k = rseq.map_or(0, |rseq| unsafe { pcp::rseq::push_many(&self.rseq_table(rseq), z.id.0 as usize, pfns) });
         if k == pfns.len() {
             return;
         }
-        // With `area`, the frames were claimed to the cache's tag: back to "claimed" for the
+        // With `rseq`, the frames were claimed to the cache's tag: back to "claimed" for the
         // locked path, as in free_order0_fast, keeping those no racer took meanwhile.
         let rest: ArrayVec<Pfn, FREE_RUN> =
-            pfns[k..].iter().map(|&p| Pfn(p)).filter(|&pfn| area.is_none() || unpush(z, pfn)).collect();
+            pfns[k..].iter().map(|&p| Pfn(p)).filter(|&pfn| rseq.is_none() || unpush(z, pfn)).collect();
         self.free_claimed(cpu, z, &rest, Order(0));
     }
 }

@@ -19,14 +19,14 @@ impl Zonal {
     /// itself as a bulk call); `None` from the single path, which the inlining removes.
     #[inline(always)]
     pub(super) fn alloc_order0_fast(&self, also: Option<VmEvent>) -> Option<NonNull<u8>> {
-        let area = self.rseq_area()?;
+        let rseq = self.rseq_off()?;
         if mempolicy::thread_has_policy(self.id) {
             return None;
         }
-        let t = self.local_table(area);
+        let t = self.local_table(rseq);
         // The section counts the frame in the cache's word (`pcp::word`): `pgalloc` with the
         // NUMA hit and local, uncounted below if the frame is not handed out.
-        // SAFETY: `area` is this thread's rseq area (`rseq_area`); `local_pcp` holds one
+        // SAFETY: `rseq` places this thread's rseq area (`rseq_off`); `local_pcp` holds one
         // address per CPU, each of this handle's lists (which outlive the call, as do their
         // zones' flags) or of the locked stand-in (see `Zonal::new`).
         let (pfn, cpu) = unsafe { pcp::rseq::pop_local(&t) }?;
@@ -56,8 +56,8 @@ impl Zonal {
 
     /// Where this thread's local-zone sections find each CPU's lists.
     #[inline(always)]
-    fn local_table(&self, area: *mut u8) -> pcp::rseq::LocalTable {
-        pcp::rseq::LocalTable { area, local: self.cpus.local_pcp.as_ptr(), nr_cpus: self.cpus.local_pcp.len() }
+    fn local_table(&self, rseq: isize) -> pcp::rseq::LocalTable {
+        pcp::rseq::LocalTable { rseq, local: self.cpus.local_pcp.as_ptr(), nr_cpus: self.cpus.local_pcp.len() }
     }
 
     /// Takes back the count of a frame `pop_local` popped on `cpu` (in its cache's word) but
@@ -108,11 +108,11 @@ impl Zonal {
     /// caller to the general path. (The single path finds the zone inside its section, with
     /// `pop_local`, and checks `low` after the pop.)
     #[inline(always)]
-    pub(super) fn local_fast_zone(&self, area: *mut u8, extra: usize) -> Option<(usize, &Zone)> {
+    pub(super) fn local_fast_zone(&self, rseq: isize, extra: usize) -> Option<(usize, &Zone)> {
         if mempolicy::thread_has_policy(self.id) {
             return None;
         }
-        let cpu = self.rseq_cpu(area);
+        let cpu = self.rseq_cpu(rseq);
         let z = self.mem.zones.get(*self.cpus.local_zone.get(cpu)? as usize)?;
         z.watermark_ok_fast(Order(0), z.watermark(Watermark::Low).saturating_add(extra), false).then_some((cpu, z))
     }
@@ -140,10 +140,10 @@ impl Zonal {
     /// Pops an order-0 frame from this CPU's cache for `z` and tags it allocated; `None` when
     /// the cache has nothing (see [`take_cached`]).
     #[inline(always)]
-    pub(super) fn pop_cached(&self, area: *mut u8, z: &Zone) -> Option<Pfn> {
-        // SAFETY: the table is this thread's rseq area (the caller's `area`) and this handle's
+    pub(super) fn pop_cached(&self, rseq: isize, z: &Zone) -> Option<Pfn> {
+        // SAFETY: the table is this thread's rseq area (the caller's `rseq`) and this handle's
         // lists, which outlive the call; `z` is one of this handle's zones.
-        let pfn = Pfn(unsafe { pcp::rseq::pop(&self.rseq_table(area), z.id.0 as usize) }?);
+        let pfn = Pfn(unsafe { pcp::rseq::pop(&self.rseq_table(rseq), z.id.0 as usize) }?);
         take_cached(self.mem.map.states(), pfn).then_some(pfn)
     }
 
@@ -164,7 +164,7 @@ impl Zonal {
     /// back with a CAS (`unpush`, which one racer wins) and freed on the locked path. Every
     /// call here is a tail call, so the path saves no registers.
     #[inline(always)]
-    pub(super) fn free_order0_fast(&self, area: *mut u8, addr: usize) -> Result<()> {
+    pub(super) fn free_order0_fast(&self, rseq: isize, addr: usize) -> Result<()> {
         let off = addr.wrapping_sub(self.mem.arena.base());
         let pfn = off >> PAGE_SHIFT;
         // The map covers the arena's span, so its bound is the arena's.
@@ -179,13 +179,13 @@ impl Zonal {
             return self.free_pages_general(addr as *mut u8, 0);
         }
         let t = pcp::rseq::FrameTable {
-            area,
+            rseq,
             local: self.cpus.local_pcp.as_ptr(),
             remote: self.cpus.zone_pcp.as_ptr(),
             nr_cpus: self.cpus.nr_cpus,
             zone,
         };
-        // SAFETY: this thread's area (`rseq_area`); `local_pcp` holds `nr_cpus` addresses and
+        // SAFETY: `rseq` places this thread's area (`rseq_off`); `local_pcp` holds `nr_cpus` addresses and
         // `zone_pcp` `nr_zones * nr_cpus`, of this handle's lists (which outlive the call) or,
         // in `local_pcp`, the stand-in (see `Zonal::new`); `zone` is one of its zones.
         // The section counts the frame (`pgfree`) in the cache's word (`pcp::word`).

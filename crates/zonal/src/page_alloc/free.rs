@@ -12,8 +12,8 @@ impl Zonal {
     /// starts there. Any failure leaves everything as it was.
     #[inline(always)]
     pub fn free_pages(&self, addr: *mut u8, order: u32) -> Result<()> {
-        if let (0, Some(area)) = (order, self.rseq_area()) {
-            return self.free_order0_fast(area, addr as usize);
+        if let (0, Some(rseq)) = (order, self.rseq_off()) {
+            return self.free_order0_fast(rseq, addr as usize);
         }
         self.free_pages_general(addr, order)
     }

@@ -327,17 +327,21 @@ impl Zonal {
         Ok(())
     }
 
-    /// This thread's rseq area, when the restartable sequences run.
+    /// glibc's `__rseq_offset` when the restartable sequences run: this thread's rseq area
+    /// lies at the thread pointer plus it. The sections take the offset and address the area
+    /// through the thread pointer's segment, so no path loads the pointer first.
     #[inline]
-    fn rseq_area(&self) -> Option<*mut u8> {
-        self.cpus.rseq_off.map(|off| (sys::thread_pointer() as isize + off) as *mut u8)
+    fn rseq_off(&self) -> Option<isize> {
+        self.cpus.rseq_off
     }
 
-    /// The CPU the kernel last wrote into this thread's rseq area, as an index of this
-    /// handle's per-CPU arrays (see [`Zonal::current_cpu`]).
+    /// The CPU the kernel last wrote into this thread's rseq area (at `rseq`, from
+    /// `rseq_off`), as an index of this handle's per-CPU arrays (see [`Zonal::current_cpu`]).
     #[inline]
-    fn rseq_cpu(&self, area: *mut u8) -> usize {
-        // SAFETY: `area` is this thread's registered `struct rseq` (from `rseq_area`).
+    fn rseq_cpu(&self, rseq: isize) -> usize {
+        let area = (sys::thread_pointer() as isize + rseq) as *mut u8;
+        // SAFETY: glibc registered this thread's `struct rseq` at the thread pointer plus
+        // `__rseq_offset`, which `rseq` is (`rseq_off`).
         let id = unsafe { sys::rseq_area_cpu_id(area) };
         match id.map(|c| c as usize) {
             Some(c) if c < self.cpus.nr_cpus => c,
@@ -347,9 +351,9 @@ impl Zonal {
 
     /// Where the rseq critical sections of this thread find the per-CPU lists.
     #[inline]
-    fn rseq_table(&self, area: *mut u8) -> pcp::rseq::Table {
+    fn rseq_table(&self, rseq: isize) -> pcp::rseq::Table {
         pcp::rseq::Table {
-            area,
+            rseq,
             base: self.cpus.pcps.as_ptr(),
             nr_cpus: self.cpus.nr_cpus,
             nr_zones: self.mem.zones.len(),
@@ -620,7 +624,7 @@ mod tests {
         }
         std::thread::scope(|s| {
             s.spawn(|| {
-                let area = z.rseq_area().unwrap();
+                let rseq = z.rseq_off().unwrap();
                 // One CPU for the whole test, so every section sees the same cache.
                 sys::set_affinity(sys::current_cpu()).unwrap();
                 let p = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
@@ -630,7 +634,7 @@ mod tests {
                     // A push fails only when preempted mid-section or at the cache's bound,
                     // which a single earlier allocation leaves far away.
                     // SAFETY: this thread's rseq area, the handle's lists and one of its zones.
-                    let push = || unsafe { pcp::rseq::push_many(&z.rseq_table(area), zone.id.0 as usize, &[pfn.0]) };
+                    let push = || unsafe { pcp::rseq::push_many(&z.rseq_table(rseq), zone.id.0 as usize, &[pfn.0]) };
                     assert!((0..1000).any(|_| push() == 1));
                 }
                 let first = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
@@ -673,11 +677,11 @@ mod tests {
             None
         };
         if let Some(why) = absent {
-            assert!(z.rseq_area().is_none(), "{why}, yet the handle runs the rseq path");
+            assert!(z.rseq_off().is_none(), "{why}, yet the handle runs the rseq path");
             eprintln!("SKIPPED: {why}: the order-0 cache is off, nothing to test");
             return false;
         }
-        assert!(z.rseq_area().is_some(), "rseq and membarrier are available, but the handle does not use them");
+        assert!(z.rseq_off().is_some(), "rseq and membarrier are available, but the handle does not use them");
         true
     }
 

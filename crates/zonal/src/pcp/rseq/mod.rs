@@ -96,8 +96,10 @@ pub fn fence_with(
 #[cfg_attr(not(all(target_arch = "x86_64", not(loom))), allow(dead_code))]
 #[derive(Clone, Copy, Debug)]
 pub struct Table {
-    /// This thread's registered rseq area (`struct rseq`).
-    pub area: *mut u8,
+    /// glibc's `__rseq_offset`: the calling thread's registered rseq area (`struct rseq`)
+    /// lies at the thread pointer plus this, which the sections address through the thread
+    /// pointer's segment (`fs:` on x86-64) rather than loading the pointer first.
+    pub rseq: isize,
     /// `pcps.as_ptr()`.
     pub base: *const PerCpuPages,
     /// CPUs in the table.
@@ -112,8 +114,10 @@ pub struct Table {
 #[cfg_attr(not(all(target_arch = "x86_64", not(loom))), allow(dead_code))]
 #[derive(Clone, Copy, Debug)]
 pub struct LocalTable {
-    /// This thread's registered rseq area (`struct rseq`).
-    pub area: *mut u8,
+    /// glibc's `__rseq_offset`: the calling thread's registered rseq area (`struct rseq`)
+    /// lies at the thread pointer plus this, which the sections address through the thread
+    /// pointer's segment (`fs:` on x86-64) rather than loading the pointer first.
+    pub rseq: isize,
     /// `nr_cpus` addresses.
     pub local: *const usize,
     /// CPUs in the table.
@@ -126,8 +130,10 @@ pub struct LocalTable {
 #[cfg_attr(not(all(target_arch = "x86_64", not(loom))), allow(dead_code))]
 #[derive(Clone, Copy, Debug)]
 pub struct FrameTable {
-    /// This thread's registered rseq area (`struct rseq`).
-    pub area: *mut u8,
+    /// glibc's `__rseq_offset`: the calling thread's registered rseq area (`struct rseq`)
+    /// lies at the thread pointer plus this, which the sections address through the thread
+    /// pointer's segment (`fs:` on x86-64) rather than loading the pointer first.
+    pub rseq: isize,
     /// `nr_cpus` addresses: each CPU's lists of its local zone, or a stand-in.
     pub local: *const usize,
     /// `nr_zones * nr_cpus` addresses: every CPU's lists of every zone, `[zone * nr_cpus + cpu]`.
@@ -159,7 +165,7 @@ const _: () = assert!(std::mem::offset_of!(PerCpuPages, zone) + 4 <= std::mem::s
 /// locked or a stand-in, the count is at its guard bit, or the section was interrupted.
 ///
 /// # Safety
-/// `t.area` is the calling thread's registered rseq area; `t.local` points to `t.nr_cpus`
+/// `t.rseq` places the calling thread's registered rseq area; `t.local` points to `t.nr_cpus`
 /// addresses, each of live `PerCpuPages` that outlive the call or of [`LOCKED_STANDIN`].
 #[inline]
 pub unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
@@ -173,7 +179,7 @@ pub unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
 /// interrupted.
 ///
 /// # Safety
-/// `t.area` is the calling thread's registered rseq area, `t.base` points to
+/// `t.rseq` places the calling thread's registered rseq area, `t.base` points to
 /// `t.nr_cpus * t.nr_zones` live `PerCpuPages` laid out `[cpu * nr_zones + zone]` that outlive
 /// the call, and `zone < t.nr_zones`: the section indexes the table with the CPU id the
 /// kernel wrote (checked against `nr_cpus`) and `zone` (not checked).
@@ -191,7 +197,7 @@ pub unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
 /// and from `t.remote` otherwise, in one section either way.
 ///
 /// # Safety
-/// `t.area` is the calling thread's registered rseq area; `t.local` points to `t.nr_cpus`
+/// `t.rseq` places the calling thread's registered rseq area; `t.local` points to `t.nr_cpus`
 /// addresses, each of live `PerCpuPages` or of [`LOCKED_STANDIN`], and `t.remote` to
 /// `nr_zones * t.nr_cpus` addresses, `[zone * nr_cpus + cpu]` of the live `PerCpuPages` of
 /// `cpu` for `zone`, with `t.zone < nr_zones`; all outlive the call.
@@ -208,7 +214,7 @@ pub unsafe fn push_frame(t: &FrameTable, pfn: usize) -> usize {
 /// would cost as much as the pops.
 ///
 /// # Safety
-/// `t.area` is the calling thread's registered rseq area, `t.base` points to
+/// `t.rseq` places the calling thread's registered rseq area, `t.base` points to
 /// `t.nr_cpus * t.nr_zones` live `PerCpuPages` laid out `[cpu * nr_zones + zone]` that outlive
 /// the call, and `zone < t.nr_zones`: the section indexes the table with the CPU id the
 /// kernel wrote (checked against `nr_cpus`) and `zone` (not checked).
@@ -223,7 +229,7 @@ pub unsafe fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUninit<usi
 /// bound allows; returns how many (0 when full, locked, or interrupted).
 ///
 /// # Safety
-/// `t.area` is the calling thread's registered rseq area, `t.base` points to
+/// `t.rseq` places the calling thread's registered rseq area, `t.base` points to
 /// `t.nr_cpus * t.nr_zones` live `PerCpuPages` laid out `[cpu * nr_zones + zone]` that outlive
 /// the call, and `zone < t.nr_zones`: the section indexes the table with the CPU id the
 /// kernel wrote (checked against `nr_cpus`) and `zone` (not checked).
@@ -269,13 +275,13 @@ mod tests {
     /// held, and nothing past it is read or written.
     #[test]
     fn the_stand_in_gives_way() {
-        let Some(area) = crate::sys::rseq_area().filter(|_| enabled()) else {
+        let Some(rseq) = crate::sys::rseq_offset().filter(|_| enabled()) else {
             eprintln!("SKIPPED: no restartable sequences here");
             return;
         };
         let standin = std::ptr::from_ref(&LOCKED_STANDIN) as usize;
         let local = vec![standin; crate::sys::nr_cpus_configured().max(1)];
-        let t = LocalTable { area, local: local.as_ptr(), nr_cpus: local.len() };
+        let t = LocalTable { rseq, local: local.as_ptr(), nr_cpus: local.len() };
         // SAFETY: this thread's rseq area; every entry is the stand-in.
         unsafe {
             assert_eq!(pop_local(&t), None);

@@ -28,9 +28,9 @@ macro_rules! rseq_enter {
     () => {
         concat!(
             "lea {t}, [rip + 24f]\n",
-            "mov qword ptr [{area} + 8], {t}\n",
+            "mov qword ptr fs:[{rseq} + 8], {t}\n",
             "22:\n",
-            "mov {p:e}, dword ptr [{area} + 4]\n",
+            "mov {p:e}, dword ptr fs:[{rseq} + 4]\n",
             "cmp {p}, {ncpu}\n",
             "jae 25f\n",
             "imul {p}, {nz}\n",
@@ -59,9 +59,9 @@ macro_rules! rseq_find_local {
     () => {
         concat!(
             "lea {t}, [rip + 24f]\n",
-            "mov qword ptr [{area} + 8], {t}\n",
+            "mov qword ptr fs:[{rseq} + 8], {t}\n",
             "22:\n",
-            "mov {cpu:e}, dword ptr [{area} + 4]\n",
+            "mov {cpu:e}, dword ptr fs:[{rseq} + 4]\n",
             "cmp {cpu}, {ncpu}\n",
             "jae 25f\n",
             "mov {p}, qword ptr [{local} + {cpu} * 8]\n",
@@ -176,7 +176,7 @@ macro_rules! rseq_section {
             rseq_enter!(),
             $($body,)*
             rseq_leave!(),
-            area = in(reg) $table.area,
+            rseq = in(reg) $table.rseq,
             ncpu = inout(reg) $table.nr_cpus => _,
             nz = inout(reg) $table.nr_zones => _,
             zone = inout(reg) $zone => _,
@@ -201,7 +201,7 @@ macro_rules! rseq_section {
 pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
     let ok: usize;
     let out: usize;
-    // SAFETY: `t.area` is this thread's registered rseq area; `t.base` points to
+    // SAFETY: `t.rseq` places this thread's registered rseq area (at `fs:` plus it); `t.base` points to
     // `nr_cpus * nr_zones` live `PerCpuPages` (the handle outlives the call), and the
     // section only indexes it with a CPU id checked against `nr_cpus`. It reads the
     // cache only while the lock is free and the kernel guarantees that it runs
@@ -228,7 +228,7 @@ pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
 pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
     let out: usize;
     let cpu: usize;
-    // SAFETY: `t.area` is this thread's registered rseq area; `t.local` holds `t.nr_cpus`
+    // SAFETY: `t.rseq` places this thread's registered rseq area (at `fs:` plus it); `t.local` holds `t.nr_cpus`
     // addresses, each of live `PerCpuPages` or of a stand-in whose lock byte is set, and the
     // section only indexes it with a CPU id checked against `nr_cpus`, and reads past the
     // lock byte only when it is clear (so not in a stand-in); `above_low` points to a live
@@ -242,7 +242,7 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
             "je 25f",
             rseq_pop_body!("{local}", "add {t}, {pop_local}"),
             rseq_leave_cpu!(),
-            area = in(reg) t.area,
+            rseq = in(reg) t.rseq,
             ncpu = in(reg) t.nr_cpus,
             local = inout(reg) t.local => _,
             pops_guard = const word::POPS_GUARD,
@@ -271,7 +271,7 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
 #[inline]
 pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> usize {
     let cpu: usize;
-    // SAFETY: `t.area` is this thread's registered rseq area; `t.local` holds `t.nr_cpus`
+    // SAFETY: `t.rseq` places this thread's registered rseq area (at `fs:` plus it); `t.local` holds `t.nr_cpus`
     // addresses (of live `PerCpuPages` or of a stand-in, whose `zone` bytes never match a
     // zone), `t.remote` those of every zone's (`zone * nr_cpus + cpu`, `zone` below the
     // zones), indexed only with a CPU id checked against `nr_cpus`; the lists pushed onto
@@ -306,7 +306,7 @@ pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> usize {
             "mov qword ptr [{p} + {off_len}], {t}",
             rseq_leave_cpu!(),
             push_frame = const word::PUSH_FRAME,
-            area = in(reg) t.area,
+            rseq = in(reg) t.rseq,
             ncpu = in(reg) t.nr_cpus,
             local = inout(reg) t.local => _,
             remote = in(reg) t.remote,
