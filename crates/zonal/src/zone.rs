@@ -118,8 +118,9 @@ pub struct Zone {
     /// count and the mark after its pop. Only the free count and the watermarks decide it,
     /// so it is kept where they change: by every holder of the zone lock that changes the
     /// count ([`ZoneLocked`]'s accounting) and by `setup_watermarks`, under the lock; it is
-    /// written only when it flips, so its line stays shared between the CPUs that read it.
-    above_low: std::sync::atomic::AtomicBool,
+    /// written only when it flips, and on a line of its own, so that a zone whose count
+    /// hovers at `low` does not bounce the line of the fields every allocation reads.
+    above_low: CachePadded<std::sync::atomic::AtomicBool>,
     /// The zone lock, the lists it guards, the exact free count and the transfer list, on
     /// lines of their own (Linux's `ZONE_PADDING`): every CPU's refills and drains write them,
     /// while the fields above are read by every allocation's watermark check.
@@ -237,7 +238,7 @@ impl Zone {
             percpu_drift_mark: AtomicUsize::new(0),
             max_drift: AtomicUsize::new(0),
             pressure: AtomicBool::new(false),
-            above_low: std::sync::atomic::AtomicBool::new(false),
+            above_low: CachePadded::new(std::sync::atomic::AtomicBool::new(false)),
             locked: CachePadded::new(LockedArea {
                 lock: Mutex::new(FreeArea::new(pages)),
                 free_pages: AtomicUsize::new(0),
