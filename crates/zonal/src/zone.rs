@@ -440,10 +440,16 @@ impl Zone {
 
     /// Sets [`Zone::above_low`] from the exact free count `free`; the zone lock is held.
     fn set_above_low(&self, free: usize) {
-        let above = free > self.watermark(Watermark::Low).min(self.managed);
+        let above = free > self.low_edge();
         if self.above_low.load(std::sync::atomic::Ordering::Relaxed) != above {
             self.above_low.store(above, std::sync::atomic::Ordering::Relaxed);
         }
+    }
+
+    /// The free count an order-0 allocation must exceed under `low`: the mark, clamped to
+    /// `managed` as [`Zone::watermark_ok_fast`] clamps every mark.
+    fn low_edge(&self) -> usize {
+        self.watermark(Watermark::Low).min(self.managed)
     }
 
     /// `__zone_watermark_ok`: may an allocation of `order` take frames, leaving the zone above
@@ -583,7 +589,7 @@ impl Zone {
             ));
         }
         let above = self.above_low.load(std::sync::atomic::Ordering::Relaxed);
-        if above != (free > self.watermark(Watermark::Low).min(self.managed)) {
+        if above != (free > self.low_edge()) {
             return Err(format!(
                 "zone {}: above_low {above} with {free} free and low {}",
                 self.id.0,
