@@ -105,8 +105,8 @@ impl Zonal {
     /// The zone the bulk order-0 fast path takes from, with this thread's CPU: under the
     /// local policy, the first zone of the local node's zonelist, when it is above `low`
     /// with `extra` frames to spare (the batch, checked before its section). `None` sends the
-    /// caller to the general path. (The single path finds the zone inside its section, with
-    /// `pop_local`, and checks `low` after the pop.)
+    /// caller to the general path. (The single path's section finds the zone's lists from the
+    /// CPU, with `pop_local`, and reads the zone's `above_low` flag before it pops.)
     #[inline(always)]
     pub(super) fn local_fast_zone(&self, rseq: isize, extra: usize) -> Option<(usize, &Zone)> {
         if mempolicy::thread_has_policy(self.id) {

@@ -768,11 +768,11 @@ mod tests {
 
     /// The order-0 fast paths find this CPU's lists of its local zone from the CPU alone: a
     /// local frame goes onto them and comes back from them; a frame of the other node freed
-    /// here goes onto this CPU's lists of that zone; and a frame popped while the local
-    /// zone is at `low` goes back, uncounted, and the allocation moves on to the other node
-    /// as the general path decides.
+    /// here goes onto this CPU's lists of that zone; and while the local zone is at `low`
+    /// the section pops nothing (its `above_low` flag is clear), nothing is counted, and the
+    /// allocation moves on to the other node as the general path decides.
     #[test]
-    fn fast_paths_use_the_local_lists_and_give_back_below_low() {
+    fn fast_paths_use_the_local_lists_and_leave_the_cache_below_low() {
         let t = Topology::parse("nodes=2,size=4M,cpus=0:1").unwrap();
         let z = Zonal::new(Config::new(t)).unwrap();
         if !runs_rseq(&z) {
@@ -811,8 +811,8 @@ mod tests {
             let (cached, freed, fast) = (pcp(local), frees(), z.fast_path_allocs());
             let got = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
             assert_eq!(z.page_to_nid(got.as_ptr()), Ok(other), "the local zone is at low: the first pass moves on");
-            assert_eq!(pcp(local), cached, "the popped frame went back");
-            assert_eq!((frees(), z.fast_path_allocs()), (freed, fast), "and was not counted");
+            assert_eq!(pcp(local), cached, "the cached frame stayed on the cache");
+            assert_eq!((frees(), z.fast_path_allocs()), (freed, fast), "and nothing was counted");
             held.push(got);
             for p in held {
                 z.free_pages(p.as_ptr(), 0).unwrap();
