@@ -140,6 +140,14 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
 /// refill to the buddy. The frames kept their `PCP` tag on the transfer list (a copy that
 /// lost it to a racing free is dropped by the pop, as on any list), and stay counted as
 /// per-CPU pages.
+///
+/// The frames taken are put in address order, highest first, so that the pops (from the
+/// list's end) hand them out upwards: they reach the list in the order the other CPU freed
+/// them, which a few laps through two CPUs' lists and this one shuffle (runs of about five
+/// neighbours in `bench cross`), and in that order nearly every allocation here and every
+/// free there wrote a state line the other CPU had just written. Sorted, neighbours leave
+/// together and each line crosses once per burst (`examples/cross_pairs`: see DESIGN.md).
+/// `sort_unstable` never allocates; a batch is mostly a few sorted runs.
 #[inline]
 fn take_transfer(zone: &Zone, pcp: &mut PcpInner, want: usize) -> usize {
     let enough = want.min(pcp.batch).max(1);
@@ -152,9 +160,11 @@ fn take_transfer(zone: &Zone, pcp: &mut PcpInner, want: usize) -> usize {
         return 0;
     }
     let from = t.frames.len() - n;
+    let at = pcp.lists[0].len();
     pcp.lists[0].extend_from_slice(&t.frames[from..]);
     t.frames.truncate(from);
     drop(t);
+    pcp.lists[0][at..].sort_unstable_by(|a, b| b.cmp(a));
     pcp.count += n;
     pcp.transferred -= n as isize;
     n
@@ -602,14 +612,20 @@ mod tests {
         let (c0, c1) = (g0.with(|i| i.count), g1.with(|i| i.count));
         assert_eq!(snapshot(&z, ZoneStatItem::NrPcpPages), c0 + c1 + low, "and counted as per-cpu pages");
 
-        // CPU 0 empties its lists; its next refill comes from the transfer list, newest first.
+        // CPU 0 empties its lists; its next refill takes the transfer list's newest frames and
+        // hands them out in address order, lowest first.
         let mut again: Vec<Pfn> = (0..c0).map(|_| pop(&mut g0)).collect();
         let free = snapshot(&z, ZoneStatItem::NrFreePages);
-        let newest = *z.transfer().lock().frames.last().unwrap();
-        again.push(pop(&mut g0));
-        assert_eq!(again.last(), Some(&Pfn(newest)), "the refill's top frame is the transfer list's newest");
+        let listed = z.transfer().lock().frames.clone();
+        let first = pop(&mut g0);
         assert_eq!(snapshot(&z, ZoneStatItem::NrFreePages), free, "the buddy was not touched");
         let refilled = g0.with(|i| i.count) + 1;
+        let mut newest = listed[listed.len() - refilled..].to_vec();
+        newest.sort_unstable();
+        assert!(newest.windows(2).any(|w| w[0] + 1 != w[1]), "a test of the order needs a gap: {newest:?}");
+        let out: Vec<Pfn> = std::iter::once(first).chain((1..refilled).map(|_| pop(&mut g0))).collect();
+        assert_eq!(out.iter().map(|p| p.0).collect::<Vec<_>>(), newest, "the newest {refilled} frames, upwards");
+        again.extend(out);
         assert_eq!(z.transfer().len_hint(), low - refilled);
         let (c0, c1) = (g0.with(|i| i.count), g1.with(|i| i.count));
         assert_eq!(snapshot(&z, ZoneStatItem::NrPcpPages), c0 + c1 + low - refilled);
