@@ -222,7 +222,8 @@ enum Command {
         /// report then goes to stderr. A record has experiment, subject, params, ns_per_op
         /// (median, min, max), reference, ratio_to_reference, reps and process: `main`, or
         /// `tcmalloc-child` for the child process that measures tcmalloc on its rseq per-CPU
-        /// caches beside a mimalloc of its own. FILE is checked writable before the run.
+        /// caches beside a mimalloc of its own, or `alone` for the runs of the history target
+        /// (each experiment again in a fresh process). FILE is checked writable before the run.
         #[arg(long, value_name = "FILE")]
         json: Option<String>,
         /// Write one SVG per experiment that ran into DIR (DIR/single.svg, DIR/bulk.svg, ...),
@@ -641,6 +642,10 @@ fn run(cli: Cli) -> Result<(), String> {
             let wanted = json_out.is_some() || plot.is_some() || child.is_none();
             records.extend(bench::run_tcmalloc_child(&chosen, &opts, &global, wanted, (ours.len(), total))?);
             if child.is_none() {
+                // History matters once an experiment ran after another: each then runs alone.
+                if ours.len() >= 2 && opts.keeps(bench::ZONAL_ALONE) {
+                    records.extend(bench::history::run_alone(&ours, &opts, &global, opts.progress)?);
+                }
                 bench::targets::print(&records);
             }
             if let Some(out) = json_out {
@@ -651,6 +656,8 @@ fn run(cli: Cli) -> Result<(), String> {
                 }
             }
             if let Some(dir) = plot {
+                // The history's runs alone are for its comparison, not another set of curves.
+                records.retain(|r| r["process"] != bench::history::ALONE_PROCESS);
                 for path in bench::plot::write_all(dir, &records)? {
                     eprintln!("wrote {}", path.display());
                 }

@@ -362,6 +362,35 @@ fn bench_marks_the_records_of_the_tcmalloc_child() {
 }
 
 #[test]
+fn bench_of_several_experiments_runs_each_again_alone_for_the_history_target() {
+    let path = temp_path("history.json");
+    let args = ["bench", "single", "cross", "--only", "zonal", "--reps", "1", "--cell-ms", "1", "--json"];
+    let o = zonal(&[&args[..], &[path.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let alone: Vec<(&str, &str)> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["process"] == "alone")
+        .map(|r| (r["experiment"].as_str().unwrap(), r["subject"].as_str().unwrap()))
+        .collect();
+    for cell in [("single", "zonal pcp"), ("single", "mimalloc"), ("cross", "zonal pcp"), ("cross", "mimalloc")] {
+        assert!(alone.contains(&cell), "{cell:?} run alone: {alone:?}");
+    }
+    let s = stdout(&o);
+    for e in ["single", "cross"] {
+        let line = s.lines().find(|l| l.starts_with(&format!("    {e}: median of "))).expect("a history line");
+        assert!(line.ends_with(": met") || line.ends_with(": not met"), "{line}");
+    }
+    // The runs alone say which one runs, and nothing else (one "wrote" line, the parent's).
+    let e = stderr(&o);
+    assert!(e.contains("history: single alone") && e.contains("history: cross alone"), "{e}");
+    assert_eq!(e.matches("wrote ").count(), 1, "{e}");
+}
+
+#[test]
 fn bench_report_defines_its_terms_numbers_its_experiments_and_judges_its_targets() {
     let o = zonal(&["bench", "bulk", "modes", "--only", "zonal", "--reps", "1", "--cell-ms", "1"]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -9,6 +9,7 @@
 
 pub mod bulk;
 pub mod cross;
+pub mod history;
 pub mod numab;
 pub mod output;
 pub mod page_api;

@@ -104,13 +104,14 @@ pub fn evaluate(records: &[Value]) -> Vec<Target> {
 
 /// Prints the targets after the report.
 pub fn print(records: &[Value]) {
-    println!("issue 12's targets in this run (history, each experiment inside the full run against it alone, needs two runs):");
+    println!("issue 12's targets in this run:");
     for t in evaluate(records) {
         match t.figures {
             Some((f, met)) => println!("  {}: {f}: {}", t.name, super::verdict(met)),
             None => println!("  {}: not measured in this run", t.name),
         }
     }
+    super::history::print(records, MAIN);
     println!();
 }
 
