@@ -1,8 +1,9 @@
 //! Issue 12's history target: every experiment's figures inside the full run within 15% of the
 //! same experiment run alone. After a run of several experiments, each of the speed
 //! experiments it ran (single, parallel, bulk, cross, zlc) runs again in a fresh process of its
-//! own (`zonal bench <experiment> --only zonal`: zonal's subjects and mimalloc, the reference),
-//! and every zonal cell is compared with the same cell of the full run.
+//! own (`zonal bench <experiment>` with the subjects the run measured, its peers included, so
+//! that only what ran before differs; no tcmalloc child), and every zonal cell is compared
+//! with the same cell of the full run.
 //!
 //! The figure compared is a cell's median over its reference's median in the same process
 //! (mimalloc where the experiment measures it; zlc's "on" over its "off"), not its
@@ -22,8 +23,8 @@ pub const ALONE_PROCESS: &str = "alone";
 pub const TOLERANCE: f64 = 0.15;
 
 /// Runs each of `experiments` that [`EXPERIMENTS`] lists in a fresh process of its own, with
-/// the main run's repetitions, cell time and global arguments, keeping zonal's subjects and
-/// mimalloc; returns their records, tagged [`ALONE_PROCESS`]. The children's tables are not
+/// the main run's repetitions, cell time, global arguments and subjects; returns their
+/// records, tagged [`ALONE_PROCESS`]. The children's tables are not
 /// printed (the comparison is), nor their stderr unless one fails; `progress` says on stderr
 /// which one runs.
 pub fn run_alone(
@@ -38,11 +39,23 @@ pub fn run_alone(
         if progress {
             eprintln!("history: {e} alone, in a fresh process");
         }
+        // The subjects the run measured, so that only the history differs: every subject of
+        // the experiment, or those the run's `--only` kept. A non-empty `--only` also keeps the
+        // tcmalloc child from running (its own process already has no history).
+        let all = super::subject_names(e);
+        let names: Vec<String> = if opts.only.is_empty() {
+            all
+        } else {
+            opts.only.iter().filter(|p| all.iter().any(|n| n.starts_with(p.as_str()))).cloned().collect()
+        };
+        if names.is_empty() {
+            continue;
+        }
         let out = std::env::temp_dir().join(format!("zonal-bench-alone-{}-{e}.json", std::process::id()));
         // Its tables and its notes are not the report's: kept, and shown only if it fails.
         let run = std::process::Command::new(&exe)
             .args(global_args)
-            .args(["bench", e, "--only", "zonal", "--quiet"])
+            .args(["bench", e, "--only", &names.join(","), "--quiet"])
             .args(["--reps", &opts.reps.to_string(), "--cell-ms", &opts.cell_time.as_millis().to_string()])
             .arg("--json")
             .arg(&out)
