@@ -230,21 +230,24 @@ mod tests {
         let p3 = json!({"order": 3});
         let zlc = json!({"nodes": 28});
         let t = |mpairs: f64| json!({"threads": 2, "total_mpairs_per_s": mpairs});
-        let records = vec![
+        // A zonal cell and its mimalloc, inside the run and alone (ns).
+        let cell = |params: &Value, (zonal, mimalloc): (f64, f64), (zonal_alone, mimalloc_alone): (f64, f64)| {
+            [
+                rec("main", "single", "zonal pcp", "mimalloc", params.clone(), zonal),
+                rec("main", "single", "mimalloc", "mimalloc", params.clone(), mimalloc),
+                rec(ALONE_PROCESS, "single", "zonal pcp", "mimalloc", params.clone(), zonal_alone),
+                rec(ALONE_PROCESS, "single", "mimalloc", "mimalloc", params.clone(), mimalloc_alone),
+            ]
+        };
+        let mut records: Vec<Value> = [
             // single: order 0 moved +10% (0.44 inside against 0.40 alone) though its ns
             // doubled with mimalloc's; order 1 +20%; order 3 not at all: median +10%.
-            rec("main", "single", "zonal pcp", "mimalloc", p0.clone(), 8.8),
-            rec("main", "single", "mimalloc", "mimalloc", p0.clone(), 20.0),
-            rec(ALONE_PROCESS, "single", "zonal pcp", "mimalloc", p0.clone(), 4.0),
-            rec(ALONE_PROCESS, "single", "mimalloc", "mimalloc", p0.clone(), 10.0),
-            rec("main", "single", "zonal pcp", "mimalloc", p1.clone(), 24.0),
-            rec("main", "single", "mimalloc", "mimalloc", p1.clone(), 20.0),
-            rec(ALONE_PROCESS, "single", "zonal pcp", "mimalloc", p1.clone(), 10.0),
-            rec(ALONE_PROCESS, "single", "mimalloc", "mimalloc", p1.clone(), 10.0),
-            rec("main", "single", "zonal pcp", "mimalloc", p3.clone(), 30.0),
-            rec("main", "single", "mimalloc", "mimalloc", p3.clone(), 20.0),
-            rec(ALONE_PROCESS, "single", "zonal pcp", "mimalloc", p3.clone(), 15.0),
-            rec(ALONE_PROCESS, "single", "mimalloc", "mimalloc", p3.clone(), 10.0),
+            cell(&p0, (8.8, 20.0), (4.0, 10.0)),
+            cell(&p1, (24.0, 20.0), (10.0, 10.0)),
+            cell(&p3, (30.0, 20.0), (15.0, 10.0)),
+        ]
+        .concat();
+        records.extend([
             // parallel: the params carry a measured throughput, which differs.
             rec("main", "parallel", "zonal pcp", "mimalloc", t(260.0), 7.0),
             rec("main", "parallel", "mimalloc", "mimalloc", t(110.0), 17.5),
@@ -265,7 +268,7 @@ mod tests {
             // bulk ran alone, but the full run has no such cell.
             rec(ALONE_PROCESS, "bulk", "zonal bulk array", "mimalloc", p0.clone(), 3.0),
             rec(ALONE_PROCESS, "bulk", "mimalloc", "mimalloc", p0.clone(), 9.0),
-        ];
+        ]);
         let h = evaluate(&records, "main");
         let names: Vec<&str> = h.iter().map(|h| h.experiment.as_str()).collect();
         assert_eq!(names, ["single", "parallel", "bulk", "cross", "zlc"], "report order");

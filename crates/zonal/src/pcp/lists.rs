@@ -142,12 +142,12 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
 /// per-CPU pages.
 ///
 /// The frames taken are put in address order, highest first, so that the pops (from the
-/// list's end) hand them out upwards: they reach the list in the order the other CPU freed
-/// them, which a few laps through two CPUs' lists and this one shuffle (runs of about five
-/// neighbours in `bench cross`), and in that order nearly every allocation here and every
-/// free there wrote a state line the other CPU had just written. Sorted, neighbours leave
-/// together and each line crosses once per burst (`examples/cross_pairs`: see DESIGN.md).
-/// `sort_unstable` never allocates; a batch is mostly a few sorted runs.
+/// list's end) hand them out upwards. They reach the list in the order the other CPU freed
+/// them, which a few laps through two CPUs' lists shuffle (in `bench cross`, a new state
+/// line every five allocations), and in that order nearly every allocation here and every
+/// free there touched a state line the other CPU had just written. Sorted, neighbours leave
+/// together and share their line's trips between the CPUs (`bench cross` 17% faster; see
+/// DESIGN.md, the transfer list). `sort_unstable` never allocates.
 #[inline]
 fn take_transfer(zone: &Zone, pcp: &mut PcpInner, want: usize) -> usize {
     let enough = want.min(pcp.batch).max(1);
