@@ -644,7 +644,7 @@ fn run(cli: Cli) -> Result<(), String> {
             if child.is_none() {
                 // History matters once an experiment ran after another: each then runs alone.
                 if ours.len() >= 2 && opts.keeps(bench::ZONAL_ALONE) {
-                    records.extend(bench::history::run_alone(&ours, &opts, &global, opts.progress)?);
+                    records.extend(bench::history::run_alone(&ours, &opts, &global)?);
                 }
                 bench::targets::print(&records);
             }

@@ -25,18 +25,13 @@ pub const TOLERANCE: f64 = 0.15;
 /// Runs each of `experiments` that [`EXPERIMENTS`] lists in a fresh process of its own, with
 /// the main run's repetitions, cell time, global arguments and subjects; returns their
 /// records, tagged [`ALONE_PROCESS`]. The children's tables are not
-/// printed (the comparison is), nor their stderr unless one fails; `progress` says on stderr
-/// which one runs.
-pub fn run_alone(
-    experiments: &[&str],
-    opts: &super::BenchOpts,
-    global_args: &[String],
-    progress: bool,
-) -> Result<Vec<Value>, String> {
+/// printed (the comparison is), nor their stderr unless one fails; with the run's progress
+/// on, stderr says which one runs.
+pub fn run_alone(experiments: &[&str], opts: &super::BenchOpts, global_args: &[String]) -> Result<Vec<Value>, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program to re-run it: {e}"))?;
     let mut records = Vec::new();
     for &e in experiments.iter().filter(|e| EXPERIMENTS.contains(e)) {
-        if progress {
+        if opts.progress {
             eprintln!("history: {e} alone, in a fresh process");
         }
         // The subjects the run measured, so that only the history differs: every subject of

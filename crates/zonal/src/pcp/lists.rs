@@ -146,7 +146,7 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
 /// them, which a few laps through two CPUs' lists shuffle (in `bench cross`, a new state
 /// line every five allocations), and in that order nearly every allocation here and every
 /// free there touched a state line the other CPU had just written. Sorted, neighbours leave
-/// together and share their line's trips between the CPUs (`bench cross` 17% faster; see
+/// together and share their line's trips between the CPUs (`bench cross` 18% faster; see
 /// DESIGN.md, the transfer list). `sort_unstable` never allocates.
 #[inline]
 fn take_transfer(zone: &Zone, pcp: &mut PcpInner, want: usize) -> usize {
