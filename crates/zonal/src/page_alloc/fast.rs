@@ -186,8 +186,9 @@ impl Zonal {
             zone,
         };
         // SAFETY: `rseq` places this thread's area (`rseq_off`); `local_pcp` holds `nr_cpus`
-        // addresses and `zone_pcp` `nr_zones * nr_cpus`, of this handle's lists (which outlive the call) or,
-        // in `local_pcp`, the stand-in (see `Zonal::new`); `zone` is one of its zones.
+        // addresses and `zone_pcp` `nr_zones * nr_cpus`, of this handle's lists (which
+        // outlive the call) or, in `local_pcp`, the stand-in (see `Zonal::new`); `zone` is
+        // one of its zones.
         // The section counts the frame (`pgfree`) in the cache's word (`pcp::word`).
         if unsafe { pcp::rseq::push_frame(&t, pfn) } == usize::MAX {
             return self.free_unpushed(zone, Pfn(pfn));

@@ -114,9 +114,7 @@ pub struct Table {
 #[cfg_attr(not(all(target_arch = "x86_64", not(loom))), allow(dead_code))]
 #[derive(Clone, Copy, Debug)]
 pub struct LocalTable {
-    /// glibc's `__rseq_offset`: the calling thread's registered rseq area (`struct rseq`)
-    /// lies at the thread pointer plus this, which the sections address through the thread
-    /// pointer's segment (`fs:` on x86-64) rather than loading the pointer first.
+    /// As [`Table::rseq`].
     pub rseq: isize,
     /// `nr_cpus` addresses.
     pub local: *const usize,
@@ -130,9 +128,7 @@ pub struct LocalTable {
 #[cfg_attr(not(all(target_arch = "x86_64", not(loom))), allow(dead_code))]
 #[derive(Clone, Copy, Debug)]
 pub struct FrameTable {
-    /// glibc's `__rseq_offset`: the calling thread's registered rseq area (`struct rseq`)
-    /// lies at the thread pointer plus this, which the sections address through the thread
-    /// pointer's segment (`fs:` on x86-64) rather than loading the pointer first.
+    /// As [`Table::rseq`].
     pub rseq: isize,
     /// `nr_cpus` addresses: each CPU's lists of its local zone, or a stand-in.
     pub local: *const usize,

@@ -203,10 +203,10 @@ pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
     let out: usize;
     // SAFETY: `t.rseq` places this thread's registered rseq area (at `fs:` plus it);
     // `t.base` points to `nr_cpus * nr_zones` live `PerCpuPages` (the handle outlives the
-    // call), and the section only indexes it with a CPU id checked against `nr_cpus`. It reads the
-    // cache only while the lock is free and the kernel guarantees that it runs
-    // uninterrupted on that CPU up to the commit, so no other thread touches that
-    // cache meanwhile (lockers on other CPUs fence it first).
+    // call), and the section only indexes it with a CPU id checked against `nr_cpus`. It
+    // reads the cache only while the lock is free and the kernel guarantees that it runs
+    // uninterrupted on that CPU up to the commit, so no other thread touches that cache
+    // meanwhile (lockers on other CPUs fence it first).
     unsafe {
         rseq_section!(
             t,
@@ -229,8 +229,8 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
     let out: usize;
     let cpu: usize;
     // SAFETY: `t.rseq` places this thread's registered rseq area (at `fs:` plus it);
-    // `t.local` holds `t.nr_cpus` addresses, each of live `PerCpuPages` or of a stand-in whose lock byte is set, and the
-    // section only indexes it with a CPU id checked against `nr_cpus`, and reads past the
+    // `t.local` holds `t.nr_cpus` addresses, each of live `PerCpuPages` or of a stand-in
+    // whose lock byte is set, and the section only indexes it with a CPU id checked against `nr_cpus`, and reads past the
     // lock byte only when it is clear (so not in a stand-in); `above_low` points to a live
     // flag (`PerCpuPages::watching`). Otherwise as in `pop`.
     unsafe {
@@ -272,8 +272,8 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
 pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> usize {
     let cpu: usize;
     // SAFETY: `t.rseq` places this thread's registered rseq area (at `fs:` plus it);
-    // `t.local` holds `t.nr_cpus` addresses (of live `PerCpuPages` or of a stand-in, whose `zone` bytes never match a
-    // zone), `t.remote` those of every zone's (`zone * nr_cpus + cpu`, `zone` below the
+    // `t.local` holds `t.nr_cpus` addresses (of live `PerCpuPages` or of a stand-in, whose
+    // `zone` bytes never match a zone), `t.remote` those of every zone's (`zone * nr_cpus + cpu`, `zone` below the
     // zones), indexed only with a CPU id checked against `nr_cpus`; the lists pushed onto
     // are the frame's zone's. The slot written before the commit lies below
     // `cache_limit <= CACHE_CAP`, inside the cache, and is dead until the commit.
