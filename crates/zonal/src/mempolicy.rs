@@ -200,10 +200,19 @@ fn bits_of(p: &[ThreadPolicy]) -> u64 {
 }
 
 /// Whether this thread may have a policy for handle `handle` (one thread-local load): false
-/// means it has none, true sends the caller to the policy list.
+/// means it has none, true sends the caller to the policy list. A thread with no policy at
+/// all, the common case, is told by one compare with zero; the handle's bit is tested
+/// only past it, out of line, where the compiler cannot fold the two tests into one.
 #[inline(always)]
 pub(crate) fn thread_has_policy(handle: u64) -> bool {
-    POLICY_BITS.with(|h| h.get()) & bit(handle) != 0
+    let bits = POLICY_BITS.with(|h| h.get());
+    bits != 0 && has_bit(bits, handle)
+}
+
+#[cold]
+#[inline(never)]
+fn has_bit(bits: u64, handle: u64) -> bool {
+    bits & bit(handle) != 0
 }
 
 /// Records a new handle as live (see [`forget_handle`]).
