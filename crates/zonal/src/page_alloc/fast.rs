@@ -153,45 +153,40 @@ impl Zonal {
     /// sequence (`push_frame`) onto this CPU's lists of the frame's zone, which counts the
     /// free (`pgfree`) in its commit (`pcp::word`). The claim finds the frame's state from
     /// its number alone (one map for all zones), and the section takes the CPU's local lists
-    /// from the CPU alone and checks that they serve the frame's zone (its block's entry of
-    /// `block_zone`), with a branch: on the pair's path nothing waits for the zone's
-    /// structure, where the lists' address once waited for three dependent loads (pointer,
-    /// `block_zone`, the zone; 12.0 → 10.7 ns a pair) and the claim for two (10.7 → 8.8);
-    /// a frame of another zone takes that zone's lists in the same section (two sections,
-    /// one failing first, made `bench cross` 19% slower). When a check or the claim fails,
+    /// from the CPU alone and checks that the frame lies in their zone's span, with a
+    /// branch: on the pair's path nothing waits for the zone's structure, where the lists'
+    /// address once waited for three dependent loads (pointer, `block_zone`, the zone; 12.0
+    /// → 10.7 ns a pair) and the claim for two (10.7 → 8.8), and nothing reads the frame's
+    /// zone (its block's entry of `block_zone`, looked up and bounds-checked on every free
+    /// until the span check took its place: 6.8 → 5.8 ns a pair in a probe of the loop).
+    /// A frame of another zone takes that zone's lists, found through `block_zone`, in the
+    /// same section (two sections, one failing first, made `bench cross` 19% slower). When
+    /// a check or the claim fails,
     /// nothing has changed and the general path decides (and reports the error); when the
     /// push fails (the cache full or locked, the section interrupted), the frame is taken
     /// back with a CAS (`unpush`, which one racer wins) and freed on the locked path. Every
     /// call here is a tail call, so the path saves no registers.
     #[inline(always)]
     pub(super) fn free_order0_fast(&self, rseq: isize, addr: usize) -> Result<()> {
-        let off = addr.wrapping_sub(self.mem.arena.base());
-        let pfn = off >> PAGE_SHIFT;
-        // The map covers the arena's span, so its bound is the arena's.
-        let Some(entry) = self.mem.map.states().get(pfn).filter(|_| off % PAGE_SIZE == 0) else {
+        // The offset rotated right by the page shift is the frame's number when the address is
+        // page-aligned; otherwise its low bits land at the top, past every frame number (a
+        // map has fewer than 2^52 entries), so one bound checks both. The map covers the
+        // arena's span, so its bound is the arena's.
+        let pfn = addr.wrapping_sub(self.mem.arena.base()).rotate_right(PAGE_SHIFT);
+        let Some(entry) = self.mem.map.states().get(pfn) else {
             return self.free_pages_general(addr as *mut u8, 0);
-        };
-        let zone = match self.mem.block_zone.get(pfn >> self.mem.max_order.0) {
-            Some(&z) if (z as usize) < self.mem.zones.len() => z as usize,
-            _ => return self.free_pages_general(addr as *mut u8, 0),
         };
         if mem_map::try_claim_order0(entry, mem_map::state(mem_map::PCP, Order(0)), self.free_check_atomic()).is_err() {
             return self.free_pages_general(addr as *mut u8, 0);
         }
-        let t = pcp::rseq::FrameTable {
-            rseq,
-            local: self.cpus.local_pcp.as_ptr(),
-            remote: self.cpus.zone_pcp.as_ptr(),
-            nr_cpus: self.cpus.nr_cpus,
-            zone,
-        };
-        // SAFETY: `rseq` places this thread's area (`rseq_off`); `local_pcp` holds `nr_cpus`
-        // addresses and `zone_pcp` `nr_zones * nr_cpus`, of this handle's lists (which
-        // outlive the call) or, in `local_pcp`, the stand-in (see `Zonal::new`); `zone` is
-        // one of its zones.
+        // SAFETY: `rseq` places this thread's area (`rseq_off`); `free_table` holds this
+        // handle's tables (see `Zonal::new`), which outlive the call: `local_pcp` with
+        // `nr_cpus` addresses of its lists or the stand-in, `zone_pcp` with `nr_zones *
+        // nr_cpus` of its lists, and `block_zone`, which gives each frame of a zone's span
+        // (the lists' spans, which do not overlap) that zone.
         // The section counts the frame (`pgfree`) in the cache's word (`pcp::word`).
-        if unsafe { pcp::rseq::push_frame(&t, pfn) } == usize::MAX {
-            return self.free_unpushed(zone, Pfn(pfn));
+        if unsafe { pcp::rseq::push_frame(rseq, &self.cpus.free_table, pfn) } == usize::MAX {
+            return self.free_unpushed(Pfn(pfn));
         }
         Ok(())
     }
@@ -201,9 +196,10 @@ impl Zonal {
     /// freed on the locked path, counted on this CPU.
     #[cold]
     #[inline(never)]
-    fn free_unpushed(&self, zone: usize, pfn: Pfn) -> Result<()> {
+    fn free_unpushed(&self, pfn: Pfn) -> Result<()> {
         let cpu = self.current_cpu();
-        let zone = &self.mem.zones[zone];
+        // The frame was claimed from `ALLOCATED`, which only a zone's frames are.
+        let zone = self.zone_of(pfn);
         if unpush(zone, pfn) {
             self.free_claimed(cpu, zone, &[pfn], Order(0));
         }

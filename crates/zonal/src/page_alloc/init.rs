@@ -63,9 +63,9 @@ impl Zonal {
             .map(|(cpu, z)| {
                 let (batch, high_min, high_max) = pcp_sizes(&topo, z, fraction);
                 if config.pcp {
-                    PerCpuPages::new(cpu as u32, z.id.0, batch, high_min, high_max).watching(z)
+                    PerCpuPages::new(cpu as u32, batch, high_min, high_max).watching(z)
                 } else {
-                    PerCpuPages::new(cpu as u32, z.id.0, 1, 0, 0)
+                    PerCpuPages::new(cpu as u32, 1, 0, 0)
                 }
             })
             .collect();
@@ -88,7 +88,7 @@ impl Zonal {
         // another node (a memoryless node's) takes the general path, which charges each one.
         let local_zone: Box<[u16]> =
             local_zone.iter().zip(local_is_hit.iter()).map(|(&z, &hit)| if hit { z } else { NO_ZONE }).collect();
-        let local_pcp = local_zone
+        let local_pcp: Box<[usize]> = local_zone
             .iter()
             .enumerate()
             .map(|(c, &z)| match (z, rseq_off) {
@@ -96,10 +96,21 @@ impl Zonal {
                 _ => std::ptr::from_ref(&pcps[c * nz + z as usize]) as usize,
             })
             .collect();
-        let zone_pcp = (0..nz)
+        let zone_pcp: Box<[usize]> = (0..nz)
             .flat_map(|z| (0..nr_cpus).map(move |c| c * nz + z))
             .map(|i| std::ptr::from_ref(&pcps[i]) as usize)
             .collect();
+        // Addresses of the boxes' and the vector's heap buffers, which moving them into the
+        // handle leaves in place and which nothing changes after.
+        let free_table = pcp::rseq::FrameTable {
+            local: local_pcp.as_ptr(),
+            nr_cpus,
+            remote: zone_pcp.as_ptr(),
+            nr_zones: nz,
+            block_zone: block_zone.as_ptr(),
+            nr_blocks: block_zone.len(),
+            block_shift: max_order.0 as u64,
+        };
         let nr_zone_stats = nr_cpus * zones.len();
         let stat_interval_ms = Arc::new(std::sync::atomic::AtomicU64::new(stat_interval_ms(config.stat_interval)));
         let worker = Worker::start(Arc::clone(&zones), Arc::clone(&pcps), Arc::clone(&stat_interval_ms));
@@ -129,6 +140,7 @@ impl Zonal {
                 local_zone,
                 local_pcp,
                 zone_pcp,
+                free_table,
             },
             numa: NumaCounting {
                 zone_stats: (0..nr_zone_stats).map(|_| PerCpuZoneStat::default()).collect(),

@@ -188,8 +188,12 @@ struct PerCpuSets {
     /// restartable sequences).
     local_pcp: Box<[usize]>,
     /// The address of every CPU's lists of every zone, `[zone * nr_cpus + cpu]`: where the
-    /// fast free's section finds a frame's lists when they are not the CPU's local ones.
+    /// fast free's section finds a frame's lists when they are not the CPU's local ones
+    /// (through `free_table`, which points into it, so it is only kept here).
+    #[allow(dead_code)]
     zone_pcp: Box<[usize]>,
+    /// The fast free's table (`local_pcp`, `zone_pcp`, the memory's `block_zone`), built once.
+    free_table: pcp::rseq::FrameTable,
 }
 
 /// NUMA event counting: the counters of the three strategies, the static key and the mode.

@@ -553,7 +553,7 @@ mod tests {
     #[test]
     fn refill_alloc_free_drain() {
         let z = zone();
-        let pcp = PerCpuPages::new(0, 0, 2, 8, 8);
+        let pcp = PerCpuPages::new(0, 2, 8, 8);
         let mut g = pcp.try_lock(&z).unwrap();
         assert!(pcp.try_lock(&z).is_none(), "the lock excludes a second taker");
         let p = g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap();
@@ -594,7 +594,7 @@ mod tests {
         // min 32, low 441, high 850.
         z.setup_watermarks(128, 4096, 1000);
         let low = z.watermark(Watermark::Low);
-        let cpus: Vec<PerCpuPages> = (0..2).map(|c| PerCpuPages::new(c, 0, 7, 64, 64)).collect();
+        let cpus: Vec<PerCpuPages> = (0..2).map(|c| PerCpuPages::new(c, 7, 64, 64)).collect();
         let pop = |g: &mut PcpGuard<'_>| g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap();
         let mut g0 = cpus[0].lock(&z);
         let taken: Vec<Pfn> = (0..600).map(|_| pop(&mut g0)).collect();
@@ -668,7 +668,7 @@ mod tests {
     fn refills_give_each_cpu_whole_runs() {
         let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 4096, Order(10));
         z.setup_watermarks(128, 4096, 10);
-        let cpus: Vec<PerCpuPages> = (0..2).map(|c| PerCpuPages::new(c, 0, 7, 226, 226)).collect();
+        let cpus: Vec<PerCpuPages> = (0..2).map(|c| PerCpuPages::new(c, 7, 226, 226)).collect();
         let mut held = vec![Vec::new(); 2];
         for round in 0..700 {
             for (c, pcp) in cpus.iter().enumerate() {
@@ -692,7 +692,7 @@ mod tests {
         // 96 frames: no run of 128 fits, the smallest blocks serve.
         let small = Zone::new(ZoneId(1), NodeId(0), Pfn(0), 96, Order(10));
         small.setup_watermarks(8, 96, 10);
-        let pcp = PerCpuPages::new(0, 0, 7, 226, 226);
+        let pcp = PerCpuPages::new(0, 7, 226, 226);
         assert!(pcp.lock(&small).with(|i| rmqueue_pcplist(&small, i, Order(0))).is_some());
     }
 
@@ -705,7 +705,7 @@ mod tests {
         let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 4096, Order(10));
         z.setup_watermarks(128, 4096, 10);
         let free = || z.page_state_snapshot(ZoneStatItem::NrFreePages);
-        let pcp = PerCpuPages::new(0, 0, 63, 226, 226);
+        let pcp = PerCpuPages::new(0, 63, 226, 226);
         let mut g = pcp.lock(&z);
         let first = g.with(|i| rmqueue_pcplist(&z, i, thp)).unwrap();
         assert!(first.is_aligned(thp));
@@ -739,7 +739,7 @@ mod tests {
         // Below the high watermark (1024 + 2 * 256 frames of 2048), no block stays.
         let short = Zone::new(ZoneId(1), NodeId(0), Pfn(0), 2048, Order(10));
         short.setup_watermarks(4096, 2048, 10);
-        let pcp = PerCpuPages::new(0, 0, 63, 226, 226);
+        let pcp = PerCpuPages::new(0, 63, 226, 226);
         let mut g = pcp.lock(&short);
         let b = g.with(|i| rmqueue_pcplist(&short, i, thp)).unwrap();
         assert_eq!(g.with(|i| free_to_pcp(&short, i, b, thp)), 1024);
@@ -761,7 +761,7 @@ mod tests {
     fn high_grows_under_sustained_frees_and_decays_when_idle() {
         let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 4096, Order(3));
         z.setup_watermarks(128, 4096, 10);
-        let pcp = PerCpuPages::new(0, 0, 4, 16, 256);
+        let pcp = PerCpuPages::new(0, 4, 16, 256);
         let mut g = pcp.lock(&z);
         let blocks: Vec<Pfn> = (0..200).map(|_| g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap()).collect();
         let grown_by_refills = g.with(|i| i.high);
@@ -786,7 +786,7 @@ mod tests {
     fn refills_double_under_sustained_allocation_and_shrink_on_free() {
         let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 4096, Order(3));
         z.setup_watermarks(128, 4096, 10);
-        let pcp = PerCpuPages::new(0, 0, 4, 512, 512);
+        let pcp = PerCpuPages::new(0, 4, 512, 512);
         let mut g = pcp.lock(&z);
         let mut sizes = Vec::new();
         let mut taken = Vec::new();
@@ -816,7 +816,7 @@ mod tests {
     fn decay_hint_says_when_a_decay_changes_nothing() {
         let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 4096, Order(3));
         z.setup_watermarks(128, 4096, 10);
-        let pcp = PerCpuPages::new(0, 0, 4, 16, 256);
+        let pcp = PerCpuPages::new(0, 4, 16, 256);
         let mut g = pcp.lock(&z);
         let blocks: Vec<Pfn> = (0..200).map(|_| g.with(|i| rmqueue_pcplist(&z, i, Order(0))).unwrap()).collect();
         for b in blocks {
@@ -842,7 +842,7 @@ mod tests {
     #[test]
     fn fixed_high_does_not_tune() {
         let z = zone();
-        let pcp = PerCpuPages::new(0, 0, 2, 8, 8);
+        let pcp = PerCpuPages::new(0, 2, 8, 8);
         let mut g = pcp.lock(&z);
         let b: Vec<Pfn> = (0..30).map(|_| g.with(|i| rmqueue_pcplist(&z, i, Order(1))).unwrap()).collect();
         for p in b {

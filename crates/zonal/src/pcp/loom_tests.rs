@@ -16,7 +16,7 @@ use loom::sync::Arc;
 
 fn setup() -> (Arc<Zone>, Arc<PerCpuPages>) {
     let z = Zone::new(ZoneId(0), NodeId(0), Pfn(0), 8, Order(2));
-    (Arc::new(z), Arc::new(PerCpuPages::new(0, 0, 1, 4, 4)))
+    (Arc::new(z), Arc::new(PerCpuPages::new(0, 1, 4, 4)))
 }
 
 /// The allocation path: pcp if the try-lock succeeds, else the buddy lists.
@@ -108,7 +108,7 @@ fn loom_thp_holder_races_small_orders_and_a_drain() {
     model.max_branches = 20_000;
     model.check(|| {
         let z = Arc::new(Zone::new(ZoneId(0), NodeId(0), Pfn(0), 2048, Order(9)));
-        let pcp = Arc::new(PerCpuPages::new(0, 0, 1, 4, 4));
+        let pcp = Arc::new(PerCpuPages::new(0, 1, 4, 4));
         let huge = {
             let (z, pcp) = (z.clone(), pcp.clone());
             loom::thread::spawn(move || {

@@ -175,12 +175,15 @@ const _: () = assert!(CACHE_CAP as u64 <= word::LEN);
 #[derive(Debug)]
 pub struct PerCpuPages {
     lock: AtomicBool,
-    /// The zone these lists serve (a `ZoneId`, widened so that a stand-in's bytes, all 1,
-    /// never read as a zone): the fast free pushes onto the current CPU's local lists when
-    /// this is the frame's zone (`rseq::push_frame`).
-    zone: u32,
     /// The CPU these lists belong to.
     cpu: u32,
+    /// The frames of the zone these lists serve, `[span_start, span_start + span_pages)`
+    /// (the zone's span, which no other zone's overlaps): the fast free pushes a frame onto
+    /// the current CPU's local lists when it lies there (`rseq::push_frame`). Empty until
+    /// the lists are given their zone (`watching`); a stand-in's bytes, all 1, make a
+    /// span above any frame.
+    span_start: usize,
+    span_pages: usize,
     /// The cache's length (bits 0-15) and the frames the single order-0 paths' sections
     /// moved, each counted by its commit: popped by `pop_local` (bits 16-39) and pushed by
     /// `push_frame` (bits 40-63). See [`word`].
@@ -238,13 +241,14 @@ static NEVER_ABOVE_LOW: std::sync::atomic::AtomicBool = std::sync::atomic::Atomi
 impl PerCpuPages {
     /// Lists of `cpu` for `zone` with the given batch and bounds; `high` starts at
     /// `high_min`.
-    pub fn new(cpu: u32, zone: u16, batch: usize, high_min: usize, high_max: usize) -> PerCpuPages {
+    pub fn new(cpu: u32, batch: usize, high_min: usize, high_max: usize) -> PerCpuPages {
         let cap = |o: usize| ((high_max + (batch << PCP_BATCH_SCALE_MAX)) >> o) + 4;
         let cache: Box<[AtomicUsize]> = (0..CACHE_CAP).map(|_| AtomicUsize::new(0)).collect();
         PerCpuPages {
             lock: AtomicBool::new(false),
-            zone: zone.into(),
             cpu,
+            span_start: 0,
+            span_pages: 0,
             cache_word: AtomicU64::new(0),
             above_low: &NEVER_ABOVE_LOW,
             cache_limit: AtomicUsize::new(0),
@@ -277,11 +281,12 @@ impl PerCpuPages {
         }
     }
 
-    /// These lists with `zone`'s watermark flag, which the order-0 fast path's section reads
-    /// (see [`Zone::above_low`]); `zone` is the zone they serve and outlives them wherever a
-    /// section may run on them (a handle holds both).
+    /// These lists given their zone: its watermark flag, which the order-0 fast path's
+    /// section reads (see [`Zone::above_low`]), and its span, which the fast free's reads;
+    /// `zone` outlives them wherever a section may run on them (a handle holds both).
     pub fn watching(mut self, zone: &Zone) -> PerCpuPages {
         self.above_low = zone.above_low();
+        (self.span_start, self.span_pages) = (zone.start_pfn.0, zone.spanned);
         self
     }
 

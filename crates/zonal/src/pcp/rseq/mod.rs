@@ -122,23 +122,37 @@ pub struct LocalTable {
     pub nr_cpus: usize,
 }
 
-/// Where the fast free's section finds the lists for a frame of zone `zone`: the current
-/// CPU's local lists (`local`, as in [`LocalTable`]) when they are that zone's, else
-/// `remote[zone * nr_cpus + cpu]`, that CPU's lists of the zone.
+/// Where the fast free's section finds the lists for a frame: the current CPU's local lists
+/// (`local`, as in [`LocalTable`]) when the frame lies in their zone's span, else those of
+/// the frame's zone (`block_zone[pfn >> block_shift]`, when below `nr_zones`), that CPU's
+/// (`remote[zone * nr_cpus + cpu]`). Built once per handle; the section reads `local` and
+/// `nr_cpus` on every free, the rest only for a frame of another zone.
 #[cfg_attr(not(all(target_arch = "x86_64", not(loom))), allow(dead_code))]
-#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+#[derive(Debug)]
 pub struct FrameTable {
-    /// As [`Table::rseq`].
-    pub rseq: isize,
     /// `nr_cpus` addresses: each CPU's lists of its local zone, or a stand-in.
     pub local: *const usize,
-    /// `nr_zones * nr_cpus` addresses: every CPU's lists of every zone, `[zone * nr_cpus + cpu]`.
-    pub remote: *const usize,
     /// CPUs in the tables.
     pub nr_cpus: usize,
-    /// The frame's zone.
-    pub zone: usize,
+    /// `nr_zones * nr_cpus` addresses: every CPU's lists of every zone, `[zone * nr_cpus + cpu]`.
+    pub remote: *const usize,
+    /// Zones in `remote`.
+    pub nr_zones: usize,
+    /// The zone of each block of `1 << block_shift` frames (a `ZoneId`, or none when at
+    /// least `nr_zones`).
+    pub block_zone: *const u16,
+    /// Entries of `block_zone`.
+    pub nr_blocks: usize,
+    /// log2 of the frames of a block of `block_zone` (the handle's `max_order`).
+    pub block_shift: u64,
 }
+
+// SAFETY: the pointers are addresses of tables that the handle holding this one owns and
+// never changes after building it; the table is only read.
+unsafe impl Send for FrameTable {}
+// SAFETY: as above: shared reads of immutable tables.
+unsafe impl Sync for FrameTable {}
 
 /// A stand-in for a CPU's lists in a [`LocalTable`]: 128 bytes, every one 1, so that the
 /// lock byte a section reads first is set and it reads nothing further.
@@ -151,8 +165,10 @@ pub static LOCKED_STANDIN: Standin = Standin([1; 128]);
 
 // The lock byte a section reads of an entry lies inside a stand-in.
 const _: () = assert!(std::mem::offset_of!(PerCpuPages, lock) < std::mem::size_of::<Standin>());
-// So does the zone the fast free compares, and its bytes (all 1) name no zone (a `u16`).
-const _: () = assert!(std::mem::offset_of!(PerCpuPages, zone) + 4 <= std::mem::size_of::<Standin>());
+// So does the span the fast free compares; its bytes (all 1) make a span that starts at
+// frame 0x0101_0101_0101_0101, past any frame (a frame's number is an address shifted by 12).
+const _: () = assert!(std::mem::offset_of!(PerCpuPages, span_start) + 8 <= std::mem::size_of::<Standin>());
+const _: () = assert!(std::mem::offset_of!(PerCpuPages, span_pages) + 8 <= std::mem::size_of::<Standin>());
 
 /// Pops an order-0 block from the cache of the current CPU's local-zone lists in one
 /// section (the CPU id, its lists from the table, their zone's watermark flag, the pop),
@@ -185,22 +201,25 @@ pub unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
     unsafe { arch::pop(t, zone) }
 }
 
-/// Pushes an order-0 block (head already tagged `PCP`) of the zone `t.zone` onto the cache
-/// of the current CPU's lists for that zone, counting it in the cache word's pushes
-/// (`pcp::word`), and returns the CPU; `usize::MAX` when the cache is at its bound, the
-/// lists are locked, the count is at its guard bit, or the section was interrupted. The lists are found from the CPU alone when
-/// they are its local zone's (`t.local`), which a frame freed on its own node's CPU is,
-/// and from `t.remote` otherwise, in one section either way.
+/// Pushes an order-0 block (head already tagged `PCP`) onto the cache of the current CPU's
+/// lists for the block's zone, counting it in the cache word's pushes (`pcp::word`), and
+/// returns the CPU; `usize::MAX` when the cache is at its bound, the lists are locked, the
+/// count is at its guard bit, the frame's block has no zone in `t`, or the section was
+/// interrupted. The lists are the CPU's local ones when the frame lies in their zone's
+/// span, which a frame freed on its own node's CPU does, and are found from `t.remote`
+/// otherwise, in one section either way.
 ///
 /// # Safety
-/// `t.rseq` places the calling thread's registered rseq area; `t.local` points to `t.nr_cpus`
-/// addresses, each of live `PerCpuPages` or of [`LOCKED_STANDIN`], and `t.remote` to
-/// `nr_zones * t.nr_cpus` addresses, `[zone * nr_cpus + cpu]` of the live `PerCpuPages` of
-/// `cpu` for `zone`, with `t.zone < nr_zones`; all outlive the call.
+/// `rseq` places the calling thread's registered rseq area; `t.local` points to `t.nr_cpus`
+/// addresses, each of live `PerCpuPages` or of [`LOCKED_STANDIN`]; `t.remote` to
+/// `t.nr_zones * t.nr_cpus` addresses, `[zone * nr_cpus + cpu]` of the live `PerCpuPages` of
+/// `cpu` for `zone`; `t.block_zone` to `t.nr_blocks` entries; all outlive the call. The
+/// spans of the lists' zones do not overlap, and a frame in a zone's span has that zone in
+/// `block_zone`.
 #[inline]
-pub unsafe fn push_frame(t: &FrameTable, pfn: usize) -> usize {
+pub unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize) -> usize {
     // SAFETY: the caller's contract, which is the section's.
-    unsafe { arch::push_frame(t, pfn) }
+    unsafe { arch::push_frame(rseq, t, pfn) }
 }
 
 /// Pops up to `out.len()` order-0 blocks from the cache of the current CPU's lists for

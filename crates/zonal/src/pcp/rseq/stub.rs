@@ -28,8 +28,8 @@ pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
 /// # Safety
 /// As [`super::push_frame`].
 #[inline]
-pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> usize {
-    let _ = (t, pfn);
+pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize) -> usize {
+    let _ = (rseq, t, pfn);
     usize::MAX
 }
 

@@ -261,57 +261,86 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
     (cpu != usize::MAX).then_some((out, cpu))
 }
 
-/// The x86-64 body of [`super::push_frame`]: the lists are the CPU's local ones when they
-/// serve the frame's zone, else `remote[zone * nr_cpus + cpu]`, chosen with a branch (not a
-/// conditional move) so that, predicted, the lists' address does not wait for the frame's
-/// zone.
+/// What `push_frame`'s commit adds ([`word::PUSH_FRAME`]), which does not fit an immediate:
+/// read from memory by the commit's add, it takes no register in the section.
+static PUSH_FRAME: u64 = word::PUSH_FRAME;
+
+/// The x86-64 body of [`super::push_frame`]: the lists are the CPU's local ones when the
+/// frame lies in their zone's span, else those of the frame's zone from `block_zone` and
+/// `remote`, chosen with a branch (not a conditional move) so that, predicted, the lists'
+/// address does not wait for the frame's zone, which the local case never loads.
 ///
 /// # Safety
 /// As [`super::push_frame`].
 #[inline]
-pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> usize {
+pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize) -> usize {
     let cpu: usize;
-    // SAFETY: `t.rseq` places this thread's registered rseq area (at `fs:` plus it);
+    // SAFETY: `rseq` places this thread's registered rseq area (at `fs:` plus it);
     // `t.local` holds `t.nr_cpus` addresses (of live `PerCpuPages` or of a stand-in, whose
-    // `zone` bytes never match a zone), `t.remote` those of every zone's (`zone * nr_cpus + cpu`, `zone` below the
-    // zones), indexed only with a CPU id checked against `nr_cpus`; the lists pushed onto
-    // are the frame's zone's. The slot written before the commit lies below
-    // `cache_limit <= CACHE_CAP`, inside the cache, and is dead until the commit.
+    // span lies past every frame), indexed only with a CPU id checked against `nr_cpus`;
+    // `t.block_zone` is indexed only below `nr_blocks`, and `t.remote` (`zone * nr_cpus +
+    // cpu`) only with a zone checked against `nr_zones`. The lists pushed onto are the
+    // frame's zone's: the local ones when the frame lies in their zone's span (no other
+    // zone's overlaps it), else its block's zone's. The slot written before the commit lies
+    // below `cache_limit <= CACHE_CAP`, inside the cache, and is dead until the commit.
     unsafe {
         std::arch::asm!(
-            rseq_find_local!(),
-            "cmp dword ptr [{p} + {off_zone}], {zone:e}",
-            "je 28f",
-            "mov {p}, {zone}",
-            "imul {p}, {ncpu}",
-            "add {p}, {cpu}",
-            "mov {p}, qword ptr [{remote} + {p} * 8]",
+            "lea {t}, [rip + 24f]",
+            "mov qword ptr fs:[{rseq} + 8], {t}",
+            "22:",
+            "mov {cpu:e}, dword ptr fs:[{rseq} + 4]",
+            "cmp {cpu}, qword ptr [{ft} + {off_nr_cpus}]",
+            "jae 25f",
+            "mov {p}, qword ptr [{ft} + {off_local}]",
+            "mov {p}, qword ptr [{p} + {cpu} * 8]",
+            // The local lists when `pfn - span_start < span_pages`.
+            "mov {t}, {pfn}",
+            "sub {t}, qword ptr [{p} + {off_span_start}]",
+            "cmp {t}, qword ptr [{p} + {off_span_pages}]",
+            "jb 28f",
+            // Another zone's frame: its block's zone, that zone's lists of this CPU.
+            "mov {t}, {pfn}",
+            "mov ecx, dword ptr [{ft} + {off_block_shift}]",
+            "shr {t}, cl",
+            "cmp {t}, qword ptr [{ft} + {off_nr_blocks}]",
+            "jae 25f",
+            "mov {p}, qword ptr [{ft} + {off_block_zone}]",
+            "movzx {t:e}, word ptr [{p} + {t} * 2]",
+            "cmp {t}, qword ptr [{ft} + {off_nr_zones}]",
+            "jae 25f",
+            "imul {t}, qword ptr [{ft} + {off_nr_cpus}]",
+            "add {t}, {cpu}",
+            "mov {p}, qword ptr [{ft} + {off_remote}]",
+            "mov {p}, qword ptr [{p} + {t} * 8]",
             "28:",
             "cmp byte ptr [{p} + {off_lock}], 0",
             "jne 25f",
             // Give way on a full cache or a count of pushes at its guard bit, else write
-            // `{pfn}` to the slot at the length (its address made in `{local}`, free once
-            // `{p}` is found) and commit the word one longer, a push counted.
+            // `{pfn}` to the slot at the length and commit the word one longer, a push
+            // counted.
             "mov {t}, qword ptr [{p} + {off_len}]",
-            "movzx {local}, {t:x}",
-            "cmp {local}, qword ptr [{p} + {off_limit}]",
+            "movzx {s}, {t:x}",
+            "cmp {s}, qword ptr [{p} + {off_limit}]",
             "jae 25f",
             "test {t}, {t}",
             "js 25f",
-            "shl {local}, 3",
-            "add {local}, qword ptr [{p} + {off_slots}]",
-            "mov qword ptr [{local}], {pfn}",
-            "mov {local}, {push_frame}",
-            "add {t}, {local}",
+            "mov rcx, qword ptr [{p} + {off_slots}]",
+            "mov qword ptr [rcx + {s} * 8], {pfn}",
+            "add {t}, qword ptr [rip + {push_frame}]",
             "mov qword ptr [{p} + {off_len}], {t}",
             rseq_leave_cpu!(),
-            push_frame = const word::PUSH_FRAME,
-            rseq = in(reg) t.rseq,
-            ncpu = in(reg) t.nr_cpus,
-            local = inout(reg) t.local => _,
-            remote = in(reg) t.remote,
-            zone = in(reg) t.zone,
-            off_zone = const std::mem::offset_of!(PerCpuPages, zone),
+            push_frame = sym PUSH_FRAME,
+            rseq = in(reg) rseq,
+            ft = in(reg) t,
+            off_local = const std::mem::offset_of!(FrameTable, local),
+            off_nr_cpus = const std::mem::offset_of!(FrameTable, nr_cpus),
+            off_remote = const std::mem::offset_of!(FrameTable, remote),
+            off_nr_zones = const std::mem::offset_of!(FrameTable, nr_zones),
+            off_block_zone = const std::mem::offset_of!(FrameTable, block_zone),
+            off_nr_blocks = const std::mem::offset_of!(FrameTable, nr_blocks),
+            off_block_shift = const std::mem::offset_of!(FrameTable, block_shift),
+            off_span_start = const std::mem::offset_of!(PerCpuPages, span_start),
+            off_span_pages = const std::mem::offset_of!(PerCpuPages, span_pages),
             off_lock = const std::mem::offset_of!(PerCpuPages, lock),
             off_len = const std::mem::offset_of!(PerCpuPages, cache_word),
             off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
@@ -320,6 +349,8 @@ pub(super) unsafe fn push_frame(t: &FrameTable, pfn: usize) -> usize {
             cpu = out(reg) cpu,
             p = out(reg) _,
             t = out(reg) _,
+            s = out(reg) _,
+            out("rcx") _,
             options(nostack),
         );
     }
