@@ -161,11 +161,11 @@ impl Zonal {
     /// until the span check took its place: 6.8 → 5.8 ns a pair in a probe of the loop).
     /// A frame of another zone takes that zone's lists, found through `block_zone`, in the
     /// same section (two sections, one failing first, made `bench cross` 19% slower). When
-    /// a check or the claim fails,
-    /// nothing has changed and the general path decides (and reports the error); when the
-    /// push fails (the cache full or locked, the section interrupted), the frame is taken
-    /// back with a CAS (`unpush`, which one racer wins) and freed on the locked path. Every
-    /// call here is a tail call, so the path saves no registers.
+    /// a check or the claim fails, nothing has changed and the general path decides (and
+    /// reports the error); when the push fails (the cache full or locked, the section
+    /// interrupted), the frame is taken back with a CAS (`unpush`, which one racer wins) and
+    /// freed on the locked path. Every call here is a tail call, so the path saves no
+    /// registers.
     #[inline(always)]
     pub(super) fn free_order0_fast(&self, rseq: isize, addr: usize) -> Result<()> {
         // The offset rotated right by the page shift is the frame's number when the address is

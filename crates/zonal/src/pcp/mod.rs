@@ -239,8 +239,8 @@ unsafe impl Send for PerCpuPages {}
 static NEVER_ABOVE_LOW: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl PerCpuPages {
-    /// Lists of `cpu` for `zone` with the given batch and bounds; `high` starts at
-    /// `high_min`.
+    /// Lists of `cpu` with the given batch and bounds; `high` starts at `high_min`. They
+    /// serve no zone's fast paths until [`PerCpuPages::watching`] gives them their zone.
     pub fn new(cpu: u32, batch: usize, high_min: usize, high_max: usize) -> PerCpuPages {
         let cap = |o: usize| ((high_max + (batch << PCP_BATCH_SCALE_MAX)) >> o) + 4;
         let cache: Box<[AtomicUsize]> = (0..CACHE_CAP).map(|_| AtomicUsize::new(0)).collect();
