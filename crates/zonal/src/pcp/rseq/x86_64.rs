@@ -1,8 +1,9 @@
 //! The x86-64 bodies of the restartable sequences over the per-CPU caches: each public
 //! function of [`super`] is one critical section written in assembly, built by the macros
-//! below from a common entry (arm `rseq_cs`, read the CPU id, find that CPU's
-//! `PerCpuPages`, give way if it is locked), a body ending in the commit store, and a common
-//! exit (the `__rseq_cs` descriptor and the signed abort handler).
+//! below from a common head (arm `rseq_cs`), an entry (read the CPU id, find that CPU's
+//! `PerCpuPages`, give way if it is locked; the fast free's own, which chooses the lists
+//! by the frame), a body ending in the commit store, and a common exit (the `__rseq_cs`
+//! descriptor and the signed abort handler).
 //!
 //! Kernel counterpart: the x86 rseq ABI (`RSEQ_SIG` 0x53053053, `struct rseq_cs` in the
 //! `__rseq_cs` section) as glibc and librseq's x86 headers use it.
@@ -20,16 +21,22 @@ use std::mem::MaybeUninit;
 /// The sections can run on this architecture (given rseq and membarrier at run time).
 pub(super) const SUPPORTED: bool = true;
 
-/// The start of every critical section: arm `rseq_cs` with this section's descriptor
-/// (label 24), read the CPU id, find that CPU's `PerCpuPages` for the zone in `{p}`, and
-/// give up (label 25) if the id is out of range or the lists are locked. Label 22 starts
-/// the restartable range.
+/// The head of every critical section: arm `rseq_cs` with this section's descriptor (label
+/// 24) and start the restartable range (label 22), after which each section reads the CPU
+/// id from `fs:[{rseq} + 4]`.
+macro_rules! rseq_arm {
+    () => {
+        concat!("lea {t}, [rip + 24f]\n", "mov qword ptr fs:[{rseq} + 8], {t}\n", "22:\n",)
+    };
+}
+
+/// The start of the sections over a table of lists: `rseq_arm!`, read the CPU id, find that
+/// CPU's `PerCpuPages` for the zone in `{p}`, and give up (label 25) if the id is out of
+/// range or the lists are locked.
 macro_rules! rseq_enter {
     () => {
         concat!(
-            "lea {t}, [rip + 24f]\n",
-            "mov qword ptr fs:[{rseq} + 8], {t}\n",
-            "22:\n",
+            rseq_arm!(),
             "mov {p:e}, dword ptr fs:[{rseq} + 4]\n",
             "cmp {p}, {ncpu}\n",
             "jae 25f\n",
@@ -49,22 +56,14 @@ macro_rules! rseq_enter {
 /// `{cpu}`.
 macro_rules! rseq_enter_local {
     () => {
-        concat!(rseq_find_local!(), "cmp byte ptr [{p} + {off_lock}], 0\n", "jne 25f\n",)
-    };
-}
-
-/// `rseq_enter_local!` up to the lists' address in `{p}`, without the lock check (the fast
-/// free checks the lists' zone first, and may take other lists).
-macro_rules! rseq_find_local {
-    () => {
         concat!(
-            "lea {t}, [rip + 24f]\n",
-            "mov qword ptr fs:[{rseq} + 8], {t}\n",
-            "22:\n",
+            rseq_arm!(),
             "mov {cpu:e}, dword ptr fs:[{rseq} + 4]\n",
             "cmp {cpu}, {ncpu}\n",
             "jae 25f\n",
             "mov {p}, qword ptr [{local} + {cpu} * 8]\n",
+            "cmp byte ptr [{p} + {off_lock}], 0\n",
+            "jne 25f\n",
         )
     };
 }
@@ -285,9 +284,7 @@ pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize) -> usiz
     // below `cache_limit <= CACHE_CAP`, inside the cache, and is dead until the commit.
     unsafe {
         std::arch::asm!(
-            "lea {t}, [rip + 24f]",
-            "mov qword ptr fs:[{rseq} + 8], {t}",
-            "22:",
+            rseq_arm!(),
             "mov {cpu:e}, dword ptr fs:[{rseq} + 4]",
             "cmp {cpu}, qword ptr [{ft} + {off_nr_cpus}]",
             "jae 25f",
