@@ -29,6 +29,21 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     }
 }
 
+/// Asks the CPU to bring the line holding `p` into its cache for writing (`prefetchw`) ahead
+/// of a store to it: a hint, which never faults and changes nothing a thread can observe.
+/// Nothing on targets without one.
+#[inline(always)]
+pub fn prefetch_write<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads and writes nothing and cannot fault, whatever the address;
+    // the SSE it needs is part of x86_64's baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_ET0 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// A cell whose contents a lock elsewhere protects (the per-CPU page lists): loom's
 /// `UnsafeCell` under `cfg(loom)`, so the model checks every access against the lock.
 #[derive(Debug)]

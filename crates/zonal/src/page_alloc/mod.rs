@@ -397,6 +397,9 @@ impl Zonal {
             }));
         }
         let mut g = self.pcp_try_lock(cpu, z, order)?;
+        if order.0 == 0 {
+            g.fill_for_allocations();
+        }
         Some(g.with(|p| {
             let empty = p.list_len(order) == 0;
             (pcp::rmqueue_pcplist(z, p, order), empty)
@@ -687,6 +690,37 @@ mod tests {
         }
         assert!(z.rseq_off().is_some(), "rseq and membarrier are available, but the handle does not use them");
         true
+    }
+
+    /// A stream of allocations with no frees takes the lock once per refill of the cache,
+    /// not once per `CACHE_FILL` frames: an allocation's holder moves up to `CACHE_REFILL`
+    /// frames into the cache (`PcpGuard::fill_for_allocations`), while a free's moves
+    /// `CACHE_FILL`, and every frame stays accounted for.
+    #[test]
+    fn an_allocation_stream_refills_the_cache_by_half() {
+        let z = Zonal::new(Config::new(Topology::parse("nodes=1,size=256M").unwrap())).unwrap();
+        if !runs_rseq(&z) {
+            return;
+        }
+        on_one_cpu(|| {
+            let cpu = z.current_cpu();
+            let pcp = &z.cpus.pcps[cpu * z.mem.zones.len() + z.cpus.local_zone[cpu] as usize];
+            let n = 4096;
+            let fast = z.fast_path_allocs();
+            let held: Vec<_> = (0..n).map(|_| z.alloc_pages(Gfp::KERNEL, 0).unwrap()).collect();
+            let locked = n - (z.fast_path_allocs() - fast) as usize;
+            // With `CACHE_FILL` per lock it would be one in 33 (124 here).
+            assert!(locked * 64 <= n, "{locked} of {n} allocations took the lock");
+            assert!(pcp.cache_len() <= pcp::CACHE_CAP / 2);
+            // The frees fill the cache to its bound and drain past `high`.
+            for p in &held {
+                z.free_pages(p.as_ptr(), 0).unwrap();
+            }
+            assert!(z.event(VmEvent::PcpDrain) > 0);
+            assert_eq!(z.check_invariants(), Ok(0));
+        });
+        z.drain_all_pages();
+        assert_eq!(z.nr_free_pages(NodeId(0)).unwrap(), z.mem.zones[0].managed);
     }
 
     /// Frames freed past `high` wait on the zone's transfer list, counted as per-CPU pages;
