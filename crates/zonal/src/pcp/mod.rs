@@ -564,8 +564,8 @@ impl PcpGuard<'_> {
     /// [`CACHE_FILL`], and asks for the state lines of those blocks ahead of the pops that
     /// will write them. In a stream those lines were last written by the CPU that freed the
     /// frames, so each is a miss; asked for together, the misses overlap, where the pops
-    /// met them one at a time (`cross_pairs` 19.4–20.7 → 16.7–17.2 ns a frame with the
-    /// larger fill).
+    /// met them one at a time (`cross_pairs` 19.4–21.5 → 17.7–19.6 ns a frame; see
+    /// DESIGN.md, the fifth sitting).
     #[inline]
     pub fn fill_for_allocations(&mut self) {
         self.allocating = true;
@@ -686,14 +686,17 @@ impl PerCpuPages {
         let fill = if allocating { CACHE_REFILL } else { CACHE_FILL };
         let take = fill.min(inner.lists[0].len());
         let start = inner.lists[0].len() - take;
-        // The list's frames are the zone's; one prefetch per line of 64 state bytes (the
-        // refills hand out frames in address order, so neighbours follow one another).
+        // The list's frames are the zone's; one prefetch per line of state bytes (a refill's
+        // frames come in address order, so neighbours follow one another).
         let mut line = usize::MAX;
         for (slot, pfn) in self.cache.iter().zip(inner.lists[0].drain(start..)) {
             slot.store(pfn, Ordering::Relaxed);
-            if allocating && pfn / 64 != line {
-                line = pfn / 64;
-                crate::sync::prefetch_write(zone.state(Pfn(pfn)));
+            if allocating {
+                let state = std::ptr::from_ref(zone.state(Pfn(pfn)));
+                if state as usize / 64 != line {
+                    line = state as usize / 64;
+                    crate::sync::prefetch_write(state);
+                }
             }
         }
         inner.count -= take;
