@@ -177,7 +177,20 @@ impl PageAlloc for ZonalPages<'_> {
                 let slots = &mut scratch.slots[..n];
                 self.z.alloc_pages_bulk_array(Gfp::KERNEL, slots);
                 let _ = self.z.free_pages_bulk(std::hint::black_box(&*slots));
-                slots.fill(None);
+                // Emptied as cheaply as the length allows, so that the loop costs the round
+                // as little as it can at every N: `fill` of a length known only at run time
+                // is a call to memset, which made the one-slot round 1.29–1.40 times the
+                // single pair's in a probe (0.99–1.18 emptied slot by slot), while slot by
+                // slot made the 128-slot round 5% slower than memset's wide stores.
+                if n <= 16 {
+                    for s in slots.iter_mut() {
+                        *s = None;
+                        // Keeps the loop a loop (not turned back into the memset call).
+                        std::hint::black_box(());
+                    }
+                } else {
+                    slots.fill(None);
+                }
             }
             // The list form: the list filled, then freed as raw pointers. (Freed as the list
             // of `NonNull`s it is, the one-page round measured 33 ns against 24, with the same
