@@ -239,6 +239,31 @@ fn bulk_free_frees_the_good_and_reports_the_first_bad() {
     assert_eq!(z.check_invariants(), Ok(0), "a and b were freed, the double free of a refused");
 }
 
+/// A few pages freed in one call (the single fast path each, up to four) are checked and
+/// reported as more are (the bulk path): empty slots skipped, the first bad entry by its
+/// index, every good one freed.
+#[test]
+fn a_few_pages_freed_in_one_call_are_checked_as_many_are() {
+    let z = zonal("nodes=1,size=16M");
+    for n in 2..=8 {
+        let mut slots = vec![None; n];
+        assert_eq!(z.alloc_pages_bulk_array(Gfp::KERNEL, &mut slots), n);
+        let gone = slots[1].take().unwrap();
+        z.free_pages(gone.as_ptr(), 0).unwrap();
+        assert_eq!(z.free_pages_bulk(&slots), Ok(n - 1), "{n} slots, one empty");
+        assert_eq!(z.check_invariants(), Ok(0));
+        // The same slots again: each a double free, the first reported by its index.
+        let pfn = |i: usize| z.addr_to_pfn(slots[i].unwrap().as_ptr()).unwrap();
+        assert_eq!(z.free_pages_bulk(&slots), Err((0, Error::DoubleFree { pfn: pfn(0) })), "{n}");
+        if n > 2 {
+            let third = pfn(2);
+            slots[0] = None;
+            assert_eq!(z.free_pages_bulk(&slots), Err((2, Error::DoubleFree { pfn: third })), "{n}");
+        }
+        assert_eq!(z.check_invariants(), Ok(0));
+    }
+}
+
 #[test]
 fn bulk_respects_thisnode_and_bind() {
     let z = zonal("nodes=2,size=8M");

@@ -86,17 +86,34 @@ impl Zonal {
         if nr == 0 {
             return 0;
         }
-        // One frame: the single fast path, with the call counted on the CPU it ran on, so a
-        // one-frame call costs what a single allocation does (Linux sends N = 1 to the single
-        // path too, before any set-up of its own).
-        if nr == 1 {
-            if let Some(p) = self.alloc_order0_fast(Some(VmEvent::AllocBulk)) {
+        // One frame, or a few (`SMALL_BULK`): the single fast path for each, the call counted
+        // with the first on the CPU it ran on, so a one-frame call costs what a single
+        // allocation does (Linux sends N = 1 to the single path too, before any set-up of its
+        // own) and a few frames cost no more than as many single allocations. A few only
+        // under the per-CPU NUMA statistics, where a frame's counts are its section's and
+        // cost nothing: under the other strategies each frame would charge its own, where
+        // the bulk path charges once per call (seed 002).
+        let mut done = 0;
+        if nr == 1 || (nr <= SMALL_BULK && self.numa.key.load(Ordering::Relaxed) <= NUMA_ON_PERCPU) {
+            while let Some(p) = self.alloc_order0_fast((done == 0).then_some(VmEvent::AllocBulk)) {
                 put(p);
-                return 1;
+                done += 1;
+                if done == nr {
+                    return nr;
+                }
             }
         }
+        // The rest: the call was counted if a frame came above.
+        done + self.alloc_bulk_rest(gfp, nr - done, done > 0, put)
+    }
+
+    /// [`Zonal::alloc_bulk`] past the single fast path: `nr` frames, the call counted
+    /// (`alloc_bulk`) unless `counted`, the fast path not tried again for one frame.
+    fn alloc_bulk_rest(&self, gfp: Gfp, nr: usize, counted: bool, mut put: impl FnMut(NonNull<u8>)) -> usize {
         let cpu = self.current_cpu();
-        self.count_event(cpu, VmEvent::AllocBulk, 1);
+        if !counted {
+            self.count_event(cpu, VmEvent::AllocBulk, 1);
+        }
         if nr == 1 {
             // The fast path just failed: the general path, without trying it again.
             return self.alloc_pages_general(gfp, 0).map(&mut put).is_ok() as usize;
@@ -224,7 +241,27 @@ impl Zonal {
                 None => Ok(0),
             };
         }
+        if pages.len() <= SMALL_BULK && self.rseq_off().is_some() {
+            return self.free_pages_bulk_few(pages);
+        }
         self.free_pages_bulk_many(pages)
+    }
+
+    /// [`Zonal::free_pages_bulk`] of a few pages (`SMALL_BULK`) with restartable sequences:
+    /// each through the single fast path, which counts it in its section, as the bulk path
+    /// would have counted them all once; the same checks, the same errors.
+    fn free_pages_bulk_few<P: BulkPage>(&self, pages: &[P]) -> std::result::Result<usize, (usize, Error)> {
+        let mut freed = 0;
+        let mut first_err = None;
+        for (i, a) in pages.iter().enumerate().filter_map(|(i, p)| Some((i, p.page_addr()?))) {
+            match self.free_pages(a as *mut u8, 0) {
+                Ok(()) => freed += 1,
+                Err(e) => {
+                    first_err.get_or_insert((i, e));
+                }
+            }
+        }
+        first_err.map_or(Ok(freed), Err)
     }
 
     /// [`Zonal::free_pages_bulk`] of more than one page.
