@@ -617,9 +617,18 @@ fn run(cli: Cli) -> Result<(), String> {
                 println!("{}\n", bench::GLOSSARY);
             }
             println!("{}\n", bench::cpu_identity_note());
-            let mut records = Vec::new();
-            for (i, &e) in ours.iter().enumerate() {
-                opts.step = (done + i + 1, total);
+            let mut global = vec!["--max-order".to_string(), cli.max_order.to_string()];
+            if let Some(t) = &cli.topology {
+                global.extend(["--topology".to_string(), t.clone()]);
+            }
+            // The main process reads the child's records for the targets, whatever the outputs.
+            let wanted = json_out.is_some() || plot.is_some() || child.is_none();
+            let in_child = bench::child_experiments(&chosen, &opts);
+            let (mut records, mut children) = (Vec::new(), Vec::new());
+            let mut step = done;
+            for &e in &ours {
+                step += 1;
+                opts.step = (step, total);
                 records.extend(match e {
                     "single" => bench::single::run(&z, &opts)?,
                     "parallel" => bench::parallel::run(&z, &opts)?,
@@ -632,15 +641,16 @@ fn run(cli: Cli) -> Result<(), String> {
                     "numab" => bench::numab::run(&opts)?,
                     _ => unreachable!("checked against EXPERIMENTS"),
                 });
+                // tcmalloc's per-CPU figures right after this process's of the same experiment:
+                // the machine's speed moves 2–4× between phases lasting seconds, and the
+                // targets compare the two processes' ratios (see `run_tcmalloc_child`).
+                if in_child.contains(&e) {
+                    children.extend(bench::run_tcmalloc_child(&[e], &opts, &global, wanted, (step, total))?);
+                    step += 1;
+                }
             }
             let mut records = bench::to_json(&records, opts.process)?;
-            let mut global = vec!["--max-order".to_string(), cli.max_order.to_string()];
-            if let Some(t) = &cli.topology {
-                global.extend(["--topology".to_string(), t.clone()]);
-            }
-            // The main process reads the child's records for the targets, whatever the outputs.
-            let wanted = json_out.is_some() || plot.is_some() || child.is_none();
-            records.extend(bench::run_tcmalloc_child(&chosen, &opts, &global, wanted, (ours.len(), total))?);
+            records.extend(children);
             if child.is_none() {
                 // History matters once an experiment ran after another: each then runs alone.
                 if ours.len() >= 2 && opts.keeps(bench::ZONAL_ALONE) {

@@ -324,10 +324,12 @@ fn temp_path(name: &str) -> std::path::PathBuf {
     p
 }
 
+/// The child's records are marked as its own, and it runs each experiment right after the
+/// main process's run of it (this machine's phases last seconds; the targets compare the two).
 #[test]
 fn bench_marks_the_records_of_the_tcmalloc_child() {
     let path = temp_path("child.json");
-    let o = zonal(&["bench", "single", "--reps", "1", "--cell-ms", "1", "--json", path.to_str().unwrap()]);
+    let o = zonal(&["bench", "single", "cross", "--reps", "1", "--cell-ms", "1", "--json", path.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     std::fs::remove_file(&path).unwrap();
@@ -336,28 +338,37 @@ fn bench_marks_the_records_of_the_tcmalloc_child() {
         recs.iter().filter(|r| r["process"] == process).map(|r| r["subject"].as_str().unwrap()).collect()
     };
     let (main, child) = (of("main"), of("tcmalloc-child"));
-    assert_eq!(main.len() + child.len(), recs.len(), "a record without its process: {v}");
+    // The history's runs alone (two experiments ran) are the third kind of record.
+    assert_eq!(main.len() + child.len() + of("alone").len(), recs.len(), "a record without its process: {v}");
     assert!(main.contains(&"zonal pcp") && main.contains(&"mimalloc"), "{main:?}");
     let e = stderr(&o);
-    if stdout(&o).contains("the same experiments in a child process") {
+    let out = stdout(&o);
+    if out.contains("again in a child process") {
         // Its own mimalloc, told apart by the process, and tcmalloc on its per-CPU caches, at
-        // order 0 and then at orders 1, 3 and 9.
-        assert_eq!(child, ["tcmalloc (rseq per-CPU)", "mimalloc"].repeat(4));
+        // order 0 and then at orders 1, 3 and 9; then cross.
+        assert_eq!(child, ["tcmalloc (rseq per-CPU)", "mimalloc"].repeat(5));
         let orders: Vec<u64> = recs
             .iter()
             .filter(|r| r["process"] == "tcmalloc-child")
             .filter_map(|r| r["params"]["order"].as_u64())
             .collect();
-        assert_eq!(orders, [0, 0, 1, 1, 3, 3, 9, 9]);
-        assert!(
-            e.contains("experiment 1 of 2, single") && e.contains("experiment 2 of 2 (tcmalloc child), single"),
-            "{e}"
-        );
+        assert_eq!(orders, [0, 0, 1, 1, 3, 3, 9, 9, 0, 0]);
+        let steps = [
+            "experiment 1 of 4, single",
+            "experiment 2 of 4 (tcmalloc child), single",
+            "experiment 3 of 4, cross",
+            "experiment 4 of 4 (tcmalloc child), cross",
+        ];
+        let at: Vec<usize> = steps.iter().map(|s| e.find(s).unwrap_or_else(|| panic!("{s}: {e}"))).collect();
+        assert!(at.is_sorted(), "each child right after the main process's run: {e}");
+        let tables = ["single again in a child process", "cross: one thread", "cross again in a child process"];
+        let at: Vec<usize> = tables.iter().map(|s| out.find(s).unwrap_or_else(|| panic!("{s}: {out}"))).collect();
+        assert!(at.is_sorted(), "the child's tables after the main process's of each experiment: {out}");
         // The child's file is the parent's business: one "wrote" line, the parent's.
         assert_eq!(e.matches("wrote ").count(), 1, "{e}");
     } else {
         assert!(child.is_empty(), "{child:?}");
-        assert!(e.contains("experiment 1 of 1, single"), "{e}");
+        assert!(e.contains("experiment 1 of 2, single") && e.contains("experiment 2 of 2, cross"), "{e}");
     }
 }
 

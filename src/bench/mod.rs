@@ -134,10 +134,14 @@ pub fn child_experiments<'a>(chosen: &[&'a str], opts: &BenchOpts) -> Vec<&'a st
 /// Google tcmalloc's per-CPU caches need the thread's rseq area, which glibc (2.35+)
 /// registers for itself, and a thread has only one. zonal's own fast path reads glibc's area.
 /// So `zonal bench` measures everything in this process as users run it (glibc's rseq on:
-/// zonal on its restartable sequences, tcmalloc on per-thread caches), then runs the
-/// experiments that have tcmalloc again in a child process with
+/// zonal on its restartable sequences, tcmalloc on per-thread caches), and runs each
+/// experiment that has tcmalloc again in a child process with
 /// `GLIBC_TUNABLES=glibc.pthread.rseq=0`, measuring only tcmalloc (now on its per-CPU caches)
-/// and mimalloc, the reference, beside it. The child prints its own tables; its JSON records
+/// and mimalloc, the reference, beside it. `zonal bench` starts that child right after its own
+/// run of the experiment, one child per experiment: the targets compare zonal's ratio to its
+/// mimalloc with tcmalloc's to the child's, and this machine's speed moves 2–4× between
+/// phases lasting seconds, which two runs minutes apart (the child once ran everything after
+/// the main process had) read as a difference between the allocators. The child prints its own tables; its JSON records
 /// are returned for the parent's file. Nothing happens when glibc's rseq is already off here
 /// (tcmalloc is per-CPU in this process then, and zonal finds its CPU with `sched_getcpu`).
 ///
@@ -173,8 +177,9 @@ pub fn run_tcmalloc_child(
         cmd.arg("--json").arg(&out);
     }
     println!(
-        "tcmalloc on its rseq per-CPU caches: the same experiments in a child process with {TUNABLE}, \
-         beside mimalloc measured in that process\n"
+        "tcmalloc on its rseq per-CPU caches: {} again in a child process with {TUNABLE}, \
+         beside mimalloc measured in that process\n",
+        chosen.join(", ")
     );
     let status =
         cmd.env("GLIBC_TUNABLES", value).status().map_err(|e| format!("cannot run the tcmalloc child: {e}"))?;
