@@ -246,6 +246,10 @@ enum Command {
         /// numbers from DONE + 1 of TOTAL; its records are marked `tcmalloc-child`.
         #[arg(long, hide = true, value_name = "DONE/TOTAL")]
         tcmalloc_child: Option<String>,
+        /// Internal: stop before each repetition until a line arrives on stdin (the tcmalloc
+        /// child, in lockstep with the bench run that started it).
+        #[arg(long, hide = true, requires = "tcmalloc_child")]
+        lockstep: bool,
     },
 }
 
@@ -572,7 +576,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 print!("{}", z.buddyinfo());
             }
         }
-        Command::Bench { experiments, reps, cell_ms, json, plot, quiet, only, tcmalloc_child } => {
+        Command::Bench { experiments, reps, cell_ms, json, plot, quiet, only, tcmalloc_child, lockstep } => {
             let known: Vec<&str> = bench::EXPERIMENTS.iter().map(|(n, _)| *n).collect();
             let chosen: Vec<&str> = if experiments.is_empty() {
                 known.clone()
@@ -601,11 +605,13 @@ fn run(cli: Cli) -> Result<(), String> {
                 config: config.clone(),
                 step: (0, 0),
                 process: if child.is_some() { bench::CHILD_PROCESS } else { bench::MAIN_PROCESS },
+                child: None,
+                gated: *lockstep,
             };
             let ours = bench::runnable(&chosen, &opts);
             let (done, total) = match child {
                 Some(steps) => steps,
-                None => (0, ours.len() + bench::child_experiments(&chosen, &opts).len()),
+                None => (0, ours.len()),
             };
             println!(
                 "zonal bench on {} node(s), {} cpu(s); {} ms per cell; ratios are medians of per-repetition ratios\n",
@@ -623,12 +629,17 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             // The main process reads the child's records for the targets, whatever the outputs.
             let wanted = json_out.is_some() || plot.is_some() || child.is_none();
-            let in_child = bench::child_experiments(&chosen, &opts);
             let (mut records, mut children) = (Vec::new(), Vec::new());
-            let mut step = done;
-            for &e in &ours {
-                step += 1;
+            for (i, &e) in ours.iter().enumerate() {
+                let step = done + i + 1;
                 opts.step = (step, total);
+                // tcmalloc's per-CPU figures, taken in a child in lockstep with this run of the
+                // experiment (see `start_tcmalloc_child`); none inside a child.
+                let tcmalloc = match child {
+                    Some(_) => None,
+                    None => bench::start_tcmalloc_child(e, &opts, &global, wanted, (step - 1, total))?,
+                };
+                opts.child = tcmalloc.as_ref().map(bench::TcmallocChild::handle);
                 records.extend(match e {
                     "single" => bench::single::run(&z, &opts)?,
                     "parallel" => bench::parallel::run(&z, &opts)?,
@@ -641,12 +652,9 @@ fn run(cli: Cli) -> Result<(), String> {
                     "numab" => bench::numab::run(&opts)?,
                     _ => unreachable!("checked against EXPERIMENTS"),
                 });
-                // tcmalloc's per-CPU figures right after this process's of the same experiment:
-                // the machine's speed moves 2–4× between phases lasting seconds, and the
-                // targets compare the two processes' ratios (see `run_tcmalloc_child`).
-                if in_child.contains(&e) {
-                    children.extend(bench::run_tcmalloc_child(&[e], &opts, &global, wanted, (step, total))?);
-                    step += 1;
+                opts.child = None;
+                if let Some(t) = tcmalloc {
+                    children.extend(t.finish()?);
                 }
             }
             let mut records = bench::to_json(&records, opts.process)?;

@@ -10,6 +10,7 @@
 pub mod bulk;
 pub mod cross;
 pub mod history;
+pub mod lockstep;
 pub mod numab;
 pub mod output;
 pub mod page_api;
@@ -123,7 +124,7 @@ pub fn runnable<'a>(chosen: &[&'a str], opts: &BenchOpts) -> Vec<&'a str> {
 }
 
 /// Of `chosen`, the experiments the tcmalloc child runs (none when it does not run: see
-/// [`run_tcmalloc_child`]).
+/// [`start_tcmalloc_child`]).
 pub fn child_experiments<'a>(chosen: &[&'a str], opts: &BenchOpts) -> Vec<&'a str> {
     if !opts.only.is_empty() || !zonal::cpu::glibc_rseq_registered() {
         return Vec::new();
@@ -137,61 +138,89 @@ pub fn child_experiments<'a>(chosen: &[&'a str], opts: &BenchOpts) -> Vec<&'a st
 /// zonal on its restartable sequences, tcmalloc on per-thread caches), and runs each
 /// experiment that has tcmalloc again in a child process with
 /// `GLIBC_TUNABLES=glibc.pthread.rseq=0`, measuring only tcmalloc (now on its per-CPU caches)
-/// and mimalloc, the reference, beside it. `zonal bench` starts that child right after its own
-/// run of the experiment, one child per experiment: the targets compare zonal's ratio to its
-/// mimalloc with tcmalloc's to the child's, and this machine's speed moves 2–4× between
-/// phases lasting seconds, which two runs minutes apart (the child once ran everything after
-/// the main process had) read as a difference between the allocators. The child prints its own tables; its JSON records
-/// are returned for the parent's file. Nothing happens when glibc's rseq is already off here
-/// (tcmalloc is per-CPU in this process then, and zonal finds its CPU with `sched_getcpu`).
+/// and mimalloc, the reference, beside it: one child per experiment, in lockstep with this
+/// process's run of it ([`lockstep`]: the child's repetition `r` right after this process's,
+/// so that the two processes' ratios, which the targets compare, are taken over the same
+/// phases of this machine). The child's tables are printed after the main process's; its
+/// JSON records are returned for the parent's file. Nothing happens when glibc's rseq is
+/// already off here (tcmalloc is per-CPU in this process then, and zonal finds its CPU with
+/// `sched_getcpu`).
 ///
 /// The child's records carry `"process": "tcmalloc-child"` (the main process's `"main"`), so
-/// that its mimalloc, measured again beside tcmalloc, is told apart from the main one. Its
-/// experiments are numbered in the progress lines after the main process's `done` of `total`.
-/// `records` asks for its records (for `--json` or `--plot`).
-pub fn run_tcmalloc_child(
-    experiments: &[&str],
+/// that its mimalloc, measured again beside tcmalloc, is told apart from the main one. It
+/// numbers its experiment `done + 1` of `total` (its progress is not shown: the main
+/// process's says it follows). `records` asks for its records (for `--json`, `--plot` or the
+/// targets). Returns once the child has built its allocators and sized its cells, stopped
+/// before its first repetition; `None` when no child runs for `experiment`.
+pub fn start_tcmalloc_child(
+    experiment: &str,
     opts: &BenchOpts,
     global_args: &[String],
     records: bool,
     (done, total): (usize, usize),
-) -> Result<Vec<serde_json::Value>, String> {
-    const TUNABLE: &str = "glibc.pthread.rseq=0";
-    let chosen = child_experiments(experiments, opts);
-    if chosen.is_empty() {
-        return Ok(Vec::new());
+) -> Result<Option<TcmallocChild>, String> {
+    if child_experiments(&[experiment], opts).is_empty() {
+        return Ok(None);
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program to re-run it: {e}"))?;
     let current = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
-    let value = if current.is_empty() { TUNABLE.to_string() } else { format!("{current}:{TUNABLE}") };
-    let out = std::env::temp_dir().join(format!("zonal-bench-tcmalloc-{}.json", std::process::id()));
+    let value = if current.is_empty() { TCMALLOC_TUNABLE.to_string() } else { format!("{current}:{TCMALLOC_TUNABLE}") };
+    let json = records.then(|| std::env::temp_dir().join(format!("zonal-bench-tcmalloc-{}.json", std::process::id())));
     let mut cmd = std::process::Command::new(exe);
-    cmd.args(global_args).arg("bench").args(&chosen);
+    cmd.args(global_args).args(["bench", experiment]);
     cmd.args(["--reps", &opts.reps.to_string(), "--cell-ms", &opts.cell_time.as_millis().to_string()]);
-    cmd.args(["--only", "tcmalloc"]);
+    cmd.args(["--only", "tcmalloc", "--quiet"]);
     cmd.arg("--tcmalloc-child").arg(format!("{done}/{total}"));
-    if !opts.progress {
-        cmd.arg("--quiet");
+    if let Some(path) = &json {
+        cmd.arg("--json").arg(path);
     }
-    if records {
-        cmd.arg("--json").arg(&out);
+    cmd.env("GLIBC_TUNABLES", value);
+    let child = lockstep::Lockstep::start(cmd)?;
+    Ok(Some(TcmallocChild {
+        experiment: experiment.to_string(),
+        lockstep: std::sync::Arc::new(std::sync::Mutex::new(child)),
+        json,
+    }))
+}
+
+/// What turns tcmalloc's per-CPU caches on in the child: glibc's own rseq registration off.
+const TCMALLOC_TUNABLE: &str = "glibc.pthread.rseq=0";
+
+/// A tcmalloc child running one experiment in lockstep with the main process
+/// ([`start_tcmalloc_child`]).
+#[derive(Debug)]
+pub struct TcmallocChild {
+    experiment: String,
+    lockstep: std::sync::Arc<std::sync::Mutex<lockstep::Lockstep>>,
+    json: Option<std::path::PathBuf>,
+}
+
+impl TcmallocChild {
+    /// The handle the main process's [`BenchOpts::child`] holds while it runs the experiment.
+    pub fn handle(&self) -> std::sync::Arc<std::sync::Mutex<lockstep::Lockstep>> {
+        std::sync::Arc::clone(&self.lockstep)
     }
-    println!(
-        "tcmalloc on its rseq per-CPU caches: {} again in a child process with {TUNABLE}, \
-         beside mimalloc measured in that process\n",
-        chosen.join(", ")
-    );
-    let status =
-        cmd.env("GLIBC_TUNABLES", value).status().map_err(|e| format!("cannot run the tcmalloc child: {e}"))?;
-    if !status.success() {
-        return Err(format!("the tcmalloc child process failed ({status})"));
+
+    /// Once the main process's run of the experiment is over (and its `BenchOpts::child`
+    /// cleared): lets the child finish, prints its tables and returns its records (none unless
+    /// asked for at the start).
+    pub fn finish(self) -> Result<Vec<serde_json::Value>, String> {
+        let lockstep = std::sync::Arc::try_unwrap(self.lockstep)
+            .map_err(|_| "the tcmalloc child is still in use".to_string())?
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let out = lockstep.finish()?;
+        println!(
+            "tcmalloc on its rseq per-CPU caches: {} again in a child process with {TCMALLOC_TUNABLE}, \
+             beside mimalloc measured in that process, each repetition right after the one above\n",
+            self.experiment
+        );
+        print!("{out}");
+        let Some(path) = self.json else { return Ok(Vec::new()) };
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()));
+        let _ = std::fs::remove_file(&path);
+        serde_json::from_str(&text?).map_err(|e| format!("bad JSON from the tcmalloc child: {e}"))
     }
-    if !records {
-        return Ok(Vec::new());
-    }
-    let text = std::fs::read_to_string(&out).map_err(|e| format!("cannot read {}: {e}", out.display()))?;
-    let _ = std::fs::remove_file(&out);
-    serde_json::from_str(&text).map_err(|e| format!("bad JSON from the tcmalloc child: {e}"))
 }
 
 /// Reads `--tcmalloc-child DONE/TOTAL`: the child's experiments are numbered after DONE.
@@ -236,6 +265,11 @@ pub struct BenchOpts {
     pub step: (usize, usize),
     /// The process measuring: [`MAIN_PROCESS`] or [`CHILD_PROCESS`].
     pub process: &'static str,
+    /// The main process: the tcmalloc child of the running experiment, which [`rotate`]
+    /// keeps in lockstep with it (see [`lockstep`]).
+    pub child: Option<std::sync::Arc<std::sync::Mutex<lockstep::Lockstep>>>,
+    /// The child: stop before each repetition until the main process says go (`--lockstep`).
+    pub gated: bool,
 }
 
 /// zonal without per-CPU lists, built as the main handle otherwise is.
@@ -254,6 +288,13 @@ pub fn one_node(opts: &BenchOpts, bytes: u64) -> Result<zonal::Zonal, String> {
 }
 
 impl BenchOpts {
+    /// Runs `f` on the tcmalloc child in lockstep with this process, if there is one.
+    fn with_child(&self, f: impl FnOnce(&mut lockstep::Lockstep)) {
+        if let Some(c) = &self.child {
+            f(&mut c.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        }
+    }
+
     /// Whether a subject is measured in this run.
     pub fn keeps(&self, name: &str) -> bool {
         // mimalloc is every table's reference, so it is always measured.
@@ -363,14 +404,22 @@ pub fn measure(subjects: &mut [Box<dyn Subject + '_>], opts: &BenchOpts, label: 
 /// Runs `cell(subject)` for every subject in every repetition, starting each repetition one
 /// subject later so that no subject always runs first (or right after the same one), with
 /// progress on stderr.
+///
+/// With a tcmalloc child in lockstep ([`lockstep`]), the child's repetition `r` runs right
+/// after this process's repetition `r`, and never beside one: the child is stopped while this
+/// process measures, here and in whatever the experiment does between two calls of `rotate`.
 pub fn rotate(opts: &BenchOpts, label: &str, k: usize, mut cell: impl FnMut(usize)) {
     let mut shown = 0;
     for rep in 0..opts.reps {
         shown = progress(opts, label, rep);
+        lockstep::gate(opts.gated);
+        opts.with_child(lockstep::Lockstep::wait);
         for i in 0..k {
             cell((i + rep) % k);
         }
+        opts.with_child(lockstep::Lockstep::release);
     }
+    opts.with_child(lockstep::Lockstep::wait);
     clear_progress(opts, shown);
 }
 
@@ -389,7 +438,8 @@ pub fn progress(opts: &BenchOpts, label: &str, rep: usize) -> usize {
 pub fn progress_line(opts: &BenchOpts, label: &str, rep: usize) -> String {
     let (i, n) = opts.step;
     let child = if opts.process == CHILD_PROCESS { " (tcmalloc child)" } else { "" };
-    format!("  experiment {i} of {n}{child}, {label}: repetition {}/{}", rep + 1, opts.reps)
+    let after = if opts.child.is_some() { ", each followed by the tcmalloc child's" } else { "" };
+    format!("  experiment {i} of {n}{child}, {label}: repetition {}/{}{after}", rep + 1, opts.reps)
 }
 
 /// Blanks a progress line `width` characters long.
@@ -498,6 +548,8 @@ pub(crate) mod tests {
             config: zonal::Config::new(zonal::Topology::parse("nodes=1,size=4M").expect("a valid spec")),
             step: (2, 5),
             process: MAIN_PROCESS,
+            child: None,
+            gated: false,
         }
     }
 
