@@ -96,6 +96,7 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
                 reference: subjects[best].0 .0.clone(),
                 ratio_to_reference: ratio,
                 reps: opts.reps,
+                samples: times[ni][s].clone(),
             });
         }
         // Against zonal's single pair at N = 1 from the same repetitions.

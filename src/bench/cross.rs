@@ -107,6 +107,7 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
             reference: subjects[best].0 .0.clone(),
             ratio_to_reference: ratio,
             reps: opts.reps,
+            samples: times[s].clone(),
         });
     }
     print_table(&["subject", "ns/page", "min – max", "× best peer", "× mimalloc"], &rows);

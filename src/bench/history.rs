@@ -5,9 +5,10 @@
 //! that only what ran before differs; no tcmalloc child), and every zonal cell is compared
 //! with the same cell of the full run.
 //!
-//! The figure compared is a cell's median over its reference's median in the same process,
-//! not its nanoseconds: this machine's speed changes by 2–4× between phases lasting seconds
-//! (every subject's `cross` moves with it), which a ratio within one process cancels and a
+//! The figure compared is a cell's ratio to its reference in the same process, the median of
+//! their per-repetition ratios as in the tables, not its nanoseconds: this machine's speed
+//! changes by 2–4× between phases lasting from a fraction of a second to tens of seconds
+//! (every subject's `cross` moves with it), which a ratio within one repetition cancels and a
 //! comparison of nanoseconds taken a minute apart would report as history. The reference is
 //! the ideal per-thread stack where the experiment measures it (single, parallel, bulk): a
 //! stack of addresses that no experiment leaves in another state, so it moves with the
@@ -80,10 +81,10 @@ pub fn run_alone(experiments: &[&str], opts: &super::BenchOpts, global_args: &[S
     Ok(records)
 }
 
-/// A cell's figure in `process`: its median over the median of the record of the same
-/// experiment and params there of the ideal stack, else of mimalloc, else of the record's
-/// own reference (see the module's doc). `None` for a reference itself, or when the
-/// reference is missing.
+/// A cell's figure in `process`: its ratio to the record of the same experiment and params
+/// there of the ideal stack, else of mimalloc, else of the record's own reference (see the
+/// module's doc), paired by repetition as the tables' ratios are (`record_ratio`). `None` for
+/// a reference itself, or when the reference is missing.
 fn figure(records: &[Value], process: &str, r: &Value) -> Option<f64> {
     let same = |q: &&Value, subject: &str| {
         q["process"] == process
@@ -98,9 +99,7 @@ fn figure(records: &[Value], process: &str, r: &Value) -> Option<f64> {
     if r["subject"] == reference {
         return None;
     }
-    let ns = r["ns_per_op"]["median"].as_f64()?;
-    let base = records.iter().find(|q| same(q, reference))?["ns_per_op"]["median"].as_f64()?;
-    (base > 0.0).then(|| ns / base)
+    super::record_ratio(r, records.iter().find(|q| same(q, reference))?)
 }
 
 /// One experiment's history: how its zonal cells moved between the full run and alone.

@@ -325,6 +325,12 @@ pub struct Record {
     pub reference: String,
     pub ratio_to_reference: f64,
     pub reps: usize,
+    /// ns per operation of each repetition, in order: repetition `r` of every subject of the
+    /// experiment ran in one rotation (and, in lockstep, the tcmalloc child's right after),
+    /// so two records' samples pair up into ratios that cancel the machine's phases (the
+    /// targets and the history read them so, as the tables do).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub samples: Vec<f64>,
 }
 
 /// The records as JSON values, each with `"process": process`.
@@ -468,6 +474,24 @@ pub fn paired_ratio(a: &[f64], b: &[f64]) -> f64 {
     Summary::of(&r).median
 }
 
+/// One record's figure over another's (JSON records of one process): the median of their
+/// per-repetition ratios when both carry their samples, one per repetition, as the tables'
+/// ratios are taken (a phase of the machine that slows a repetition slows both of its
+/// cells); else, for records written without them, the ratio of their medians. `None` when a
+/// median is missing or the base is not positive.
+pub fn record_ratio(r: &serde_json::Value, base: &serde_json::Value) -> Option<f64> {
+    let samples = |v: &serde_json::Value| -> Option<Vec<f64>> {
+        v["samples"].as_array()?.iter().map(serde_json::Value::as_f64).collect()
+    };
+    if let (Some(a), Some(b)) = (samples(r), samples(base)) {
+        if !a.is_empty() && a.len() == b.len() && b.iter().all(|&x| x > 0.0) {
+            return Some(paired_ratio(&a, &b));
+        }
+    }
+    let (ns, base) = (r["ns_per_op"]["median"].as_f64()?, base["ns_per_op"]["median"].as_f64()?);
+    (base > 0.0).then(|| ns / base)
+}
+
 /// Times a closure run `n` times.
 #[inline]
 pub fn time_loop(n: u64, mut f: impl FnMut()) -> Duration {
@@ -592,6 +616,25 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn record_ratios_pair_the_repetitions_when_the_records_carry_them() {
+        let rec = |samples: &[f64]| {
+            let mut v = serde_json::json!({"ns_per_op": {"median": Summary::of(samples).median}});
+            v["samples"] = serde_json::json!(samples);
+            v
+        };
+        // A slow phase in the second repetition slows both cells: per repetition 0.3, 0.9
+        // and 0.3 (median 0.3), where the medians' ratio, 9 / 20, reads 0.45.
+        let (a, b) = (rec(&[6.0, 9.0, 12.0]), rec(&[20.0, 10.0, 40.0]));
+        assert!((record_ratio(&a, &b).unwrap() - 0.3).abs() < 1e-12);
+        // Records without samples, or with samples that do not pair up: the medians' ratio.
+        let bare = |ns: f64| serde_json::json!({"ns_per_op": {"median": ns}});
+        assert!((record_ratio(&bare(9.0), &bare(20.0)).unwrap() - 0.45).abs() < 1e-12);
+        assert!((record_ratio(&a, &rec(&[20.0, 10.0])).unwrap() - 9.0 / 15.0).abs() < 1e-12);
+        assert_eq!(record_ratio(&bare(9.0), &bare(0.0)), None);
+        assert_eq!(record_ratio(&bare(9.0), &serde_json::json!({})), None);
+    }
+
+    #[test]
     fn records_carry_their_process() {
         let r = Record {
             experiment: "bulk".into(),
@@ -601,6 +644,7 @@ pub(crate) mod tests {
             reference: "mimalloc".into(),
             ratio_to_reference: 1.0,
             reps: 1,
+            samples: vec![1.0],
         };
         let v = to_json(&[r], CHILD_PROCESS).unwrap();
         assert_eq!(v[0]["process"], "tcmalloc-child");

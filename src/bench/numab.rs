@@ -1230,6 +1230,7 @@ fn report(
             reference: reference.name(),
             ratio_to_reference: paired_ratio(&cost, &col(r, &|r| r.cost_ns)),
             reps: results[i].len(),
+            samples: cost.clone(),
         });
     }
     Ok(records)

@@ -134,6 +134,7 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
                 reference: subjects[best].0.clone(),
                 ratio_to_reference: ratio,
                 reps: opts.reps,
+                samples: times[ti][s].clone(),
             });
         }
         rows.push(row);

@@ -71,6 +71,7 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
             reference: REFERENCE.into(),
             ratio_to_reference: ratio,
             reps: opts.reps,
+            samples: times[i].clone(),
         });
     }
     print_table(&["subject", "ns/pair", "min – max", "× mimalloc"], &rows);
@@ -185,6 +186,7 @@ fn run_orders(z: &Zonal, buddy: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>,
                 reference: REFERENCE.into(),
                 ratio_to_reference: ratio,
                 reps: opts.reps,
+                samples: times[i].clone(),
             });
         }
     }

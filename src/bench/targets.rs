@@ -13,24 +13,26 @@ pub struct Target {
     pub figures: Option<(String, bool)>,
 }
 
-/// The median ns and the ratio to its reference of the record of `process`, `experiment` and
-/// `subject` (a name prefix) whose params have every `(key, value)` of `params`.
-fn find(
-    records: &[Value],
+/// The record of `process`, `experiment` and `subject` (a name prefix) whose params have
+/// every `(key, value)` of `params`.
+fn find<'a>(
+    records: &'a [Value],
     process: &str,
     experiment: &str,
     subject: &str,
     params: &[(&str, u64)],
-) -> Option<(f64, f64)> {
-    records
-        .iter()
-        .find(|r| {
-            r["process"] == process
-                && r["experiment"] == experiment
-                && r["subject"].as_str().is_some_and(|s| s.starts_with(subject))
-                && params.iter().all(|(k, v)| r["params"][*k].as_u64().unwrap_or(0) == *v)
-        })
-        .and_then(|r| Some((r["ns_per_op"]["median"].as_f64()?, r["ratio_to_reference"].as_f64()?)))
+) -> Option<&'a Value> {
+    records.iter().find(|r| {
+        r["process"] == process
+            && r["experiment"] == experiment
+            && r["subject"].as_str().is_some_and(|s| s.starts_with(subject))
+            && params.iter().all(|(k, v)| r["params"][*k].as_u64().unwrap_or(0) == *v)
+    })
+}
+
+/// A record's median ns per operation.
+fn median(r: &Value) -> Option<f64> {
+    r["ns_per_op"]["median"].as_f64()
 }
 
 const MAIN: &str = super::MAIN_PROCESS;
@@ -40,11 +42,12 @@ const TCMALLOC: &str = "tcmalloc (rseq per-CPU)";
 /// Every target of issue 12 against `records`.
 pub fn evaluate(records: &[Value]) -> Vec<Target> {
     let order0 = [("order", 0)];
-    // Each a ratio of medians to the mimalloc measured in the same process (cross's records
-    // carry their ratio to the best peer, so the ratio is taken here for every experiment).
+    // Each a ratio to the mimalloc measured in the same process, paired by repetition as the
+    // tables' are (`record_ratio`; cross's records carry their ratio to the best peer, so the
+    // ratio is taken here for every experiment).
     let to_mimalloc = |process: &str, experiment: &str, subject: &str, params: &[(&str, u64)]| {
-        let ns = find(records, process, experiment, subject, params)?.0;
-        Some(ns / find(records, process, experiment, "mimalloc", params)?.0)
+        let r = find(records, process, experiment, subject, params)?;
+        super::record_ratio(r, find(records, process, experiment, "mimalloc", params)?)
     };
     // The verdict by the issue's rule, each over its own process's mimalloc; beside it the
     // nanoseconds themselves, which the lockstep (`lockstep`) takes over the same phases of
@@ -52,13 +55,13 @@ pub fn evaluate(records: &[Value]) -> Vec<Target> {
     // measured 81 and 474 ns in the cross of two runs a minute apart).
     let vs_tcmalloc = |experiment: &str, subject: &str, params: &[(&str, u64)]| {
         let ours = to_mimalloc(MAIN, experiment, subject, params)?;
-        let ours_ns = find(records, MAIN, experiment, subject, params)?.0;
+        let ours_ns = median(find(records, MAIN, experiment, subject, params)?)?;
         // In the child when glibc's rseq was on here; in this process when it was off.
         let (theirs, theirs_ns, how) = match to_mimalloc(CHILD, experiment, TCMALLOC, params) {
-            Some(r) => (r, find(records, CHILD, experiment, TCMALLOC, params)?.0, "its repetitions in lockstep"),
+            Some(r) => (r, median(find(records, CHILD, experiment, TCMALLOC, params)?)?, "its repetitions in lockstep"),
             None => (
                 to_mimalloc(MAIN, experiment, TCMALLOC, params)?,
-                find(records, MAIN, experiment, TCMALLOC, params)?.0,
+                median(find(records, MAIN, experiment, TCMALLOC, params)?)?,
                 "in this process",
             ),
         };
@@ -73,9 +76,8 @@ pub fn evaluate(records: &[Value]) -> Vec<Target> {
         ))
     };
     let per_ideal = |experiment: &str, subject: &str, ideal: &str, params: &[(&str, u64)], limit: f64| {
-        let ours = find(records, MAIN, experiment, subject, params)?.0;
-        let floor = find(records, MAIN, experiment, ideal, params)?.0;
-        let r = ours / floor;
+        let ours = find(records, MAIN, experiment, subject, params)?;
+        let r = super::record_ratio(ours, find(records, MAIN, experiment, ideal, params)?)?;
         Some((format!("{r:.2} × the ideal stack (≤ {limit})"), r <= limit))
     };
     let ideal = super::page_api::IDEAL;

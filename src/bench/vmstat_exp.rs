@@ -81,6 +81,7 @@ fn against_base(
                 reference: format!("{param} {}", configs[base].0),
                 ratio_to_reference: ratio,
                 reps: opts.reps,
+                samples: times[c][ti].clone(),
             });
         }
         cells.push(row);
@@ -266,6 +267,7 @@ pub fn run_stats(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
             reference: format!("bulk_accounting batch, {strategy}"),
             ratio_to_reference: ratio,
             reps: opts.reps,
+            samples: bulk_times[c].clone(),
         });
     }
     print_table(&["strategy", "bulk_accounting", "ns per page"], &rows);

@@ -180,6 +180,7 @@ pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
                         reference: "zonal zonelist_cache off".into(),
                         ratio_to_reference: paired_ratio(&a, &off_a),
                         reps: opts.reps,
+                        samples: a.clone(),
                     });
                 }
             }
