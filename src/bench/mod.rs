@@ -209,7 +209,11 @@ impl TcmallocChild {
             .map_err(|_| "the tcmalloc child is still in use".to_string())?
             .into_inner()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let out = lockstep.finish()?;
+        let out = lockstep.finish().inspect_err(|_| {
+            if let Some(path) = &self.json {
+                let _ = std::fs::remove_file(path);
+            }
+        })?;
         println!(
             "tcmalloc on its rseq per-CPU caches: {} again in a child process with {TCMALLOC_TUNABLE}, \
              beside mimalloc measured in that process, each repetition right after the one above\n",
