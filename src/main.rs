@@ -627,8 +627,6 @@ fn run(cli: Cli) -> Result<(), String> {
             if let Some(t) = &cli.topology {
                 global.extend(["--topology".to_string(), t.clone()]);
             }
-            // The main process reads the child's records for the targets, whatever the outputs.
-            let wanted = json_out.is_some() || plot.is_some() || child.is_none();
             let (mut records, mut children) = (Vec::new(), Vec::new());
             for (i, &e) in ours.iter().enumerate() {
                 let step = done + i + 1;
@@ -637,7 +635,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 // experiment (see `start_tcmalloc_child`); none inside a child.
                 let tcmalloc = match child {
                     Some(_) => None,
-                    None => bench::start_tcmalloc_child(e, &opts, &global, wanted, (step - 1, total))?,
+                    None => bench::start_tcmalloc_child(e, &opts, &global, (step - 1, total))?,
                 };
                 opts.child = tcmalloc.as_ref().map(bench::TcmallocChild::handle);
                 records.extend(match e {

@@ -149,14 +149,13 @@ pub fn child_experiments<'a>(chosen: &[&'a str], opts: &BenchOpts) -> Vec<&'a st
 /// The child's records carry `"process": "tcmalloc-child"` (the main process's `"main"`), so
 /// that its mimalloc, measured again beside tcmalloc, is told apart from the main one. It
 /// numbers its experiment `done + 1` of `total` (its progress is not shown: the main
-/// process's says it follows). `records` asks for its records (for `--json`, `--plot` or the
-/// targets). Returns once the child has built its allocators and sized its cells, stopped
+/// process's says it follows). Its records always come back: the targets read them. Returns
+/// once the child has built its allocators and sized its cells, stopped
 /// before its first repetition; `None` when no child runs for `experiment`.
 pub fn start_tcmalloc_child(
     experiment: &str,
     opts: &BenchOpts,
     global_args: &[String],
-    records: bool,
     (done, total): (usize, usize),
 ) -> Result<Option<TcmallocChild>, String> {
     if child_experiments(&[experiment], opts).is_empty() {
@@ -165,15 +164,13 @@ pub fn start_tcmalloc_child(
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program to re-run it: {e}"))?;
     let current = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
     let value = if current.is_empty() { TCMALLOC_TUNABLE.to_string() } else { format!("{current}:{TCMALLOC_TUNABLE}") };
-    let json = records.then(|| std::env::temp_dir().join(format!("zonal-bench-tcmalloc-{}.json", std::process::id())));
+    let json = std::env::temp_dir().join(format!("zonal-bench-tcmalloc-{}.json", std::process::id()));
     let mut cmd = std::process::Command::new(exe);
     cmd.args(global_args).args(["bench", experiment]);
     cmd.args(["--reps", &opts.reps.to_string(), "--cell-ms", &opts.cell_time.as_millis().to_string()]);
     cmd.args(["--only", "tcmalloc", "--quiet"]);
     cmd.arg("--tcmalloc-child").arg(format!("{done}/{total}"));
-    if let Some(path) = &json {
-        cmd.arg("--json").arg(path);
-    }
+    cmd.arg("--json").arg(&json);
     cmd.env("GLIBC_TUNABLES", value);
     let child = lockstep::Lockstep::start(cmd)?;
     Ok(Some(TcmallocChild {
@@ -192,7 +189,8 @@ const TCMALLOC_TUNABLE: &str = "glibc.pthread.rseq=0";
 pub struct TcmallocChild {
     experiment: String,
     lockstep: std::sync::Arc<std::sync::Mutex<lockstep::Lockstep>>,
-    json: Option<std::path::PathBuf>,
+    /// Where the child writes its records.
+    json: std::path::PathBuf,
 }
 
 impl TcmallocChild {
@@ -202,17 +200,14 @@ impl TcmallocChild {
     }
 
     /// Once the main process's run of the experiment is over (and its `BenchOpts::child`
-    /// cleared): lets the child finish, prints its tables and returns its records (none unless
-    /// asked for at the start).
+    /// cleared): lets the child finish, prints its tables and returns its records.
     pub fn finish(self) -> Result<Vec<serde_json::Value>, String> {
         let lockstep = std::sync::Arc::try_unwrap(self.lockstep)
             .map_err(|_| "the tcmalloc child is still in use".to_string())?
             .into_inner()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let out = lockstep.finish().inspect_err(|_| {
-            if let Some(path) = &self.json {
-                let _ = std::fs::remove_file(path);
-            }
+            let _ = std::fs::remove_file(&self.json);
         })?;
         println!(
             "tcmalloc on its rseq per-CPU caches: {} again in a child process with {TCMALLOC_TUNABLE}, \
@@ -220,7 +215,7 @@ impl TcmallocChild {
             self.experiment
         );
         print!("{out}");
-        let Some(path) = self.json else { return Ok(Vec::new()) };
+        let path = self.json;
         let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()));
         let _ = std::fs::remove_file(&path);
         serde_json::from_str(&text?).map_err(|e| format!("bad JSON from the tcmalloc child: {e}"))

@@ -42,28 +42,23 @@ const TCMALLOC: &str = "tcmalloc (rseq per-CPU)";
 /// Every target of issue 12 against `records`.
 pub fn evaluate(records: &[Value]) -> Vec<Target> {
     let order0 = [("order", 0)];
-    // Each a ratio to the mimalloc measured in the same process, paired by repetition as the
-    // tables' are (`record_ratio`; cross's records carry their ratio to the best peer, so the
-    // ratio is taken here for every experiment).
+    // A cell's ratio to the mimalloc measured in the same process, paired by repetition as
+    // the tables' are (`record_ratio`; cross's records carry their ratio to the best peer, so
+    // the ratio is taken here for every experiment), and its median ns.
     let to_mimalloc = |process: &str, experiment: &str, subject: &str, params: &[(&str, u64)]| {
         let r = find(records, process, experiment, subject, params)?;
-        super::record_ratio(r, find(records, process, experiment, "mimalloc", params)?)
+        Some((super::record_ratio(r, find(records, process, experiment, "mimalloc", params)?)?, median(r)?))
     };
     // The verdict by the issue's rule, each over its own process's mimalloc; beside it the
     // nanoseconds themselves, which the lockstep (`lockstep`) takes over the same phases of
     // the machine, where each process's mimalloc brings its own spread (a child's mimalloc
     // measured 81 and 474 ns in the cross of two runs a minute apart).
     let vs_tcmalloc = |experiment: &str, subject: &str, params: &[(&str, u64)]| {
-        let ours = to_mimalloc(MAIN, experiment, subject, params)?;
-        let ours_ns = median(find(records, MAIN, experiment, subject, params)?)?;
+        let (ours, ours_ns) = to_mimalloc(MAIN, experiment, subject, params)?;
         // In the child when glibc's rseq was on here; in this process when it was off.
-        let (theirs, theirs_ns, how) = match to_mimalloc(CHILD, experiment, TCMALLOC, params) {
-            Some(r) => (r, median(find(records, CHILD, experiment, TCMALLOC, params)?)?, "its repetitions in lockstep"),
-            None => (
-                to_mimalloc(MAIN, experiment, TCMALLOC, params)?,
-                median(find(records, MAIN, experiment, TCMALLOC, params)?)?,
-                "in this process",
-            ),
+        let ((theirs, theirs_ns), how) = match to_mimalloc(CHILD, experiment, TCMALLOC, params) {
+            Some(t) => (t, "its repetitions in lockstep"),
+            None => (to_mimalloc(MAIN, experiment, TCMALLOC, params)?, "in this process"),
         };
         Some((
             format!(
