@@ -74,6 +74,7 @@ impl Demand {
         mark && self.order >= other.order
     }
 
+    #[inline]
     fn encode(self) -> u16 {
         self.level as u16 | (self.halved as u16) << 2 | (self.order.0 as u16 & 0x1f) << 3
     }
@@ -164,6 +165,7 @@ impl ZonelistCache {
     /// `d`, as a bit mask: from the memo when nothing changed since it was taken, else
     /// computed over the marked entries and memoised. A hint like the rest: a mask read
     /// while another thread writes the memo may be off, and the walk's second pass covers it.
+    #[inline]
     pub fn skip_mask(&self, d: Demand) -> u64 {
         // Acquire: pairs with the Release of the bump that follows a mark, so the marks read
         // below are at least as new as the generation in the key.
@@ -174,6 +176,13 @@ impl ZonelistCache {
                 return m;
             }
         }
+        self.skip_mask_slow(d, key)
+    }
+
+    /// [`ZonelistCache::skip_mask`] when the memo is not for `key`: computed and memoised.
+    #[cold]
+    #[inline(never)]
+    fn skip_mask_slow(&self, d: Demand, key: u64) -> u64 {
         let mut m = 0u64;
         let mut w = self.fullzones.first().map_or(0, |w| w.load(Ordering::Relaxed));
         while w != 0 {
@@ -217,7 +226,26 @@ impl ZonelistCache {
     /// smaller block order. Returns whether the mark changed: a zone already marked for a
     /// demand this one is at least as strict as is left alone, without a write, so walks that
     /// keep finding the same zones full share their lines read-only.
+    #[inline]
     pub fn mark_full(&self, i: usize, d: Demand, block: bool) -> bool {
+        // The usual case, inline: a walk that finds its first zone full again, for the same
+        // count demand as the walks before it.
+        if !block {
+            let bit = 1u64 << (i % 64);
+            let same = COUNT_VALID | d.encode();
+            if self.fullzones[i / 64].load(Ordering::Relaxed) & bit != 0
+                && self.marks[i].load(Ordering::Relaxed) & (COUNT_VALID | 0xff) == same
+            {
+                return false;
+            }
+        }
+        self.mark_full_slow(i, d, block)
+    }
+
+    /// [`ZonelistCache::mark_full`] past its inline case.
+    #[cold]
+    #[inline(never)]
+    fn mark_full_slow(&self, i: usize, d: Demand, block: bool) -> bool {
         let merge = |old: u16| -> u16 {
             let mut new = old;
             if block {
@@ -304,6 +332,32 @@ mod tests {
         assert!(c.worth_trying(2, d(Level::None, false, 2)));
         assert!(!c.worth_trying(0, small) || !c.is_marked(0));
         assert_eq!(c.nr_marked(), 2);
+    }
+
+    #[test]
+    fn a_mark_reports_only_what_it_changes() {
+        let c = ZonelistCache::new(0..3);
+        let small = d(Level::Low, false, 0);
+        let gen = || c.generation.load(Ordering::Relaxed);
+        assert!(c.mark_full(1, small, false), "the first mark changes the cache");
+        let g = gen();
+        // The walks' usual case (the inline test): the same demand again writes nothing.
+        assert!(!c.mark_full(1, small, false));
+        assert!(!c.mark_full(1, d(Level::Low, false, 2), false), "a stricter demand is covered");
+        assert_eq!(gen(), g, "no write, so the memo stays valid");
+        // What the first mark does not cover still marks: a want of a block, a laxer demand.
+        assert!(c.mark_full(1, small, true));
+        assert!(!c.mark_full(1, small, true));
+        assert!(c.mark_full(1, d(Level::Min, false, 0), false));
+        assert!(!c.mark_full(1, small, false), "min covers low");
+        assert!(!c.worth_trying(1, d(Level::Min, false, 0)));
+        // A block mark alone does not cover a count: the count is still marked.
+        assert!(c.mark_full(2, small, true));
+        assert!(c.mark_full(2, small, false));
+        // After a zap the bits are clear, and the stale marks do not stop a new one.
+        assert!(c.setup(5_000, 1000));
+        assert!(c.mark_full(1, small, false));
+        assert!(c.worth_trying(1, d(Level::Min, false, 0)), "the old min mark is gone");
     }
 
     #[test]
