@@ -196,7 +196,14 @@ pub(crate) fn claim_order0(z: &Zone, pfn: Pfn, to: u8, atomic: bool) -> Result<(
 /// changed on a failure).
 #[inline(always)]
 pub(crate) fn try_claim_order0(entry: &AtomicU8, to: u8, atomic: bool) -> Result<(), u8> {
-    let live = state(ALLOCATED, Order(0));
+    try_claim(entry, Order(0), to, atomic)
+}
+
+/// [`try_claim_order0`] for a block of any `order` (the head `ALLOCATED|order`): the fast
+/// free of orders 1 to 3 claims its block straight to `PCP|order` the same way.
+#[inline(always)]
+pub(crate) fn try_claim(entry: &AtomicU8, order: Order, to: u8, atomic: bool) -> Result<(), u8> {
+    let live = state(ALLOCATED, order);
     // Acquire: pairs with the Release of the allocation that handed the frame out. The
     // default (`sequential`) first, the way the fast free falls through.
     if !atomic {
@@ -219,7 +226,13 @@ pub(crate) fn try_claim_order0(entry: &AtomicU8, to: u8, atomic: bool) -> Result
 /// buddy must not find a stale per-CPU tag on a frame that merging leaves inside a block.
 #[inline]
 pub(crate) fn unpush(z: &Zone, pfn: Pfn) -> bool {
-    let pcp = state(PCP, Order(0));
+    unpush_block(z, pfn, Order(0))
+}
+
+/// [`unpush`] for a block of `order`: `PCP|order -> NONE` with a CAS.
+#[inline]
+pub(crate) fn unpush_block(z: &Zone, pfn: Pfn, order: Order) -> bool {
+    let pcp = state(PCP, order);
     z.state(pfn).compare_exchange(pcp, NONE, Ordering::Relaxed, Ordering::Relaxed).is_ok()
 }
 
@@ -237,12 +250,18 @@ pub(crate) fn claim_listed(z: &Zone, pfn: Pfn, order: Order) -> bool {
 /// dropped here (the first copy is live or back in the lists).
 #[inline(always)]
 pub(crate) fn take_cached(states: &[AtomicU8], pfn: Pfn) -> bool {
+    take_cached_block(states, pfn, Order(0))
+}
+
+/// [`take_cached`] for a block of `order` (`PCP|order -> ALLOCATED|order`).
+#[inline(always)]
+pub(crate) fn take_cached_block(states: &[AtomicU8], pfn: Pfn, order: Order) -> bool {
     let entry = &states[pfn.0];
-    if entry.load(Ordering::Relaxed) != state(PCP, Order(0)) {
+    if entry.load(Ordering::Relaxed) != state(PCP, order) {
         return false;
     }
     // Release: pairs with the Acquire of the claim in free_pages.
-    entry.store(state(ALLOCATED, Order(0)), Ordering::Release);
+    entry.store(state(ALLOCATED, order), Ordering::Release);
     true
 }
 

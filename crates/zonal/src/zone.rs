@@ -58,6 +58,17 @@ pub const DEFAULT_WATERMARK_SCALE_FACTOR: u32 = 10;
 /// Upper bound of `watermark_scale_factor` (vm.rst: 3000, i.e. 30%).
 pub const MAX_WATERMARK_SCALE_FACTOR: u32 = 3000;
 
+/// [`Zone::above_low`]'s level when an order-0 allocation passes the `low` watermark (and a
+/// larger one may not): what the order-0 cache's section asks for (any non-zero level).
+pub(crate) const ABOVE_LOW_ORDER0: u8 = 1;
+/// [`Zone::above_low`]'s level when an allocation of every order up to 3
+/// (`PAGE_ALLOC_COSTLY_ORDER`, the orders with rseq caches) passes `low`: what the sections
+/// of the caches of orders 1 to 3 ask for.
+pub(crate) const ABOVE_LOW_SMALL: u8 = 2;
+/// How far above the `low` edge the free count must be for [`ABOVE_LOW_SMALL`]: an order-`o`
+/// allocation asks for `free - (2^o - 1) > low`, and the largest such `o` is 3.
+const ABOVE_LOW_SMALL_MARGIN: usize = (1 << crate::pcp::PCP_MAX_ORDER) - 1;
+
 /// `min_free_kbytes` as Linux computes it at boot: `sqrt(lowmem_kbytes * 16)`, clamped to
 /// [128, 262144] (`calculate_min_free_kbytes`).
 pub fn default_min_free_kbytes(lowmem_pages: usize) -> u64 {
@@ -112,15 +123,17 @@ pub struct Zone {
     max_drift: AtomicUsize,
     /// Whether the pressure threshold is in force (free frames fell below `low`).
     pressure: AtomicBool,
-    /// Whether the exact free count is above the `low` watermark (clamped to `managed`): the
-    /// watermark test of an order-0 allocation, which the per-CPU cache's section reads
-    /// through each of this zone's lists (`PerCpuPages::above_low`) instead of loading the
-    /// count and the mark after its pop. Only the free count and the watermarks decide it,
+    /// How far the exact free count is above the `low` watermark (clamped to `managed`), in
+    /// the levels the per-CPU caches' sections test ([`ABOVE_LOW_ORDER0`],
+    /// [`ABOVE_LOW_SMALL`]): the watermark test of an allocation of order 0, or of every
+    /// order up to 3, which those sections read through each of this zone's lists
+    /// (`PerCpuPages::above_low`) instead of loading the count and the mark after their pop.
+    /// Only the free count and the watermarks decide it,
     /// so it is kept where they change: by every holder of the zone lock that changes the
     /// count ([`ZoneLocked`]'s accounting) and by `setup_watermarks`, under the lock; it is
     /// written only when it flips, and on a line of its own, so that a zone whose count
     /// hovers at `low` does not bounce the line of the fields every allocation reads.
-    above_low: CachePadded<std::sync::atomic::AtomicBool>,
+    above_low: CachePadded<std::sync::atomic::AtomicU8>,
     /// The zone lock, the lists it guards, the exact free count and the transfer list, on
     /// lines of their own (Linux's `ZONE_PADDING`): every CPU's refills and drains write them,
     /// while the fields above are read by every allocation's watermark check.
@@ -238,7 +251,7 @@ impl Zone {
             percpu_drift_mark: AtomicUsize::new(0),
             max_drift: AtomicUsize::new(0),
             pressure: AtomicBool::new(false),
-            above_low: CachePadded::new(std::sync::atomic::AtomicBool::new(false)),
+            above_low: CachePadded::new(std::sync::atomic::AtomicU8::new(0)),
             locked: CachePadded::new(LockedArea {
                 lock: Mutex::new(FreeArea::new(pages)),
                 free_pages: AtomicUsize::new(0),
@@ -432,15 +445,30 @@ impl Zone {
         self.refresh_stat_thresholds();
     }
 
-    /// Whether the exact free count is above `low` (see the field), for the sections that
+    /// How far the exact free count is above `low` (see the field), for the sections that
     /// read it through a zone's lists.
-    pub(crate) fn above_low(&self) -> &std::sync::atomic::AtomicBool {
+    pub(crate) fn above_low(&self) -> &std::sync::atomic::AtomicU8 {
         &self.above_low
+    }
+
+    /// The level of [`Zone::above_low`] for `free` frames: [`ABOVE_LOW_SMALL`] when an
+    /// allocation of any order up to `PAGE_ALLOC_COSTLY_ORDER` passes `low` (free above the
+    /// edge by `2^3 - 1`, what [`Zone::watermark_ok_fast`] asks of order 3),
+    /// [`ABOVE_LOW_ORDER0`] when only order 0 does, else 0.
+    fn above_low_level(&self, free: usize) -> u8 {
+        let edge = self.low_edge();
+        if free > edge + ABOVE_LOW_SMALL_MARGIN {
+            ABOVE_LOW_SMALL
+        } else if free > edge {
+            ABOVE_LOW_ORDER0
+        } else {
+            0
+        }
     }
 
     /// Sets [`Zone::above_low`] from the exact free count `free`; the zone lock is held.
     fn set_above_low(&self, free: usize) {
-        let above = free > self.low_edge();
+        let above = self.above_low_level(free);
         if self.above_low.load(std::sync::atomic::Ordering::Relaxed) != above {
             self.above_low.store(above, std::sync::atomic::Ordering::Relaxed);
         }
@@ -589,7 +617,7 @@ impl Zone {
             ));
         }
         let above = self.above_low.load(std::sync::atomic::Ordering::Relaxed);
-        if above != (free > self.low_edge()) {
+        if above != self.above_low_level(free) {
             return Err(format!(
                 "zone {}: above_low {above} with {free} free and low {}",
                 self.id.0,
@@ -757,16 +785,22 @@ mod tests {
     fn above_low_follows_the_count_and_the_marks() {
         let map = ZoneMap::new(Arc::new(MemMap::new(1024)), Pfn(0), 1024);
         let z = Zone::with_counters(ZoneId(0), NodeId(0), map, Order(3), 64, Arc::default());
-        let flag = || z.above_low().load(std::sync::atomic::Ordering::Relaxed);
+        let flag = || z.above_low().load(std::sync::atomic::Ordering::Relaxed) != 0;
         assert!(flag(), "no marks yet: 1024 free is above a low of 0");
         // min = 512 * 1024 / 2048 = 256 frames, tmp = 64: low = 320.
         z.setup_watermarks(2048, 2048, 10);
         assert_eq!(z.watermark(Watermark::Low), 320);
         assert!(flag());
         let mut taken = Vec::new();
+        let level = || z.above_low().load(std::sync::atomic::Ordering::Relaxed);
         while z.nr_free_exact() > 321 {
             taken.push(z.lock().buddy().rmqueue_smallest(Order(0)).unwrap());
-            assert!(flag(), "{} free", z.nr_free_exact());
+            let free = z.nr_free_exact();
+            assert!(flag(), "{free} free");
+            // Orders up to 3 pass `low` while `free - 7 > low`: from 328 free frames up.
+            let want = if free > 327 { ABOVE_LOW_SMALL } else { ABOVE_LOW_ORDER0 };
+            assert_eq!(level(), want, "{free} free");
+            assert_eq!(level() == ABOVE_LOW_SMALL, z.watermark_ok_fast(Order(3), 320, false), "{free} free");
         }
         taken.push(z.lock().buddy().rmqueue_smallest(Order(0)).unwrap());
         assert_eq!(z.nr_free_exact(), 320);

@@ -1,5 +1,6 @@
 //! A caller's racing double frees under `free_check = sequential` (the default): two threads
-//! free the same order-0 frames at once, with the bulk call and with single frees. Such a
+//! free the same order-0 frames at once, with the bulk call and with single frees, and the
+//! same blocks of orders 1 to 3 (whose frees claim them for their own rseq caches). Such a
 //! race may go undetected (as with malloc), but it must never put a frame on the allocator's
 //! own lists twice: once everything is freed and drained, every zone must hold exactly its
 //! managed frames, each once (issue 10 part 3: two threads bulk-freeing the same 128 frames
@@ -32,7 +33,9 @@ fn wait_for(cell: &AtomicUsize, value: usize) {
     }
 }
 
-fn racing_frees(spec: &str, frames: usize) {
+/// Two racers free the same `frames` blocks of `order` (frames of order 0, by bulk and
+/// single frees; blocks of a larger order by single frees), round after round.
+fn racing_frees(spec: &str, order: u32, frames: usize) {
     let t = Topology::parse_for(spec, MACHINE).unwrap();
     let z = Zonal::new(Config::new(t)).unwrap();
     assert_eq!(z.sysctl_get("free_check").unwrap(), "sequential");
@@ -53,7 +56,11 @@ fn racing_frees(spec: &str, frames: usize) {
                         wait_for(done, i * RACERS);
                         list.clear();
                         while list.len() < frames {
-                            assert!(z.alloc_pages_bulk_list(Gfp::KERNEL, frames - list.len(), &mut list) > 0);
+                            if order == 0 {
+                                assert!(z.alloc_pages_bulk_list(Gfp::KERNEL, frames - list.len(), &mut list) > 0);
+                            } else {
+                                list.push(z.alloc_pages(Gfp::KERNEL, order).unwrap());
+                            }
                         }
                         for (slot, p) in round.iter().zip(&list) {
                             slot.store(p.as_ptr() as usize, Ordering::Relaxed);
@@ -64,22 +71,23 @@ fn racing_frees(spec: &str, frames: usize) {
                         wait_for(start, i + 1);
                     }
                     // Each racer in its own order, so that they meet on frames all along.
-                    let mut order: Vec<usize> = (0..frames).collect();
+                    let mut shuffled: Vec<usize> = (0..frames).collect();
                     for k in (1..frames).rev() {
                         rng ^= rng << 13;
                         rng ^= rng >> 7;
                         rng ^= rng << 17;
-                        order.swap(k, (rng % (k as u64 + 1)) as usize);
+                        shuffled.swap(k, (rng % (k as u64 + 1)) as usize);
                     }
                     let pages: Vec<*mut u8> =
-                        order.iter().map(|&k| round[k].load(Ordering::Relaxed) as *mut u8).collect();
+                        shuffled.iter().map(|&k| round[k].load(Ordering::Relaxed) as *mut u8).collect();
                     // Round by round: both bulk, both single, one of each. Errors are
                     // expected: the other racer freed some frames first.
-                    if (i % 3 == 0) || (i % 3 == 2 && r == 0) {
+                    if order == 0 && ((i % 3 == 0) || (i % 3 == 2 && r == 0)) {
                         let _ = z.free_pages_bulk(&pages);
                     } else {
                         for (k, &p) in pages.iter().enumerate() {
-                            if z.free_pages(p, 0).is_ok() && wins[order[k]].fetch_add(1, Ordering::Relaxed) == 1 {
+                            if z.free_pages(p, order).is_ok() && wins[shuffled[k]].fetch_add(1, Ordering::Relaxed) == 1
+                            {
                                 DOUBLE_WINS.fetch_add(1, Ordering::Relaxed);
                             }
                         }
@@ -89,7 +97,10 @@ fn racing_frees(spec: &str, frames: usize) {
             });
         }
     });
-    eprintln!("{spec}, {frames} frames: {} single frees passed twice", DOUBLE_WINS.swap(0, Ordering::Relaxed));
+    eprintln!(
+        "{spec}, {frames} blocks of order {order}: {} single frees passed twice",
+        DOUBLE_WINS.swap(0, Ordering::Relaxed)
+    );
     z.drain_all_pages();
     assert_eq!(z.check_invariants(), Ok(0));
     let free: usize = (0..z.topology().nr_nodes()).map(|n| z.nr_free_pages(NodeId(n as u16)).unwrap()).sum();
@@ -98,7 +109,14 @@ fn racing_frees(spec: &str, frames: usize) {
 
 #[test]
 fn racing_double_frees_never_list_a_frame_twice() {
-    racing_frees("nodes=1,size=16M", 128);
-    racing_frees("nodes=1,size=16M", 1024);
-    racing_frees("nodes=2,size=8M,cpus=0:1", 512);
+    racing_frees("nodes=1,size=16M", 0, 128);
+    racing_frees("nodes=1,size=16M", 0, 1024);
+    racing_frees("nodes=2,size=8M,cpus=0:1", 0, 512);
+}
+
+#[test]
+fn racing_double_frees_of_small_orders_never_list_a_block_twice() {
+    racing_frees("nodes=1,size=16M", 1, 64);
+    racing_frees("nodes=1,size=16M", 3, 32);
+    racing_frees("nodes=2,size=8M,cpus=0:1", 2, 64);
 }

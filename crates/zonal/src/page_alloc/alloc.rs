@@ -25,6 +25,9 @@ impl Zonal {
     pub(super) fn alloc_pages_general(&self, gfp: Gfp, order: u32) -> Result<NonNull<u8>> {
         let order = self.check_order(order)?;
         // Here and not in `alloc_pages`, whose order-0 code it would change.
+        if let Some(p) = self.alloc_small_fast(order) {
+            return Ok(p);
+        }
         if order.0 > 0 && pcp::pcp_allowed(order) {
             if let Some(p) = self.alloc_pcp_fast(order) {
                 return Ok(p);

@@ -102,6 +102,70 @@ impl Zonal {
         Some(self.pfn_to_ptr(pfn))
     }
 
+    /// The fast path of orders 1 to 3 (`None` for any other): under the local policy, one
+    /// restartable sequence finds this CPU's lists of its local zone (as order 0's
+    /// `pop_local`), reads the zone's `above_low` level, which says whether every order up to
+    /// 3 passes `low` (the test the general path would make), and pops a block from that
+    /// order's cache, with no lock and no atomic read-modify-write. The block is tagged
+    /// allocated and counted on the CPU the section ran on. `None` (the general path runs,
+    /// with the same semantics) when there is no rseq, the thread has a policy, the zone is
+    /// near `low`, the cache is empty or locked (the locked path then fills it), the section
+    /// was interrupted, or the block was a racing free's second copy (dropped, see
+    /// [`take_cached`]).
+    #[inline(always)]
+    pub(super) fn alloc_small_fast(&self, order: Order) -> Option<NonNull<u8>> {
+        if order.0 == 0 || order.0 > pcp::PCP_MAX_ORDER {
+            return None;
+        }
+        let rseq = self.rseq_off()?;
+        if mempolicy::thread_has_policy(self.id) {
+            return None;
+        }
+        // SAFETY: as in `alloc_order0_fast`: `rseq` places this thread's rseq area and
+        // `local_pcp` holds one address per CPU, each of this handle's lists or of the
+        // locked stand-in; `order` is 1 to 3.
+        let (pfn, cpu) = unsafe { pcp::rseq::pop_small_local(&self.local_table(rseq), order) }?;
+        let pfn = Pfn(pfn);
+        if !mem_map::take_cached_block(self.mem.map.states(), pfn, order) {
+            return None;
+        }
+        // The section counted `pgalloc` in the cache's word (`pcp::word`).
+        if self.numa.key.load(Ordering::Relaxed) != 0 {
+            // The section served `cpu` from its local zone's lists: a hit, and local.
+            let z = &self.mem.zones[self.cpus.local_zone[cpu] as usize];
+            self.numa_charge(cpu, z, z, 1, None);
+        }
+        Some(self.pfn_to_ptr(pfn))
+    }
+
+    /// The free of orders 1 to 3 with restartable sequences: the block's number and
+    /// alignment from its address alone (as order 0's, one bound for the arena), the claim
+    /// straight to `PCP|order` as `free_check` says, and a push onto that order's cache of
+    /// this CPU's lists of the block's zone in one section, which finds them as order 0's
+    /// `push_frame` does (the local lists by their span, no zone read on the way). A check
+    /// or claim that fails changes nothing and sends the free to the locked path, which
+    /// reports the error; a push that fails (the cache at its bound or locked, the section
+    /// interrupted) takes the claim back with a CAS and frees the block on the locked path,
+    /// which fills the cache again.
+    #[inline]
+    pub(super) fn free_small_fast(&self, rseq: isize, addr: usize, order: Order) -> Result<()> {
+        let pfn = addr.wrapping_sub(self.mem.arena.base()).rotate_right(PAGE_SHIFT);
+        let Some(entry) = self.mem.map.states().get(pfn).filter(|_| pfn & (order.pages() - 1) == 0) else {
+            return self.free_small_refused(addr, order);
+        };
+        let to = mem_map::state(mem_map::PCP, order);
+        if mem_map::try_claim(entry, order, to, self.free_check_atomic()).is_err() {
+            return self.free_small_refused(addr, order);
+        }
+        // SAFETY: as in `free_order0_fast`: `rseq` places this thread's area and
+        // `free_table` holds this handle's tables; `order` is 1 to 3.
+        if unsafe { pcp::rseq::push_small_frame(rseq, &self.cpus.free_table, pfn, order) } == usize::MAX {
+            return self.free_unpushed_block(Pfn(pfn), order);
+        }
+        // The section counted `pgfree` in the cache's word (`pcp::word`).
+        Ok(())
+    }
+
     /// The zone the bulk order-0 fast path takes from, with this thread's CPU: under the
     /// local policy, the first zone of the local node's zonelist, when it is above `low`
     /// with `extra` frames to spare (the batch, checked before its section). `None` sends the
@@ -191,19 +255,35 @@ impl Zonal {
         Ok(())
     }
 
+    /// A free of orders 1 to 3 that the fast path's check or claim refused: the locked path
+    /// decides (and reports the error). Out of line, so that the locked path's one copy
+    /// inline is the general free's, which orders above 3 take.
+    #[cold]
+    #[inline(never)]
+    fn free_small_refused(&self, addr: usize, order: Order) -> Result<()> {
+        self.free_pages_locked(addr as *mut u8, order.0 as u32)
+    }
+
     /// The end of a fast free whose push failed: the claim taken back (`unpush`; a racer's
     /// copy may have moved the frame on, and then this free leaves it alone) and the frame
     /// freed on the locked path, counted on this CPU.
     #[cold]
     #[inline(never)]
     fn free_unpushed(&self, pfn: Pfn) -> Result<()> {
+        self.free_unpushed_block(pfn, Order(0))
+    }
+
+    /// [`Zonal::free_unpushed`] for a block of any order the lists keep.
+    #[cold]
+    #[inline(never)]
+    fn free_unpushed_block(&self, pfn: Pfn, order: Order) -> Result<()> {
         let cpu = self.current_cpu();
-        // The frame was claimed from `ALLOCATED`, which only a zone's frames are.
+        // The block was claimed from `ALLOCATED`, which only a zone's blocks are.
         let zone = self.zone_of(pfn);
-        if unpush(zone, pfn) {
-            self.free_claimed(cpu, zone, &[pfn], Order(0));
+        if mem_map::unpush_block(zone, pfn, order) {
+            self.free_claimed(cpu, zone, &[pfn], order);
         }
-        self.count_event(cpu, VmEvent::Pgfree, 1);
+        self.count_event(cpu, VmEvent::Pgfree, order.pages() as u64);
         Ok(())
     }
 }

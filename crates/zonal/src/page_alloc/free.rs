@@ -30,6 +30,17 @@ impl Zonal {
 
     #[inline]
     pub(super) fn free_pages_general(&self, addr: *mut u8, order: u32) -> Result<()> {
+        if let Some(rseq) = self.rseq_off().filter(|_| (1..=pcp::PCP_MAX_ORDER as u32).contains(&order)) {
+            return self.free_small_fast(rseq, addr as usize, Order(order as u8));
+        }
+        self.free_pages_locked(addr, order)
+    }
+
+    /// The free every check and claim of which runs here, with the error, and whose block
+    /// goes to the lists under their lock or to the buddy (also where the fast paths give
+    /// way).
+    #[inline(always)]
+    pub(super) fn free_pages_locked(&self, addr: *mut u8, order: u32) -> Result<()> {
         let order = self.check_order(order)?;
         let (zone, pfn) = self.addr_to_zone(addr as usize, order)?;
         claim(zone, pfn, order)?;

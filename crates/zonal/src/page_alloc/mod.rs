@@ -406,6 +406,8 @@ impl Zonal {
         let mut g = self.pcp_try_lock(cpu, z, order)?;
         if order.0 == 0 {
             g.fill_for_allocations();
+        } else {
+            g.fill_small(order);
         }
         Some(g.with(|p| {
             let empty = p.list_len(order) == 0;
@@ -423,6 +425,9 @@ impl Zonal {
             return Some(g.with_thp(|p| pfns.iter().map(|&pfn| pcp::free_to_pcp(zone, p, pfn, order)).sum()));
         }
         let mut g = self.pcp_try_lock(cpu, zone, order)?;
+        if order.0 > 0 {
+            g.fill_small(order);
+        }
         Some(g.with(|p| pfns.iter().map(|&pfn| pcp::free_to_pcp(zone, p, pfn, order)).sum()))
     }
 
@@ -440,8 +445,13 @@ impl Zonal {
             // no event counters of its own.
             VmEvent::PcpFence => pcps.map(PerCpuPages::fences).fold(n, u64::wrapping_add),
             // The single order-0 paths count in their caches' words (`pcp::word`).
-            VmEvent::PgallocNormal => pcps.map(|p| p.fast_counts().0).fold(n, u64::wrapping_add),
-            VmEvent::Pgfree => pcps.map(|p| p.fast_counts().1).fold(n, u64::wrapping_add),
+            // The caches of orders 1 to 3 count theirs in their words too.
+            VmEvent::PgallocNormal => {
+                pcps.map(|p| p.fast_counts().0.wrapping_add(p.small_counts().0)).fold(n, u64::wrapping_add)
+            }
+            VmEvent::Pgfree => {
+                pcps.map(|p| p.fast_counts().1.wrapping_add(p.small_counts().1)).fold(n, u64::wrapping_add)
+            }
             _ => n,
         }
     }
@@ -868,5 +878,134 @@ mod tests {
         for n in [NodeId(0), NodeId(1)] {
             assert_eq!(z.nr_free_pages(n).unwrap(), z.mem.zones[n.0 as usize].managed);
         }
+    }
+
+    /// The caches of orders 1 to 3: after one block of an order went through the locked
+    /// path (which fills its cache), pairs of that order run through the cache's sections
+    /// alone (each counted in the cache's word, so the words' counts grow by exactly the
+    /// pairs' frames), the cache's length is where it was, the events count pages, and every
+    /// frame is accounted for, with blocks in the caches and after a drain.
+    #[test]
+    fn small_orders_run_through_their_caches() {
+        let z = Zonal::new(Config::new(Topology::parse("nodes=1,size=64M").unwrap())).unwrap();
+        if !runs_rseq(&z) {
+            return;
+        }
+        on_one_cpu(|| {
+            let cpu = z.current_cpu();
+            let pcp = &z.cpus.pcps[cpu * z.mem.zones.len() + z.cpus.local_zone[cpu] as usize];
+            for order in 1..=pcp::PCP_MAX_ORDER {
+                let p = z.alloc_pages(Gfp::KERNEL, order as u32).unwrap();
+                z.free_pages(p.as_ptr(), order as u32).unwrap();
+                let len = pcp.small_cache_len(Order(order));
+                assert!(len > 0, "the locked path filled the order-{order} cache");
+                let (counted, events) =
+                    (pcp.small_counts(), (z.event(VmEvent::PgallocNormal), z.event(VmEvent::Pgfree)));
+                let pairs = 1000u64;
+                for _ in 0..pairs {
+                    let p = z.alloc_pages(Gfp::KERNEL, order as u32).unwrap();
+                    assert_eq!(
+                        z.addr_to_pfn(p.as_ptr()).unwrap().0 % (1 << order),
+                        0,
+                        "a block of order {order} is aligned"
+                    );
+                    z.free_pages(p.as_ptr(), order as u32).unwrap();
+                }
+                let frames = pairs << order;
+                let now = pcp.small_counts();
+                assert_eq!(
+                    (now.0 - counted.0, now.1 - counted.1),
+                    (frames, frames),
+                    "order {order}: every pair took the sections"
+                );
+                assert_eq!(z.event(VmEvent::PgallocNormal) - events.0, frames);
+                assert_eq!(z.event(VmEvent::Pgfree) - events.1, frames);
+                assert_eq!(pcp.small_cache_len(Order(order)), len);
+                assert_eq!(z.check_invariants(), Ok(0));
+            }
+            // Many blocks out and back: the caches stay within their bounds, and `count` with
+            // every cache's frames within `high + batch` (`check_invariants` checks both).
+            let held: Vec<_> = (0..300).map(|i| (z.alloc_pages(Gfp::KERNEL, 1 + i % 3).unwrap(), 1 + i % 3)).collect();
+            assert_eq!(z.check_invariants(), Ok(held.iter().map(|&(_, o)| 1usize << o).sum()));
+            for &(p, o) in held.iter().rev() {
+                z.free_pages(p.as_ptr(), o).unwrap();
+            }
+            assert_eq!(z.check_invariants(), Ok(0));
+            assert!((1..=3).any(|o| pcp.small_cache_len(Order(o)) > 0));
+        });
+        z.drain_all_pages();
+        assert_eq!(z.check_invariants(), Ok(0));
+        assert_eq!(z.nr_free_pages(NodeId(0)).unwrap(), z.mem.zones[0].managed);
+    }
+
+    /// The section of the caches of orders 1 to 3 asks the zone for `ABOVE_LOW_SMALL`: at
+    /// the order-0 level alone it gives way, so the general path decides (and here, with
+    /// the zone in fact far above `low`, allocates through the lock), and the block comes
+    /// from the cache again once the level is back.
+    #[test]
+    fn the_small_orders_section_asks_for_every_order_above_low() {
+        let z = Zonal::new(Config::new(Topology::parse("nodes=1,size=64M").unwrap())).unwrap();
+        if !runs_rseq(&z) {
+            return;
+        }
+        on_one_cpu(|| {
+            let cpu = z.current_cpu();
+            let pcp = &z.cpus.pcps[cpu * z.mem.zones.len() + z.cpus.local_zone[cpu] as usize];
+            let level = z.mem.zones[0].above_low();
+            let p = z.alloc_pages(Gfp::KERNEL, 2).unwrap();
+            z.free_pages(p.as_ptr(), 2).unwrap();
+            assert_eq!(level.load(Ordering::Relaxed), zone::ABOVE_LOW_SMALL);
+            assert!(pcp.small_cache_len(Order(2)) > 0);
+            // No zone-lock holder runs on this handle meanwhile: the level stays as set.
+            level.store(zone::ABOVE_LOW_ORDER0, Ordering::Relaxed);
+            assert!(z.alloc_small_fast(Order(2)).is_none(), "the section gives way below ABOVE_LOW_SMALL");
+            let counted = pcp.small_counts().0;
+            let p = z.alloc_pages(Gfp::KERNEL, 2).unwrap();
+            assert_eq!(pcp.small_counts().0, counted, "the general path allocated");
+            level.store(zone::ABOVE_LOW_SMALL, Ordering::Relaxed);
+            z.free_pages(p.as_ptr(), 2).unwrap();
+            let p = z.alloc_small_fast(Order(2)).expect("the section pops again");
+            z.free_pages(p.as_ptr(), 2).unwrap();
+            assert_eq!(z.check_invariants(), Ok(0));
+        });
+    }
+
+    /// A bad free of orders 1 to 3 on the fast path changes nothing and says why, as the
+    /// locked path does (the same error): a double free, a free of the wrong order, an
+    /// unaligned or interior address; the block is then freed as it should be.
+    #[test]
+    fn bad_small_order_frees_are_refused() {
+        let z = Zonal::new(Config::new(Topology::parse("nodes=1,size=64M").unwrap())).unwrap();
+        let refused = |addr: *mut u8, order: u32| {
+            let fast = z.free_pages(addr, order).expect_err("a bad free");
+            let locked = z.free_pages_locked(addr, order).expect_err("a bad free");
+            assert_eq!(format!("{fast:?}"), format!("{locked:?}"));
+            fast
+        };
+        on_one_cpu(|| {
+            // A block of order 1 whose frame is not 4-aligned: freed as order 2 it is
+            // misaligned; one that is: the wrong order.
+            let held: Vec<_> = (0..4).map(|_| z.alloc_pages(Gfp::KERNEL, 1).unwrap().as_ptr()).collect();
+            for &p in &held {
+                let e = refused(p, 2);
+                if z.addr_to_pfn(p).unwrap().0 % 4 == 0 {
+                    assert!(matches!(e, Error::OrderMismatch { .. }), "{e:?}");
+                } else {
+                    assert!(matches!(e, Error::Misaligned { .. }), "{e:?}");
+                }
+                assert!(matches!(refused(p, 0), Error::OrderMismatch { .. }));
+                // SAFETY: one frame and one byte into a two-frame block zonal handed out.
+                let (second, byte) = unsafe { (p.add(PAGE_SIZE), p.add(8)) };
+                assert!(matches!(refused(second, 1), Error::Misaligned { .. }));
+                assert!(matches!(refused(second, 0), Error::InteriorFrame { .. }));
+                assert!(matches!(refused(byte, 1), Error::Misaligned { .. }));
+            }
+            assert_eq!(z.check_invariants(), Ok(8));
+            for &p in &held {
+                z.free_pages(p, 1).unwrap();
+                assert!(matches!(refused(p, 1), Error::DoubleFree { .. }));
+            }
+            assert_eq!(z.check_invariants(), Ok(0));
+        });
     }
 }

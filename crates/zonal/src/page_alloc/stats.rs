@@ -15,7 +15,7 @@ impl Zonal {
         // Lists only, no fence: the count is the lists' plus the cache's length as read.
         let pcp = self.pcp(cpu, zone);
         Some(pcp.lock_lists(&self.mem.zones[zone.0 as usize]).with(|p| PcpInfo {
-            count: p.pages() + pcp.cache_len(),
+            count: p.pages() + pcp.cache_frames(),
             high: p.high,
             batch: p.batch,
             high_min: p.high_min,

@@ -267,8 +267,10 @@ fn expand_runs(list: &mut Vec<usize>, runs: usize) {
 }
 
 /// Puts a claimed block (head state `NONE`) on the lists and drains to the buddy when the
-/// lists reach `high` (`free_unref_page_commit`). Returns the frames drained.
-#[inline]
+/// lists reach `high` (`free_unref_page_commit`). Returns the frames drained. Inlined into
+/// its two callers (the general free's, per order and for the THP list), as the compiler did
+/// before the fill of the small orders' caches grew the general free.
+#[inline(always)]
 pub fn free_to_pcp(zone: &Zone, pcp: &mut PcpInner, pfn: Pfn, order: Order) -> usize {
     zone.state(pfn).store(mem_map::state(PCP, order), Ordering::Relaxed);
     if order == PCP_THP_ORDER {

@@ -165,6 +165,46 @@ pub(crate) mod word {
 
 const _: () = assert!(CACHE_CAP as u64 <= word::LEN);
 
+/// Blocks each cache of orders 1 to 3 (the small orders above 0) holds at most. A pair
+/// needs one; a run of frees a few more before the lock.
+pub(crate) const SMALL_CACHE_CAP: usize = 16;
+
+/// Blocks a holder of orders 1 to 3 moves from its order's list into that order's cache on
+/// unlock (half the cache, leaving the frees room).
+const SMALL_CACHE_FILL: usize = SMALL_CACHE_CAP / 2;
+
+/// The rseq cache of one order from 1 to [`PCP_MAX_ORDER`]: its word and bound, beside
+/// each other so that a push reads both from one line; its slots follow the order-0
+/// cache's (`PerCpuPages::small_slots`). The word is laid out as the order-0 cache's
+/// ([`word`]): the length, and the blocks the sections popped and pushed, which count
+/// `pgalloc` and `pgfree` (times the block's frames) in the commit, for free.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub(crate) struct SmallCache {
+    /// The length and the two counts ([`word`]); a section commits it.
+    word: AtomicU64,
+    /// The most blocks the cache may hold (at most [`SMALL_CACHE_CAP`]), so that `count`
+    /// and every cache's frames stay within `high + batch`; set by lock holders.
+    limit: AtomicUsize,
+}
+
+impl SmallCache {
+    /// Blocks in the cache.
+    #[inline]
+    fn len(&self) -> usize {
+        (self.word.load(Ordering::Relaxed) & word::LEN) as usize
+    }
+
+    /// Sets the length, keeping the counts (lock held, no section able to commit).
+    #[inline]
+    fn set_len(&self, n: usize) {
+        let w = self.word.load(Ordering::Relaxed);
+        self.word.store((w & !word::LEN) | n as u64, Ordering::Relaxed);
+    }
+}
+
+const _: () = assert!(SMALL_CACHE_CAP as u64 <= word::LEN);
+
 /// One CPU's lists for one zone. Aligned to 128 bytes (two cache lines, the unit of the
 /// adjacent-line prefetcher) so that no two CPUs' lists share a line, and so that per-CPU
 /// statistics, kept in their own array, never dirty these lines (seed 002).
@@ -198,7 +238,7 @@ pub struct PerCpuPages {
     /// The zone's [`Zone::above_low`], which `rseq::pop_local` reads before it pops: the
     /// order-0 fast path's watermark test. Lists not yet given a zone (`watching`) point to
     /// a flag that is always clear, so that path never pops from them.
-    above_low: *const std::sync::atomic::AtomicBool,
+    above_low: *const std::sync::atomic::AtomicU8,
     cache_limit: AtomicUsize,
     cache_slots: *const AtomicUsize,
     cache: Box<[AtomicUsize]>,
@@ -226,9 +266,15 @@ pub struct PerCpuPages {
     thp_hint: AtomicUsize,
     /// The fast counts folded out of `cache_word` under the lock: pops, pushes.
     folded: [AtomicU64; 2],
+    /// The frames the caches of orders 1 to 3 counted (blocks times their frames), folded
+    /// out of their words under the lock: popped, pushed.
+    folded_small: [AtomicU64; 2],
     /// Odd while a holder folds the counts (a sequence lock for their readers).
     fold_seq: AtomicU64,
     inner: LockedCell<PcpInner>,
+    /// The rseq caches of orders 1 to [`PCP_MAX_ORDER`], `[order - 1]`, after the fields
+    /// the order-0 paths read (their slots are in `cache`, after the order-0 cache's).
+    small: [SmallCache; NR_PCP_LISTS - 1],
 }
 
 const _: () = assert!(std::mem::size_of::<PerCpuPages>() % 128 == 0);
@@ -236,21 +282,23 @@ const _: () = assert!(std::mem::align_of::<PerCpuPages>() == 128);
 
 // SAFETY: `inner` is only reached through a `PcpGuard`, which exists only while `lock` is
 // held by its creator, so accesses from different threads never overlap; the cache is made
-// of atomics, and `cache_slots` points into `cache`, which lives as long as the struct;
+// of atomics, and `cache_slots` points into `cache` (every order's slots), which lives as
+// long as the struct;
 // `above_low` points to an atomic that outlives every section reading it (`watching`).
 unsafe impl Sync for PerCpuPages {}
 // SAFETY: as above; nothing in the struct is tied to the thread that built it.
 unsafe impl Send for PerCpuPages {}
 
 /// The watermark flag of lists not yet given a zone: never set.
-static NEVER_ABOVE_LOW: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static NEVER_ABOVE_LOW: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 impl PerCpuPages {
     /// Lists of `cpu` with the given batch and bounds; `high` starts at `high_min`. They
     /// serve no zone's fast paths until [`PerCpuPages::watching`] gives them their zone.
     pub fn new(cpu: u32, batch: usize, high_min: usize, high_max: usize) -> PerCpuPages {
         let cap = |o: usize| ((high_max + (batch << PCP_BATCH_SCALE_MAX)) >> o) + 4;
-        let cache: Box<[AtomicUsize]> = (0..CACHE_CAP).map(|_| AtomicUsize::new(0)).collect();
+        let slots = CACHE_CAP + (NR_PCP_LISTS - 1) * SMALL_CACHE_CAP;
+        let cache: Box<[AtomicUsize]> = (0..slots).map(|_| AtomicUsize::new(0)).collect();
         PerCpuPages {
             lock: AtomicBool::new(false),
             cpu,
@@ -268,6 +316,7 @@ impl PerCpuPages {
             fences: AtomicU64::new(0),
             thp_hint: AtomicUsize::new(0),
             folded: [AtomicU64::new(0), AtomicU64::new(0)],
+            folded_small: [AtomicU64::new(0), AtomicU64::new(0)],
             fold_seq: AtomicU64::new(0),
             inner: LockedCell::new(PcpInner {
                 count: 0,
@@ -285,6 +334,7 @@ impl PerCpuPages {
                 thp: Vec::with_capacity(PCP_THP_HIGH + 1),
                 thp_min: 0,
             }),
+            small: Default::default(),
         }
     }
 
@@ -320,7 +370,7 @@ impl PerCpuPages {
     fn try_lock_with<'a>(&'a self, zone: &'a Zone, mode: Cache) -> Option<PcpGuard<'a>> {
         if self.lock.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
             let cache = if self.fence_remote() { mode } else { Cache::Leave };
-            Some(PcpGuard { pcp: self, zone, cache, allocating: false })
+            Some(PcpGuard { pcp: self, zone, cache, allocating: false, small: 0 })
         } else {
             None
         }
@@ -362,6 +412,7 @@ impl PerCpuPages {
             zone,
             cache: Cache::Leave,
             allocating: false,
+            small: 0,
         })
     }
 
@@ -391,13 +442,42 @@ impl PerCpuPages {
                 return Err(format!("zone {}: cpu {} cache block {:#x} has state {s:#x}", zone.id.0, self.cpu, pfn.0));
             }
         }
-        Ok(n)
+        let mut frames = n;
+        for o in 1..=PCP_MAX_ORDER {
+            let order = Order(o);
+            let c = self.small_cache(order);
+            let (len, limit) = (c.len(), c.limit.load(Ordering::Relaxed));
+            if len > SMALL_CACHE_CAP || limit > SMALL_CACHE_CAP {
+                return Err(format!(
+                    "zone {}: cpu {} order-{o} cache holds {len} blocks, bound {limit}, above {SMALL_CACHE_CAP}",
+                    zone.id.0, self.cpu
+                ));
+            }
+            for slot in &self.small_slots(order)[..len] {
+                let pfn = Pfn(slot.load(Ordering::Relaxed));
+                if !zone.contains(pfn) || pfn.0 & (order.pages() - 1) != 0 {
+                    return Err(format!(
+                        "zone {}: cpu {} order-{o} cache holds {:#x}, not a block of the zone",
+                        zone.id.0, self.cpu, pfn.0
+                    ));
+                }
+                let s = zone.state(pfn).load(Ordering::Relaxed);
+                if s != mem_map::state(PCP, order) {
+                    return Err(format!(
+                        "zone {}: cpu {} order-{o} cache block {:#x} has state {s:#x}",
+                        zone.id.0, self.cpu, pfn.0
+                    ));
+                }
+            }
+            frames += len << o;
+        }
+        Ok(frames)
     }
 
     /// Frames in the cache that the zone counters do not know of yet (negative: frames
     /// that left it): the lock-free churn since the last unlock.
     pub fn unsettled(&self) -> isize {
-        self.cache_len() as isize - self.cache_settled.load(Ordering::Relaxed) as isize
+        self.cache_frames() as isize - self.cache_settled.load(Ordering::Relaxed) as isize
     }
 
     /// The CPU these lists belong to.
@@ -424,13 +504,19 @@ impl PerCpuPages {
     /// would let a remote holder skip the fence, so anything else fences.
     #[inline]
     fn fence_remote(&self) -> bool {
-        if !rseq::enabled()
-            || (self.cache_len() == 0 && self.cache_limit.load(Ordering::Relaxed) == 0)
-            || crate::sys::rseq_cpu_id() == Some(self.cpu)
-        {
+        if !rseq::enabled() || self.caches_closed() || crate::sys::rseq_cpu_id() == Some(self.cpu) {
             return true;
         }
         self.fence()
+    }
+
+    /// Whether every cache is empty with a zero bound, so that no section can change one: a
+    /// holder may then touch them without a fence (see [`PerCpuPages::fence_remote`]).
+    #[inline]
+    fn caches_closed(&self) -> bool {
+        self.cache_len() == 0
+            && self.cache_limit.load(Ordering::Relaxed) == 0
+            && self.small.iter().all(|c| c.len() == 0 && c.limit.load(Ordering::Relaxed) == 0)
     }
 
     /// Fences this CPU's critical sections, counting the calls; whether it was done.
@@ -448,7 +534,7 @@ impl PerCpuPages {
     /// so that reading them never holds up an allocation.
     pub fn pageset_hint(&self) -> (usize, usize, usize) {
         let s = self.shape_hint.load(Ordering::Relaxed);
-        let count = self.count_hint.load(Ordering::Relaxed) + self.cache_len();
+        let count = self.count_hint.load(Ordering::Relaxed) + self.cache_frames();
         (count, (s & 0xFFFF_FFFF) as usize, (s >> 32) as usize)
     }
 
@@ -462,6 +548,44 @@ impl PerCpuPages {
     #[inline]
     pub fn cache_len(&self) -> usize {
         (self.cache_word.load(Ordering::Relaxed) & word::LEN) as usize
+    }
+
+    /// Blocks in the rseq cache of `order` (1 to [`PCP_MAX_ORDER`]).
+    #[cfg(test)]
+    pub(crate) fn small_cache_len(&self, order: Order) -> usize {
+        self.small_cache(order).len()
+    }
+
+    /// Frames in every rseq cache (each order's blocks times their size), each length read
+    /// once: what the lists' owner holds beside `count`.
+    #[inline]
+    pub fn cache_frames(&self) -> usize {
+        // Without rseq no section runs and every cache stays empty.
+        if rseq::enabled() {
+            self.frames_in_caches()
+        } else {
+            0
+        }
+    }
+
+    /// [`PerCpuPages::cache_frames`] read whether or not sections run.
+    #[inline]
+    fn frames_in_caches(&self) -> usize {
+        self.small.iter().enumerate().fold(self.cache_len(), |n, (i, c)| n + (c.len() << (i + 1)))
+    }
+
+    /// The slots of the cache of `order` (1 to [`PCP_MAX_ORDER`]), after the order-0
+    /// cache's in the same allocation.
+    #[inline]
+    fn small_slots(&self, order: Order) -> &[AtomicUsize] {
+        let start = CACHE_CAP + (order.0 as usize - 1) * SMALL_CACHE_CAP;
+        &self.cache[start..start + SMALL_CACHE_CAP]
+    }
+
+    /// The length and bound of the cache of `order` (1 to [`PCP_MAX_ORDER`]).
+    #[inline]
+    fn small_cache(&self, order: Order) -> &SmallCache {
+        &self.small[order.0 as usize - 1]
     }
 
     /// The frames the single order-0 paths' sections popped from and pushed onto this
@@ -483,20 +607,57 @@ impl PerCpuPages {
         }
     }
 
-    /// Moves the counts out of the cache word into `folded`, keeping the length (lock held,
-    /// with no section able to commit: the fence is done or not needed).
+    /// The frames the sections of the caches of orders 1 to 3 popped and pushed (each
+    /// block counted as its frames), since the lists were made (wrapping): the part of
+    /// `pgalloc` and `pgfree` those caches count in their commits. Under the same sequence
+    /// lock as [`PerCpuPages::fast_counts`].
+    pub fn small_counts(&self) -> (u64, u64) {
+        loop {
+            let seq = self.fold_seq.load(Ordering::Acquire);
+            let mut counts =
+                [self.folded_small[0].load(Ordering::Relaxed), self.folded_small[1].load(Ordering::Relaxed)];
+            for (i, c) in self.small.iter().enumerate() {
+                let w = c.word.load(Ordering::Relaxed);
+                for (n, shift) in counts.iter_mut().zip([word::POPS_SHIFT, word::PUSHES_SHIFT]) {
+                    *n = n.wrapping_add(((w >> shift) & word::COUNT) << (i + 1));
+                }
+            }
+            crate::sync::fence(Ordering::Acquire);
+            if seq % 2 == 0 && self.fold_seq.load(Ordering::Relaxed) == seq {
+                return (counts[0], counts[1]);
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Moves the counts out of the cache words into `folded` and `folded_small`, keeping the
+    /// lengths (lock held, with no section able to commit: the fence is done or not needed).
+    #[inline]
     fn fold_counts(&self) {
         let w = self.cache_word.load(Ordering::Relaxed);
-        if w & !word::LEN == 0 {
-            return;
+        if w & !word::LEN != 0 || self.small.iter().any(|c| c.word.load(Ordering::Relaxed) & !word::LEN != 0) {
+            self.fold_counts_now(w);
         }
+    }
+
+    /// [`PerCpuPages::fold_counts`] when a word holds counts, `w` the order-0 cache's (with
+    /// rseq, nearly every holder that flushes the order-0 cache: its sections count).
+    fn fold_counts_now(&self, w: u64) {
+        let small = self.small.each_ref().map(|c| c.word.load(Ordering::Relaxed));
         let seq = self.fold_seq.load(Ordering::Relaxed);
         self.fold_seq.store(seq.wrapping_add(1), Ordering::Relaxed);
         crate::sync::fence(Ordering::Release);
+        let add = |f: &AtomicU64, n: u64| f.store(f.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
         for (f, shift) in self.folded.iter().zip([word::POPS_SHIFT, word::PUSHES_SHIFT]) {
-            f.store(f.load(Ordering::Relaxed).wrapping_add((w >> shift) & word::COUNT), Ordering::Relaxed);
+            add(f, (w >> shift) & word::COUNT);
         }
         self.cache_word.store(w & word::LEN, Ordering::Relaxed);
+        for (i, (c, sw)) in self.small.iter().zip(small).enumerate() {
+            for (f, shift) in self.folded_small.iter().zip([word::POPS_SHIFT, word::PUSHES_SHIFT]) {
+                add(f, ((sw >> shift) & word::COUNT) << (i + 1));
+            }
+            c.word.store(sw & word::LEN, Ordering::Relaxed);
+        }
         self.fold_seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 
@@ -524,7 +685,7 @@ impl PerCpuPages {
     /// Whether the lists looked empty at the last unlock and the cache is empty now: a hint
     /// (a free may land at any moment), used to skip drains that would find nothing.
     pub fn looks_empty(&self) -> bool {
-        self.count_hint.load(Ordering::Relaxed) == 0 && self.cache_len() == 0
+        self.count_hint.load(Ordering::Relaxed) == 0 && self.cache_frames() == 0
     }
 }
 
@@ -543,6 +704,9 @@ pub struct PcpGuard<'a> {
     cache: Cache,
     /// Whether the holder serves an order-0 allocation (see [`PcpGuard::fill_for_allocations`]).
     allocating: bool,
+    /// The order from 1 to 3 whose cache the holder fills on unlock, 0 for none (see
+    /// [`PcpGuard::fill_small`]).
+    small: u8,
 }
 
 /// What a lock holder does with the rseq cache.
@@ -571,6 +735,16 @@ impl PcpGuard<'_> {
         self.allocating = true;
     }
 
+    /// Marks the holder as serving an allocation or free of `order` (1 to
+    /// [`PCP_MAX_ORDER`]): on unlock it moves up to [`SMALL_CACHE_FILL`] blocks of its list
+    /// into that order's cache, so that the next allocations and frees of the order take a
+    /// section and no lock. Without it (or without rseq) these caches stay empty and shut.
+    #[inline]
+    pub fn fill_small(&mut self, order: Order) {
+        debug_assert!((1..=PCP_MAX_ORDER).contains(&order.0));
+        self.small = order.0;
+    }
+
     /// Runs `f` on the protected fields; then accounts the frames the lists gained or lost
     /// (`f`'s and the cache's since the last lock) to the zone's `nr_zone_pcp_pages`, through
     /// this CPU's diff. A guard that works on the cache flushes it into the lists first and
@@ -578,15 +752,18 @@ impl PcpGuard<'_> {
     /// ([`PerCpuPages::lock_lists`]) shows `f` the lists alone.
     #[inline]
     pub fn with<R>(&mut self, f: impl FnOnce(&mut PcpInner) -> R) -> R {
-        let (pcp, zone, mode, allocating) = (self.pcp, self.zone, self.cache, self.allocating);
+        let (pcp, zone, mode, allocating, small) = (self.pcp, self.zone, self.cache, self.allocating, self.small);
+        // Without rseq no section runs: every cache stays empty and every word 0.
+        let rseq_on = rseq::enabled();
         // SAFETY: this guard exists only while its creator holds `pcp.lock` (try_lock/lock/
         // lock_lists), and `&mut self` keeps this the only access through it.
         unsafe {
             pcp.inner.with_mut(|inner| {
                 // Under `Count` no section can move the cache meanwhile (the fence is done or
                 // not needed, and new sections find the lock held), so this length holds.
-                if mode != Cache::Leave {
+                if mode != Cache::Leave && rseq_on {
                     pcp.fold_counts();
+                    pcp.flush_small(inner);
                 }
                 let counted = if mode == Cache::Count { pcp.cache_len() } else { 0 };
                 if mode == Cache::Flush {
@@ -597,15 +774,20 @@ impl PcpGuard<'_> {
                 inner.count -= counted;
                 match mode {
                     Cache::Flush => pcp.fill_cache(zone, inner, allocating),
-                    Cache::Count => pcp.set_cache_limit(inner),
-                    Cache::Leave => {}
+                    Cache::Count if rseq_on => {
+                        if small != 0 {
+                            pcp.fill_small_cache(inner, Order(small));
+                        }
+                        pcp.set_cache_limits_now(inner);
+                    }
+                    Cache::Count | Cache::Leave => {}
                 }
                 pcp.count_hint.store(inner.pages(), Ordering::Relaxed);
                 pcp.thp_hint.store(inner.thp.len() << PCP_THP_ORDER.0, Ordering::Relaxed);
                 pcp.shape_hint.store(shape(inner.high, inner.batch), Ordering::Relaxed);
                 // One read: a holder that leaves the cache alone may see a section commit
                 // after it, and that churn is settled at a later lock.
-                let cache = pcp.cache_len();
+                let cache = if rseq_on { pcp.frames_in_caches() } else { 0 };
                 let now = inner.count + cache;
                 let delta = now as isize - inner.reported as isize + std::mem::take(&mut inner.transferred);
                 if delta != 0 {
@@ -637,8 +819,10 @@ impl PcpGuard<'_> {
                 debug_assert_eq!((count, high, batch), (inner.count, inner.high, inner.batch));
                 pcp.count_hint.store(inner.pages(), Ordering::Relaxed);
                 pcp.thp_hint.store(inner.thp.len() << PCP_THP_ORDER.0, Ordering::Relaxed);
-                let cache = pcp.cache_len();
-                pcp.decay_idle.store(decay_is_noop(inner, cache), Ordering::Relaxed);
+                // Blocks on the THP list are always work for a decay: only an empty list
+                // needs the caches read.
+                let idle = inner.thp.is_empty() && decay_is_noop(inner, pcp.cache_frames());
+                pcp.decay_idle.store(idle, Ordering::Relaxed);
                 r
             })
         }
@@ -704,15 +888,76 @@ impl PerCpuPages {
         self.set_cache_limit(inner);
     }
 
-    /// Sets the cache's bound, the most it may hold, so that `count + cache <= high + batch`
-    /// (lock held, the cache this holder's). A cache already above it only shrinks: pushes
-    /// find no room.
+    /// Moves the blocks of the caches of orders 1 to 3 to their lists (lock held, the caches
+    /// this holder's), so that the holder's work sees them, as Linux's lists hold them.
     #[inline]
-    fn set_cache_limit(&self, inner: &PcpInner) {
-        if !rseq::enabled() {
+    fn flush_small(&self, inner: &mut PcpInner) {
+        // Empty, as they always are without rseq, and on most order-0 holders.
+        if self.small.iter().all(|c| c.len() == 0) {
             return;
         }
-        let room = (inner.high + inner.batch).saturating_sub(inner.count);
-        self.cache_limit.store(room.min(CACHE_CAP), Ordering::Relaxed);
+        self.flush_small_now(inner);
+    }
+
+    /// [`PerCpuPages::flush_small`] when a cache holds blocks.
+    fn flush_small_now(&self, inner: &mut PcpInner) {
+        for o in 1..=PCP_MAX_ORDER {
+            let order = Order(o);
+            let c = self.small_cache(order);
+            let n = c.len();
+            if n == 0 {
+                continue;
+            }
+            let list = &mut inner.lists[o as usize];
+            for slot in &self.small_slots(order)[..n] {
+                list.push(slot.load(Ordering::Relaxed));
+            }
+            inner.count += n << o;
+            c.set_len(0);
+        }
+    }
+
+    /// Moves up to [`SMALL_CACHE_FILL`] blocks of `order`'s list (the newest) into its
+    /// (flushed, so empty) cache (lock held, the cache this holder's, rseq on).
+    #[inline]
+    fn fill_small_cache(&self, inner: &mut PcpInner, order: Order) {
+        let list = &mut inner.lists[order.0 as usize];
+        let take = SMALL_CACHE_FILL.min(list.len());
+        let start = list.len() - take;
+        for (slot, pfn) in self.small_slots(order).iter().zip(list.drain(start..)) {
+            slot.store(pfn, Ordering::Relaxed);
+        }
+        inner.count -= take << order.0;
+        self.small_cache(order).set_len(take);
+    }
+
+    /// Sets every cache's bound, the most it may hold, so that `count` and the frames of
+    /// every cache, each at its bound, stay within `high + batch` (lock held, the caches this
+    /// holder's). The room left is shared out: a cache of orders 1 to 3 that holds blocks
+    /// may grow by up to a quarter of it (an empty one stays shut, so that a workload of
+    /// order 0 alone keeps the room it had), and the order-0 cache takes the rest. A cache
+    /// already above its bound only shrinks: pushes find no room.
+    #[inline]
+    fn set_cache_limit(&self, inner: &PcpInner) {
+        if rseq::enabled() {
+            self.set_cache_limits_now(inner);
+        }
+    }
+
+    /// [`PerCpuPages::set_cache_limit`] with restartable sequences.
+    fn set_cache_limits_now(&self, inner: &PcpInner) {
+        let bound = inner.high + inner.batch;
+        let quarter = bound.saturating_sub(inner.count + self.cache_frames()) / 4;
+        // What the lists and the caches of orders 1 to 3 may reach at their bounds.
+        let mut reserved = inner.count;
+        for (i, c) in self.small.iter().enumerate() {
+            let len = c.len();
+            let extra = if len == 0 { 0 } else { (SMALL_CACHE_CAP - len).min(quarter >> (i + 1)) };
+            c.limit.store(len + extra, Ordering::Relaxed);
+            reserved += (len + extra) << (i + 1);
+        }
+        // At least the order-0 cache's length plus a quarter of the room when the frames
+        // were within the bound (the small caches took at most three quarters of it).
+        self.cache_limit.store(bound.saturating_sub(reserved).min(CACHE_CAP), Ordering::Relaxed);
     }
 }

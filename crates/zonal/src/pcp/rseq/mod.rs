@@ -222,6 +222,34 @@ pub unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize) -> usize {
     unsafe { arch::push_frame(rseq, t, pfn) }
 }
 
+/// Pops a block of `order` (1 to [`crate::pcp::PCP_MAX_ORDER`]) from that order's cache of
+/// the current CPU's local-zone lists in one section, as [`pop_local`] does for order 0,
+/// and returns it with that CPU; `None` when the zone is not above `low` for every order up
+/// to 3 (`Zone::above_low` below `ABOVE_LOW_SMALL`), the cache is empty, the lists are
+/// locked or a stand-in, or the section was interrupted. Nothing is counted.
+///
+/// # Safety
+/// As [`pop_local`], and `order` is 1 to `PCP_MAX_ORDER`.
+#[inline]
+pub unsafe fn pop_small_local(t: &LocalTable, order: crate::types::Order) -> Option<(usize, usize)> {
+    // SAFETY: the caller's contract, which is the section's.
+    unsafe { arch::pop_small_local(t, order) }
+}
+
+/// Pushes a block of `order` (1 to [`crate::pcp::PCP_MAX_ORDER`], its head already tagged
+/// `PCP|order`) onto that order's cache of the current CPU's lists for the block's zone,
+/// found as [`push_frame`] finds them, in one section, and returns the CPU; `usize::MAX`
+/// when the cache is at its bound, the lists are locked, the block has no zone in `t`, or
+/// the section was interrupted. Nothing is counted.
+///
+/// # Safety
+/// As [`push_frame`], and `order` is 1 to `PCP_MAX_ORDER`.
+#[inline]
+pub unsafe fn push_small_frame(rseq: isize, t: &FrameTable, pfn: usize, order: crate::types::Order) -> usize {
+    // SAFETY: the caller's contract, which is the section's.
+    unsafe { arch::push_small_frame(rseq, t, pfn, order) }
+}
+
 /// Pops up to `out.len()` order-0 blocks from the cache of the current CPU's lists for
 /// `zone` in one critical section into the front of `out`, and returns them (none when
 /// the cache is empty, the lists are locked, or the section was interrupted). `out` needs

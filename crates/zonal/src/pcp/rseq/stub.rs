@@ -8,6 +8,7 @@
 //! invariant: nothing is touched.
 
 use super::{FrameTable, LocalTable, Table};
+use crate::types::Order;
 use std::mem::MaybeUninit;
 
 /// No critical sections on this target.
@@ -61,4 +62,24 @@ pub(super) unsafe fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUni
 pub(super) unsafe fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize {
     let _ = (t, zone, pfns);
     0
+}
+
+/// [`super::pop_small_local`] without sections: gives way.
+///
+/// # Safety
+/// As [`super::pop_small_local`].
+#[inline]
+pub(super) unsafe fn pop_small_local(t: &LocalTable, order: Order) -> Option<(usize, usize)> {
+    let _ = (t, order);
+    None
+}
+
+/// [`super::push_small_frame`] without sections: gives way.
+///
+/// # Safety
+/// As [`super::push_small_frame`].
+#[inline]
+pub(super) unsafe fn push_small_frame(rseq: isize, t: &FrameTable, pfn: usize, order: Order) -> usize {
+    let _ = (rseq, t, pfn, order);
+    usize::MAX
 }

@@ -15,7 +15,8 @@
 //! until the commit.
 
 use super::{FrameTable, LocalTable, Table};
-use crate::pcp::{word, PerCpuPages};
+use crate::pcp::{word, PerCpuPages, SmallCache, CACHE_CAP, SMALL_CACHE_CAP};
+use crate::types::Order;
 use std::mem::MaybeUninit;
 
 /// The sections can run on this architecture (given rseq and membarrier at run time).
@@ -164,6 +165,49 @@ macro_rules! rseq_copy {
     };
 }
 
+/// The start of the sections that push a frame (`{pfn}`) onto the lists of its zone for
+/// this CPU, from a [`FrameTable`] (`{ft}`): `rseq_arm!`, read the CPU id into `{cpu}`,
+/// take the CPU's local lists when the frame lies in their zone's span, else those of the
+/// frame's zone from `block_zone` and `remote`, chosen with a branch (not a conditional
+/// move) so that, predicted, the lists' address does not wait for the frame's zone, which
+/// the local case never loads; then give up (label 25) if the id, the block or the zone is
+/// out of range or the lists are locked. The lists end in `{p}`; `{t}` and `rcx` are
+/// scratch.
+macro_rules! rseq_enter_frame {
+    () => {
+        concat!(
+            rseq_arm!(),
+            "mov {cpu:e}, dword ptr fs:[{rseq} + 4]\n",
+            "cmp {cpu}, qword ptr [{ft} + {off_nr_cpus}]\n",
+            "jae 25f\n",
+            "mov {p}, qword ptr [{ft} + {off_local}]\n",
+            "mov {p}, qword ptr [{p} + {cpu} * 8]\n",
+            // The local lists when `pfn - span_start < span_pages`.
+            "mov {t}, {pfn}\n",
+            "sub {t}, qword ptr [{p} + {off_span_start}]\n",
+            "cmp {t}, qword ptr [{p} + {off_span_pages}]\n",
+            "jb 28f\n",
+            // Another zone's frame: its block's zone, that zone's lists of this CPU.
+            "mov {t}, {pfn}\n",
+            "mov ecx, dword ptr [{ft} + {off_block_shift}]\n",
+            "shr {t}, cl\n",
+            "cmp {t}, qword ptr [{ft} + {off_nr_blocks}]\n",
+            "jae 25f\n",
+            "mov {p}, qword ptr [{ft} + {off_block_zone}]\n",
+            "movzx {t:e}, word ptr [{p} + {t} * 2]\n",
+            "cmp {t}, qword ptr [{ft} + {off_nr_zones}]\n",
+            "jae 25f\n",
+            "imul {t}, qword ptr [{ft} + {off_nr_cpus}]\n",
+            "add {t}, {cpu}\n",
+            "mov {p}, qword ptr [{ft} + {off_remote}]\n",
+            "mov {p}, qword ptr [{p} + {t} * 8]\n",
+            "28:\n",
+            "cmp byte ptr [{p} + {off_lock}], 0\n",
+            "jne 25f\n",
+        )
+    };
+}
+
 /// One critical section: `rseq_enter!`, the body, `rseq_leave!`, with the operands every
 /// section shares (the table, `{p}`, `{t}`, the cache's offsets) and the body's own
 /// (which include `{ok}`, and `{off_limit}` for pushes). The table's
@@ -284,34 +328,7 @@ pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize) -> usiz
     // below `cache_limit <= CACHE_CAP`, inside the cache, and is dead until the commit.
     unsafe {
         std::arch::asm!(
-            rseq_arm!(),
-            "mov {cpu:e}, dword ptr fs:[{rseq} + 4]",
-            "cmp {cpu}, qword ptr [{ft} + {off_nr_cpus}]",
-            "jae 25f",
-            "mov {p}, qword ptr [{ft} + {off_local}]",
-            "mov {p}, qword ptr [{p} + {cpu} * 8]",
-            // The local lists when `pfn - span_start < span_pages`.
-            "mov {t}, {pfn}",
-            "sub {t}, qword ptr [{p} + {off_span_start}]",
-            "cmp {t}, qword ptr [{p} + {off_span_pages}]",
-            "jb 28f",
-            // Another zone's frame: its block's zone, that zone's lists of this CPU.
-            "mov {t}, {pfn}",
-            "mov ecx, dword ptr [{ft} + {off_block_shift}]",
-            "shr {t}, cl",
-            "cmp {t}, qword ptr [{ft} + {off_nr_blocks}]",
-            "jae 25f",
-            "mov {p}, qword ptr [{ft} + {off_block_zone}]",
-            "movzx {t:e}, word ptr [{p} + {t} * 2]",
-            "cmp {t}, qword ptr [{ft} + {off_nr_zones}]",
-            "jae 25f",
-            "imul {t}, qword ptr [{ft} + {off_nr_cpus}]",
-            "add {t}, {cpu}",
-            "mov {p}, qword ptr [{ft} + {off_remote}]",
-            "mov {p}, qword ptr [{p} + {t} * 8]",
-            "28:",
-            "cmp byte ptr [{p} + {off_lock}], 0",
-            "jne 25f",
+            rseq_enter_frame!(),
             // Give way on a full cache or a count of pushes at its guard bit, else write
             // `{pfn}` to the slot at the length and commit the word one longer, a push
             // counted.
@@ -449,4 +466,131 @@ pub(super) unsafe fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize 
     } else {
         0
     }
+}
+
+/// Where the cache of `order` (1 to 3) lies from its `PerCpuPages`: the offset of its
+/// word (its bound follows, 8 bytes on), and the index of its first slot among the slots at
+/// `cache_slots`. Registers, not constants: the order is the caller's.
+#[inline(always)]
+fn small_offsets(order: Order) -> (usize, usize) {
+    let i = order.0 as usize - 1;
+    (std::mem::offset_of!(PerCpuPages, small) + i * std::mem::size_of::<SmallCache>(), CACHE_CAP + i * SMALL_CACHE_CAP)
+}
+
+const _: () = assert!(std::mem::offset_of!(SmallCache, limit) == std::mem::offset_of!(SmallCache, word) + 8);
+
+/// The x86-64 body of [`super::pop_small_local`].
+///
+/// # Safety
+/// As [`super::pop_small_local`].
+#[inline]
+pub(super) unsafe fn pop_small_local(t: &LocalTable, order: Order) -> Option<(usize, usize)> {
+    let (coff, first) = small_offsets(order);
+    let out: usize;
+    let cpu: usize;
+    // SAFETY: as in `pop_local`: `t.local` holds `t.nr_cpus` addresses of live
+    // `PerCpuPages` or of the stand-in, indexed only with a CPU id checked against
+    // `nr_cpus`, and read past the lock byte only when it is clear (so not in a stand-in);
+    // `above_low` points to a live flag. The cache's length (in the word at `coff`, with
+    // `order` 1 to 3 inside `small`) never exceeds `SMALL_CACHE_CAP`, so the slot read lies
+    // inside the order's slots (from index `first` at `cache_slots`). The kernel runs the
+    // section uninterrupted on that CPU up to the commit or restarts it at the abort handler.
+    unsafe {
+        std::arch::asm!(
+            rseq_enter_local!(),
+            // The zone above `low` for every order up to 3, or give way.
+            "mov {t}, qword ptr [{p} + {off_above_low}]",
+            "cmp byte ptr [{t}], {small_level}",
+            "jb 25f",
+            // Give way on an empty cache or a count of pops at its guard bit, else load the
+            // top slot and commit the word one shorter, a pop counted.
+            "mov {t}, qword ptr [{p} + {coff}]",
+            "movzx {out:e}, {t:x}",
+            "test {out:e}, {out:e}",
+            "jz 25f",
+            "bt {t}, {pops_guard}",
+            "jc 25f",
+            "add {t}, {pop_local}",
+            "add {out}, {first}",
+            "mov {s}, qword ptr [{p} + {off_slots}]",
+            "mov {out}, qword ptr [{s} + {out} * 8 - 8]",
+            "mov qword ptr [{p} + {coff}], {t}",
+            rseq_leave_cpu!(),
+            rseq = in(reg) t.rseq,
+            ncpu = in(reg) t.nr_cpus,
+            local = inout(reg) t.local => _,
+            coff = in(reg) coff,
+            first = in(reg) first,
+            pops_guard = const word::POPS_GUARD,
+            pop_local = const word::POP_LOCAL,
+            small_level = const crate::zone::ABOVE_LOW_SMALL,
+            off_above_low = const std::mem::offset_of!(PerCpuPages, above_low),
+            off_lock = const std::mem::offset_of!(PerCpuPages, lock),
+            off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
+            cpu = out(reg) cpu,
+            p = out(reg) _,
+            t = out(reg) _,
+            s = out(reg) _,
+            out = out(reg) out,
+            options(nostack),
+        );
+    }
+    (cpu != usize::MAX).then_some((out, cpu))
+}
+
+/// The x86-64 body of [`super::push_small_frame`]: the lists as `push_frame` finds them
+/// (`rseq_enter_frame!`), then a push onto the cache of `order`.
+///
+/// # Safety
+/// As [`super::push_small_frame`].
+#[inline]
+pub(super) unsafe fn push_small_frame(rseq: isize, t: &FrameTable, pfn: usize, order: Order) -> usize {
+    let (coff, first) = small_offsets(order);
+    let cpu: usize;
+    // SAFETY: as in `push_frame` for the lists found; the slot written lies at the order's
+    // cache length, below its bound (`limit <= SMALL_CACHE_CAP`), inside the order's slots
+    // (from index `first`), and is dead until the commit.
+    unsafe {
+        std::arch::asm!(
+            rseq_enter_frame!(),
+            // Give way on a full cache or a count of pushes at its guard bit (the word's
+            // sign), else write `{pfn}` to the slot at the length and commit the word one
+            // longer, a push counted.
+            "mov {t}, qword ptr [{p} + {coff}]",
+            "movzx ecx, {t:x}",
+            "cmp rcx, qword ptr [{p} + {coff} + 8]",
+            "jae 25f",
+            "test {t}, {t}",
+            "js 25f",
+            "add {first}, rcx",
+            "mov rcx, qword ptr [{p} + {off_slots}]",
+            "mov qword ptr [rcx + {first} * 8], {pfn}",
+            "add {t}, qword ptr [rip + {push_frame}]",
+            "mov qword ptr [{p} + {coff}], {t}",
+            rseq_leave_cpu!(),
+            push_frame = sym PUSH_FRAME,
+            rseq = in(reg) rseq,
+            ft = in(reg) t,
+            coff = in(reg) coff,
+            first = inout(reg) first => _,
+            off_local = const std::mem::offset_of!(FrameTable, local),
+            off_nr_cpus = const std::mem::offset_of!(FrameTable, nr_cpus),
+            off_remote = const std::mem::offset_of!(FrameTable, remote),
+            off_nr_zones = const std::mem::offset_of!(FrameTable, nr_zones),
+            off_block_zone = const std::mem::offset_of!(FrameTable, block_zone),
+            off_nr_blocks = const std::mem::offset_of!(FrameTable, nr_blocks),
+            off_block_shift = const std::mem::offset_of!(FrameTable, block_shift),
+            off_span_start = const std::mem::offset_of!(PerCpuPages, span_start),
+            off_span_pages = const std::mem::offset_of!(PerCpuPages, span_pages),
+            off_lock = const std::mem::offset_of!(PerCpuPages, lock),
+            off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
+            pfn = in(reg) pfn,
+            cpu = out(reg) cpu,
+            p = out(reg) _,
+            t = out(reg) _,
+            out("rcx") _,
+            options(nostack),
+        );
+    }
+    cpu
 }
