@@ -142,10 +142,10 @@ pub const TUNABLES: &[Tunable] = &[
         default: "sequential",
         bounds: Bounds::Choice(&["sequential", "atomic"]),
         unit: "mode",
-        doc: "how an order-0 free on the per-CPU fast path claims its frame. sequential: a load \
-              and a store, as Linux's free_pages_prepare checks; every double free that is not \
-              a data race in the caller is an error. atomic: a CAS, so of two frees of one \
-              frame racing on different CPUs exactly one succeeds, for a few ns more per free. \
+        doc: "how a free of orders 0 to 3 on the per-CPU fast path claims its block. sequential: \
+              a load and a store, as Linux's free_pages_prepare checks; every double free that is \
+              not a data race in the caller is an error. atomic: a CAS, so of two frees of one \
+              block racing on different CPUs exactly one succeeds, for a few ns more per free. \
               The locked paths always use the CAS",
         knob: Knob::FreeCheck,
     },

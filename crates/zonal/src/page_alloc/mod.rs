@@ -224,7 +224,7 @@ struct NumaCounting {
 struct Tunables {
     /// `bulk_accounting`: `true` accounts a bulk call page by page (the seeds' "before").
     bulk_per_page: std::sync::atomic::AtomicBool,
-    /// `free_check`: whether an order-0 free on the rseq path claims its frame with a CAS
+    /// `free_check`: whether a free of orders 0 to 3 on the rseq path claims its block with a CAS
     /// (`true`) or a load and a store (`false`, the default).
     free_check_atomic: std::sync::atomic::AtomicBool,
     percpu_pagelist_high_fraction: AtomicU32,
