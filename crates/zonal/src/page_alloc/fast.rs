@@ -127,6 +127,7 @@ impl Zonal {
         let (pfn, cpu) = unsafe { pcp::rseq::pop_small_local(&self.local_table(rseq), order) }?;
         let pfn = Pfn(pfn);
         if !mem_map::take_cached_block(self.mem.map.states(), pfn, order) {
+            self.uncount_small_pop(cpu, order);
             return None;
         }
         // The section counted `pgalloc` in the cache's word (`pcp::word`).
@@ -136,6 +137,16 @@ impl Zonal {
             self.numa_charge(cpu, z, z, 1, None);
         }
         Some(self.pfn_to_ptr(pfn))
+    }
+
+    /// Takes back the `pgalloc` of a block of `order` that `pop_small_local` popped (and
+    /// counted in its cache's word, as its frames) on `cpu` but that is not handed out (a
+    /// racing free's second copy): a wrapping subtraction on the CPU's event counter, which
+    /// [`Zonal::event`] adds to the words' counts.
+    #[cold]
+    #[inline(never)]
+    fn uncount_small_pop(&self, cpu: usize, order: Order) {
+        self.count_event(cpu, VmEvent::PgallocNormal, (order.pages() as u64).wrapping_neg());
     }
 
     /// The free of orders 1 to 3 with restartable sequences: the block's number and

@@ -970,6 +970,38 @@ mod tests {
         });
     }
 
+    /// A block the small section pops whose tag is no longer `PCP` (the second copy two
+    /// racing frees left, built here by hand: the top block's tag set to allocated, as if
+    /// its other copy had been popped) is dropped, and its count taken back: `pgalloc`
+    /// grows by the one block handed out, by the general path.
+    #[test]
+    fn a_dropped_small_copy_is_not_counted() {
+        let z = Zonal::new(Config::new(Topology::parse("nodes=1,size=64M").unwrap())).unwrap();
+        if !runs_rseq(&z) {
+            return;
+        }
+        on_one_cpu(|| {
+            let cpu = z.current_cpu();
+            let pcp = &z.cpus.pcps[cpu * z.mem.zones.len() + z.cpus.local_zone[cpu] as usize];
+            let order = Order(1);
+            let p = z.alloc_pages(Gfp::KERNEL, 1).unwrap();
+            z.free_pages(p.as_ptr(), 1).unwrap();
+            let top = pcp.small_cache_top(order).expect("the locked path filled the cache");
+            let zone = &z.mem.zones[0];
+            zone.state(top).store(mem_map::state(ALLOCATED, order), Ordering::Relaxed);
+            let before = z.event(VmEvent::PgallocNormal);
+            assert!(z.alloc_small_fast(order).is_none(), "the copy is dropped");
+            assert_ne!(pcp.small_cache_top(order), Some(top), "and gone from the cache");
+            assert_eq!(z.event(VmEvent::PgallocNormal), before, "nothing counted for it");
+            let q = z.alloc_pages(Gfp::KERNEL, 1).unwrap();
+            assert_eq!(z.event(VmEvent::PgallocNormal), before + 2);
+            // The block the test tagged is the caller's now (its "other copy"): free both.
+            z.free_pages(q.as_ptr(), 1).unwrap();
+            z.free_pages(z.pfn_to_ptr(top).as_ptr(), 1).unwrap();
+            assert_eq!(z.check_invariants(), Ok(0));
+        });
+    }
+
     /// A bad free of orders 1 to 3 on the fast path changes nothing and says why, as the
     /// locked path does (the same error): a double free, a free of the wrong order, an
     /// unaligned or interior address; the block is then freed as it should be.

@@ -550,6 +550,14 @@ impl PerCpuPages {
         (self.cache_word.load(Ordering::Relaxed) & word::LEN) as usize
     }
 
+    /// The block on top of the rseq cache of `order` (1 to [`PCP_MAX_ORDER`]), the next a
+    /// pop takes: for tests, on lists no other thread uses meanwhile.
+    #[cfg(test)]
+    pub(crate) fn small_cache_top(&self, order: Order) -> Option<Pfn> {
+        let len = self.small_cache(order).len();
+        (len > 0).then(|| Pfn(self.small_slots(order)[len - 1].load(Ordering::Relaxed)))
+    }
+
     /// Blocks in the rseq cache of `order` (1 to [`PCP_MAX_ORDER`]).
     #[cfg(test)]
     pub(crate) fn small_cache_len(&self, order: Order) -> usize {

@@ -1,5 +1,6 @@
-//! Restartable sequences over the per-CPU caches: pop and push of one order-0 block with no
-//! lock and no atomic read-modify-write, the way Linux relies on preemption being disabled.
+//! Restartable sequences over the per-CPU caches: pop and push of one block (order 0, or one
+//! of orders 1 to 3 in its order's cache) or of a run of order-0 blocks, with no lock and no
+//! atomic read-modify-write, the way Linux relies on preemption being disabled.
 //!
 //! Each critical section reads the CPU id from the thread's rseq area (registered by glibc),
 //! finds that CPU's `PerCpuPages`, gives up if its lock is held, and commits with one store
@@ -15,9 +16,10 @@
 //!
 //! Locking: none inside a section; a section gives way whenever its CPU's lists are locked,
 //! and a locker on another CPU fences that CPU ([`fence`]) before it touches the cache.
-//! Invariant: a section commits with exactly one store of the cache word, the last instruction
-//! of its restartable range, so the cache is either untouched or changed as a whole; a push
-//! commits only below `cache_limit <= CACHE_CAP`.
+//! Invariant: a section commits with exactly one store of the cache's word, the last
+//! instruction of its restartable range, so the cache is either untouched or changed as a
+//! whole; a push commits only below its cache's bound (`cache_limit <= CACHE_CAP`, a small
+//! cache's `limit <= SMALL_CACHE_CAP`), which it reads before the word.
 //!
 //! This file is the portable part (whether sections can run, the fence, the table, the
 //! public functions); the bodies are per architecture: `x86_64.rs` holds the sections in
@@ -224,9 +226,10 @@ pub unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize) -> usize {
 
 /// Pops a block of `order` (1 to [`crate::pcp::PCP_MAX_ORDER`]) from that order's cache of
 /// the current CPU's local-zone lists in one section, as [`pop_local`] does for order 0,
-/// and returns it with that CPU; `None` when the zone is not above `low` for every order up
-/// to 3 (`Zone::above_low` below `ABOVE_LOW_SMALL`), the cache is empty, the lists are
-/// locked or a stand-in, or the section was interrupted. Nothing is counted.
+/// and returns it with that CPU, counting it in the cache's word (its pops, `pcp::word`);
+/// `None` when the zone is not above `low` for every order up to 3 (`Zone::above_low` below
+/// `ABOVE_LOW_SMALL`), the cache is empty, the lists are locked or a stand-in, the count of
+/// pops is at its guard bit, or the section was interrupted.
 ///
 /// # Safety
 /// As [`pop_local`], and `order` is 1 to `PCP_MAX_ORDER`.
@@ -238,9 +241,10 @@ pub unsafe fn pop_small_local(t: &LocalTable, order: crate::types::Order) -> Opt
 
 /// Pushes a block of `order` (1 to [`crate::pcp::PCP_MAX_ORDER`], its head already tagged
 /// `PCP|order`) onto that order's cache of the current CPU's lists for the block's zone,
-/// found as [`push_frame`] finds them, in one section, and returns the CPU; `usize::MAX`
-/// when the cache is at its bound, the lists are locked, the block has no zone in `t`, or
-/// the section was interrupted. Nothing is counted.
+/// found as [`push_frame`] finds them, in one section, counting it in the cache's word (its
+/// pushes), and returns the CPU; `usize::MAX` when the cache is at its bound, the lists are
+/// locked, the count of pushes is at its guard bit, the block has no zone in `t`, or the
+/// section was interrupted.
 ///
 /// # Safety
 /// As [`push_frame`], and `order` is 1 to `PCP_MAX_ORDER`.

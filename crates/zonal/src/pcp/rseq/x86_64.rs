@@ -11,8 +11,9 @@
 //! Locking: none; the kernel restarts a section preempted, migrated or signalled before its
 //! commit, and a section aborts if the lists' lock is held. Invariant: one commit store per
 //! section, the last instruction of its restartable range; every cache slot a push writes
-//! before it lies at or above the old length and below `cache_limit <= CACHE_CAP`, dead
-//! until the commit.
+//! before it lies at or above the old length and below the cache's bound (`cache_limit <=
+//! CACHE_CAP` for order 0, a small cache's `limit <= SMALL_CACHE_CAP` inside its order's
+//! slots), dead until the commit. Every push reads the bound before the word.
 
 use super::{FrameTable, LocalTable, Table};
 use crate::pcp::{word, PerCpuPages, SmallCache, CACHE_CAP, SMALL_CACHE_CAP};
@@ -332,9 +333,11 @@ pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize) -> usiz
             // Give way on a full cache or a count of pushes at its guard bit, else write
             // `{pfn}` to the slot at the length and commit the word one longer, a push
             // counted.
+            // The bound before the word (see `push_small_frame`).
+            "mov rcx, qword ptr [{p} + {off_limit}]",
             "mov {t}, qword ptr [{p} + {off_len}]",
             "movzx {s}, {t:x}",
-            "cmp {s}, qword ptr [{p} + {off_limit}]",
+            "cmp {s}, rcx",
             "jae 25f",
             "test {t}, {t}",
             "js 25f",
@@ -439,10 +442,11 @@ pub(super) unsafe fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize 
             t,
             zone,
             [
-                "mov {t}, qword ptr [{p} + {off_len}]",
-                // n = min(limit - len, count), with the length from the word's low bits
-                "movzx {nz}, {t:x}",
+                // n = min(limit - len, count), with the length from the word's low bits;
+                // the bound read before the word (see `push_small_frame`)
                 "mov {n}, qword ptr [{p} + {off_limit}]",
+                "mov {t}, qword ptr [{p} + {off_len}]",
+                "movzx {nz}, {t:x}",
                 "sub {n}, {nz}",
                 "jbe 25f",
                 "cmp {n}, {count}",
@@ -555,10 +559,16 @@ pub(super) unsafe fn push_small_frame(rseq: isize, t: &FrameTable, pfn: usize, o
             rseq_enter_frame!(),
             // Give way on a full cache or a count of pushes at its guard bit (the word's
             // sign), else write `{pfn}` to the slot at the length and commit the word one
-            // longer, a push counted.
+            // longer, a push counted. The bound is read before the word: a holder that
+            // found every cache closed (empty, bound 0) skips the fence and may open one,
+            // storing the word before the bound; a section that read the old word and then
+            // the new bound would commit over the holder's fill. In this order (x86 keeps
+            // loads in order, as it keeps the holder's stores), a section that sees the new
+            // bound sees the new word.
+            "mov {ft}, qword ptr [{p} + {coff} + 8]",
             "mov {t}, qword ptr [{p} + {coff}]",
             "movzx ecx, {t:x}",
-            "cmp rcx, qword ptr [{p} + {coff} + 8]",
+            "cmp rcx, {ft}",
             "jae 25f",
             "test {t}, {t}",
             "js 25f",
@@ -570,7 +580,8 @@ pub(super) unsafe fn push_small_frame(rseq: isize, t: &FrameTable, pfn: usize, o
             rseq_leave_cpu!(),
             push_frame = sym PUSH_FRAME,
             rseq = in(reg) rseq,
-            ft = in(reg) t,
+            // Dead once the lists are found: the bound's scratch register after.
+            ft = inout(reg) t => _,
             coff = in(reg) coff,
             first = inout(reg) first => _,
             off_local = const std::mem::offset_of!(FrameTable, local),
