@@ -146,6 +146,7 @@ impl Zonal {
             });
             let zone = zone.filter(|z| z.node == preferred)?;
             let mut g = self.pcp(cpu, zone.id).try_lock(zone)?;
+            g.keep_small_caches();
             let mut n = 0;
             let mut refills = 0;
             g.with(|p| {

@@ -173,6 +173,9 @@ pub(crate) const SMALL_CACHE_CAP: usize = 16;
 /// unlock (half the cache, leaving the frees room).
 const SMALL_CACHE_FILL: usize = SMALL_CACHE_CAP / 2;
 
+/// The bits (one per order, `1 << order`) of every cache of orders 1 to 3.
+const SMALL_ORDERS: u8 = ((1u16 << (PCP_MAX_ORDER + 1)) - 2) as u8;
+
 /// The rseq cache of one order from 1 to [`PCP_MAX_ORDER`]: its word and bound, beside
 /// each other so that a push reads both from one line; its slots follow the order-0
 /// cache's (`PerCpuPages::small_slots`). The word is laid out as the order-0 cache's
@@ -370,7 +373,7 @@ impl PerCpuPages {
     fn try_lock_with<'a>(&'a self, zone: &'a Zone, mode: Cache) -> Option<PcpGuard<'a>> {
         if self.lock.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
             let cache = if self.fence_remote() { mode } else { Cache::Leave };
-            Some(PcpGuard { pcp: self, zone, cache, allocating: false, small: 0 })
+            Some(PcpGuard { pcp: self, zone, cache, allocating: false, small: 0, keep_small: false })
         } else {
             None
         }
@@ -413,6 +416,7 @@ impl PerCpuPages {
             cache: Cache::Leave,
             allocating: false,
             small: 0,
+            keep_small: false,
         })
     }
 
@@ -576,6 +580,12 @@ impl PerCpuPages {
         }
     }
 
+    /// The frames of the caches of orders 1 to 3 whose bits `orders` lacks.
+    #[inline]
+    fn small_frames_but(&self, orders: u8) -> usize {
+        (1..=PCP_MAX_ORDER).filter(|o| orders & 1 << o == 0).map(|o| self.small_cache(Order(o)).len() << o).sum()
+    }
+
     /// [`PerCpuPages::cache_frames`] read whether or not sections run.
     #[inline]
     fn frames_in_caches(&self) -> usize {
@@ -715,6 +725,9 @@ pub struct PcpGuard<'a> {
     /// The order from 1 to 3 whose cache the holder fills on unlock, 0 for none (see
     /// [`PcpGuard::fill_small`]).
     small: u8,
+    /// Whether the holder leaves the caches of orders 1 to 3 in place (an order-0
+    /// allocation or free, see [`PcpGuard::keep_small_caches`]).
+    keep_small: bool,
 }
 
 /// What a lock holder does with the rseq cache.
@@ -744,13 +757,25 @@ impl PcpGuard<'_> {
     }
 
     /// Marks the holder as serving an allocation or free of `order` (1 to
-    /// [`PCP_MAX_ORDER`]): on unlock it moves up to [`SMALL_CACHE_FILL`] blocks of its list
-    /// into that order's cache, so that the next allocations and frees of the order take a
-    /// section and no lock. Without it (or without rseq) these caches stay empty and shut.
+    /// [`PCP_MAX_ORDER`]): only that order's cache is flushed into its list before the work
+    /// (the other small caches, as the order-0 cache, stay in place and count in `count`),
+    /// and on unlock up to [`SMALL_CACHE_FILL`] blocks of the list go back into it, so that
+    /// the next allocations and frees of the order take a section and no lock. Without it
+    /// (or without rseq) these caches stay empty and shut.
     #[inline]
     pub fn fill_small(&mut self, order: Order) {
         debug_assert!((1..=PCP_MAX_ORDER).contains(&order.0));
         self.small = order.0;
+    }
+
+    /// Marks the holder as serving order-0 allocations or frees: the caches of orders 1 to
+    /// 3 stay in place and only count in `count` while it works (its decisions are those
+    /// of flushed caches), so that a stream of order 0 mixed with larger orders does not
+    /// empty their caches at every refill or drain of its own. Without it a holder that
+    /// works on the caches (drains, decay, tuning) flushes them all.
+    #[inline]
+    pub fn keep_small_caches(&mut self) {
+        self.keep_small = true;
     }
 
     /// Runs `f` on the protected fields; then accounts the frames the lists gained or lost
@@ -763,17 +788,32 @@ impl PcpGuard<'_> {
         let (pcp, zone, mode, allocating, small) = (self.pcp, self.zone, self.cache, self.allocating, self.small);
         // Without rseq no section runs: every cache stays empty and every word 0.
         let rseq_on = rseq::enabled();
+        // The small caches this holder flushes into their lists (a bit per order); the
+        // others, if it works on the caches, count in `count` while it works.
+        let flushed: u8 = match mode {
+            Cache::Leave => 0,
+            Cache::Flush if self.keep_small => 0,
+            Cache::Count if small != 0 => 1 << small,
+            Cache::Flush | Cache::Count => SMALL_ORDERS,
+        };
         // SAFETY: this guard exists only while its creator holds `pcp.lock` (try_lock/lock/
         // lock_lists), and `&mut self` keeps this the only access through it.
         unsafe {
             pcp.inner.with_mut(|inner| {
                 // Under `Count` no section can move the cache meanwhile (the fence is done or
                 // not needed, and new sections find the lock held), so this length holds.
+                // Under `Count`, and for the small caches left in place, no section can move
+                // a cache meanwhile (the fence is done or not needed, and new sections find
+                // the lock held), so these lengths hold.
+                let mut counted = 0;
                 if mode != Cache::Leave && rseq_on {
                     pcp.fold_counts();
-                    pcp.flush_small(inner);
+                    pcp.flush_small(inner, flushed);
+                    counted = pcp.small_frames_but(flushed);
                 }
-                let counted = if mode == Cache::Count { pcp.cache_len() } else { 0 };
+                if mode == Cache::Count {
+                    counted += pcp.cache_len();
+                }
                 if mode == Cache::Flush {
                     pcp.flush_cache(inner);
                 }
@@ -896,20 +936,20 @@ impl PerCpuPages {
         self.set_cache_limit(inner);
     }
 
-    /// Moves the blocks of the caches of orders 1 to 3 to their lists (lock held, the caches
-    /// this holder's), so that the holder's work sees them, as Linux's lists hold them.
+    /// Moves the blocks of the caches of orders 1 to 3 whose bits `orders` has to their lists
+    /// (lock held, the caches this holder's), so that the holder's work sees them, as Linux's
+    /// lists hold them.
     #[inline]
-    fn flush_small(&self, inner: &mut PcpInner) {
-        // Empty, as they always are without rseq, and on most order-0 holders.
-        if self.small.iter().all(|c| c.len() == 0) {
+    fn flush_small(&self, inner: &mut PcpInner, orders: u8) {
+        if orders == 0 || self.small.iter().all(|c| c.len() == 0) {
             return;
         }
-        self.flush_small_now(inner);
+        self.flush_small_now(inner, orders);
     }
 
     /// [`PerCpuPages::flush_small`] when a cache holds blocks.
-    fn flush_small_now(&self, inner: &mut PcpInner) {
-        for o in 1..=PCP_MAX_ORDER {
+    fn flush_small_now(&self, inner: &mut PcpInner, orders: u8) {
+        for o in (1..=PCP_MAX_ORDER).filter(|o| orders & 1 << o != 0) {
             let order = Order(o);
             let c = self.small_cache(order);
             let n = c.len();
