@@ -689,6 +689,21 @@ mod tests {
         });
     }
 
+    /// Builds a handle on the topology `spec` and runs `f` on a thread pinned to the CPU it
+    /// starts on, with that CPU's lists of its local zone; returns the handle, or `None`
+    /// (having run nothing) where the rseq paths legitimately do not run (`runs_rseq`).
+    fn on_local_lists(spec: &str, f: impl FnOnce(&Zonal, &PerCpuPages) + Send) -> Option<Zonal> {
+        let z = Zonal::new(Config::new(Topology::parse(spec).unwrap())).unwrap();
+        if !runs_rseq(&z) {
+            return None;
+        }
+        on_one_cpu(|| {
+            let cpu = z.current_cpu();
+            f(&z, &z.cpus.pcps[cpu * z.mem.zones.len() + z.cpus.local_zone[cpu] as usize]);
+        });
+        Some(z)
+    }
+
     /// Whether `z` runs the rseq fast paths. Skips (with a word on stderr) only where rseq is
     /// legitimately absent; anywhere else a handle without its rseq area is a failure.
     fn runs_rseq(z: &Zonal) -> bool {
@@ -718,13 +733,7 @@ mod tests {
     /// `CACHE_FILL`, and every frame stays accounted for.
     #[test]
     fn an_allocation_stream_refills_the_cache_by_half() {
-        let z = Zonal::new(Config::new(Topology::parse("nodes=1,size=256M").unwrap())).unwrap();
-        if !runs_rseq(&z) {
-            return;
-        }
-        on_one_cpu(|| {
-            let cpu = z.current_cpu();
-            let pcp = &z.cpus.pcps[cpu * z.mem.zones.len() + z.cpus.local_zone[cpu] as usize];
+        let Some(z) = on_local_lists("nodes=1,size=256M", |z, pcp| {
             let n = 4096;
             let fast = z.fast_path_allocs();
             let held: Vec<_> = (0..n).map(|_| z.alloc_pages(Gfp::KERNEL, 0).unwrap()).collect();
@@ -738,7 +747,9 @@ mod tests {
             }
             assert!(z.event(VmEvent::PcpDrain) > 0);
             assert_eq!(z.check_invariants(), Ok(0));
-        });
+        }) else {
+            return;
+        };
         z.drain_all_pages();
         assert_eq!(z.nr_free_pages(NodeId(0)).unwrap(), z.mem.zones[0].managed);
     }
@@ -786,13 +797,7 @@ mod tests {
     /// frame and count none twice throughout.
     #[test]
     fn fast_counts_fold_at_their_guard() {
-        let z = Zonal::new(Config::new(Topology::parse("nodes=1,size=16M").unwrap())).unwrap();
-        if !runs_rseq(&z) {
-            return;
-        }
-        on_one_cpu(|| {
-            let cpu = z.current_cpu();
-            let pcp = &z.cpus.pcps[cpu * z.mem.zones.len() + z.cpus.local_zone[cpu] as usize];
+        on_local_lists("nodes=1,size=16M", |z, pcp| {
             let pair = || {
                 let p = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
                 z.free_pages(p.as_ptr(), 0).unwrap();
@@ -890,13 +895,7 @@ mod tests {
     /// frame is accounted for, with blocks in the caches and after a drain.
     #[test]
     fn small_orders_run_through_their_caches() {
-        let z = Zonal::new(Config::new(Topology::parse("nodes=1,size=64M").unwrap())).unwrap();
-        if !runs_rseq(&z) {
-            return;
-        }
-        on_one_cpu(|| {
-            let cpu = z.current_cpu();
-            let pcp = &z.cpus.pcps[cpu * z.mem.zones.len() + z.cpus.local_zone[cpu] as usize];
+        let Some(z) = on_local_lists("nodes=1,size=64M", |z, pcp| {
             for order in 1..=pcp::PCP_MAX_ORDER {
                 let p = z.alloc_pages(Gfp::KERNEL, order as u32).unwrap();
                 z.free_pages(p.as_ptr(), order as u32).unwrap();
@@ -935,7 +934,9 @@ mod tests {
             }
             assert_eq!(z.check_invariants(), Ok(0));
             assert!((1..=3).any(|o| pcp.small_cache_len(Order(o)) > 0));
-        });
+        }) else {
+            return;
+        };
         z.drain_all_pages();
         assert_eq!(z.check_invariants(), Ok(0));
         assert_eq!(z.nr_free_pages(NodeId(0)).unwrap(), z.mem.zones[0].managed);
@@ -947,13 +948,7 @@ mod tests {
     /// from the cache again once the level is back.
     #[test]
     fn the_small_orders_section_asks_for_every_order_above_low() {
-        let z = Zonal::new(Config::new(Topology::parse("nodes=1,size=64M").unwrap())).unwrap();
-        if !runs_rseq(&z) {
-            return;
-        }
-        on_one_cpu(|| {
-            let cpu = z.current_cpu();
-            let pcp = &z.cpus.pcps[cpu * z.mem.zones.len() + z.cpus.local_zone[cpu] as usize];
+        on_local_lists("nodes=1,size=64M", |z, pcp| {
             let level = z.mem.zones[0].above_low();
             let p = z.alloc_pages(Gfp::KERNEL, 2).unwrap();
             z.free_pages(p.as_ptr(), 2).unwrap();
@@ -978,13 +973,7 @@ mod tests {
     /// place, so each order still takes most of its blocks through its section.
     #[test]
     fn mixed_orders_keep_each_others_caches() {
-        let z = Zonal::new(Config::new(Topology::parse("nodes=1,size=256M").unwrap())).unwrap();
-        if !runs_rseq(&z) {
-            return;
-        }
-        on_one_cpu(|| {
-            let cpu = z.current_cpu();
-            let pcp = &z.cpus.pcps[cpu * z.mem.zones.len() + z.cpus.local_zone[cpu] as usize];
+        on_local_lists("nodes=1,size=256M", |z, pcp| {
             let mut held = Vec::new();
             let (mut fast, mut all) = ([0u64; 4], [0u64; 4]);
             for i in 0..600 {
@@ -1018,13 +1007,7 @@ mod tests {
     /// grows by the one block handed out, by the general path.
     #[test]
     fn a_dropped_small_copy_is_not_counted() {
-        let z = Zonal::new(Config::new(Topology::parse("nodes=1,size=64M").unwrap())).unwrap();
-        if !runs_rseq(&z) {
-            return;
-        }
-        on_one_cpu(|| {
-            let cpu = z.current_cpu();
-            let pcp = &z.cpus.pcps[cpu * z.mem.zones.len() + z.cpus.local_zone[cpu] as usize];
+        on_local_lists("nodes=1,size=64M", |z, pcp| {
             let order = Order(1);
             let p = z.alloc_pages(Gfp::KERNEL, 1).unwrap();
             z.free_pages(p.as_ptr(), 1).unwrap();

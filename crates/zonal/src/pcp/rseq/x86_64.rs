@@ -237,6 +237,70 @@ macro_rules! rseq_section {
     };
 }
 
+/// One section that pops from a cache of the current CPU's local-zone lists:
+/// `rseq_enter_local!`, the body (the zone's watermark test, the pop, ending in the commit),
+/// `rseq_leave_cpu!`, with the operands such sections share (the local table, `{cpu}`,
+/// `{out}`, `{p}`, `{t}`, the lists' offsets, the pops' guard and commit) and the body's own.
+macro_rules! rseq_local_section {
+    ($table:expr, $cpu:ident, $out:ident, [$($body:expr),* $(,)?], $($operands:tt)*) => {
+        std::arch::asm!(
+            rseq_enter_local!(),
+            $($body,)*
+            rseq_leave_cpu!(),
+            rseq = in(reg) $table.rseq,
+            ncpu = in(reg) $table.nr_cpus,
+            local = inout(reg) $table.local => _,
+            pops_guard = const word::POPS_GUARD,
+            pop_local = const word::POP_LOCAL,
+            off_above_low = const std::mem::offset_of!(PerCpuPages, above_low),
+            off_lock = const std::mem::offset_of!(PerCpuPages, lock),
+            off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
+            cpu = out(reg) $cpu,
+            p = out(reg) _,
+            t = out(reg) _,
+            out = out(reg) $out,
+            $($operands)*
+            options(nostack),
+        )
+    };
+}
+
+/// One section that pushes a frame onto its zone's lists for this CPU: `rseq_enter_frame!`,
+/// the body (ending in the commit), `rseq_leave_cpu!`, with the operands every such section
+/// shares (the frame table, `{pfn}`, `{cpu}`, `{p}`, `{t}`, `rcx`, the tables' and the lists'
+/// offsets, `{push_frame}`) and the body's own. `{ft}` is dead once the lists are found, so
+/// bodies may use it as scratch.
+macro_rules! rseq_frame_section {
+    ($rseq:expr, $table:expr, $pfn:expr, $cpu:ident, [$($body:expr),* $(,)?], $($operands:tt)*) => {
+        std::arch::asm!(
+            rseq_enter_frame!(),
+            $($body,)*
+            rseq_leave_cpu!(),
+            push_frame = sym PUSH_FRAME,
+            rseq = in(reg) $rseq,
+            ft = inout(reg) $table => _,
+            pfn = in(reg) $pfn,
+            off_local = const std::mem::offset_of!(FrameTable, local),
+            off_nr_cpus = const std::mem::offset_of!(FrameTable, nr_cpus),
+            off_remote = const std::mem::offset_of!(FrameTable, remote),
+            off_nr_zones = const std::mem::offset_of!(FrameTable, nr_zones),
+            off_block_zone = const std::mem::offset_of!(FrameTable, block_zone),
+            off_nr_blocks = const std::mem::offset_of!(FrameTable, nr_blocks),
+            off_block_shift = const std::mem::offset_of!(FrameTable, block_shift),
+            off_span_start = const std::mem::offset_of!(PerCpuPages, span_start),
+            off_span_pages = const std::mem::offset_of!(PerCpuPages, span_pages),
+            off_lock = const std::mem::offset_of!(PerCpuPages, lock),
+            off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
+            cpu = out(reg) $cpu,
+            p = out(reg) _,
+            t = out(reg) _,
+            out("rcx") _,
+            $($operands)*
+            options(nostack),
+        )
+    };
+}
+
 /// The x86-64 body of [`super::pop`].
 ///
 /// # Safety
@@ -278,28 +342,18 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
     // lock byte only when it is clear (so not in a stand-in); `above_low` points to a live
     // flag (`PerCpuPages::watching`). Otherwise as in `pop`.
     unsafe {
-        std::arch::asm!(
-            rseq_enter_local!(),
-            // The zone above `low` (the flag its lock holders keep), or give way.
-            "mov {t}, qword ptr [{p} + {off_above_low}]",
-            "cmp byte ptr [{t}], 0",
-            "je 25f",
-            rseq_pop_body!("{local}", "add {t}, {pop_local}"),
-            rseq_leave_cpu!(),
-            rseq = in(reg) t.rseq,
-            ncpu = in(reg) t.nr_cpus,
-            local = inout(reg) t.local => _,
-            pops_guard = const word::POPS_GUARD,
-            pop_local = const word::POP_LOCAL,
-            off_above_low = const std::mem::offset_of!(PerCpuPages, above_low),
-            off_lock = const std::mem::offset_of!(PerCpuPages, lock),
+        rseq_local_section!(
+            t,
+            cpu,
+            out,
+            [
+                // The zone above `low` (the flag its lock holders keep), or give way.
+                "mov {t}, qword ptr [{p} + {off_above_low}]",
+                "cmp byte ptr [{t}], 0",
+                "je 25f",
+                rseq_pop_body!("{local}", "add {t}, {pop_local}"),
+            ],
             off_len = const std::mem::offset_of!(PerCpuPages, cache_word),
-            off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
-            cpu = out(reg) cpu,
-            p = out(reg) _,
-            t = out(reg) _,
-            out = out(reg) out,
-            options(nostack),
         );
     }
     (cpu != usize::MAX).then_some((out, cpu))
@@ -328,47 +382,30 @@ pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize) -> usiz
     // zone's overlaps it), else its block's zone's. The slot written before the commit lies
     // below `cache_limit <= CACHE_CAP`, inside the cache, and is dead until the commit.
     unsafe {
-        std::arch::asm!(
-            rseq_enter_frame!(),
-            // Give way on a full cache or a count of pushes at its guard bit, else write
-            // `{pfn}` to the slot at the length and commit the word one longer, a push
-            // counted.
-            // The bound before the word (see `push_small_frame`).
-            "mov rcx, qword ptr [{p} + {off_limit}]",
-            "mov {t}, qword ptr [{p} + {off_len}]",
-            "movzx {s}, {t:x}",
-            "cmp {s}, rcx",
-            "jae 25f",
-            "test {t}, {t}",
-            "js 25f",
-            "mov rcx, qword ptr [{p} + {off_slots}]",
-            "mov qword ptr [rcx + {s} * 8], {pfn}",
-            "add {t}, qword ptr [rip + {push_frame}]",
-            "mov qword ptr [{p} + {off_len}], {t}",
-            rseq_leave_cpu!(),
-            push_frame = sym PUSH_FRAME,
-            rseq = in(reg) rseq,
-            ft = in(reg) t,
-            off_local = const std::mem::offset_of!(FrameTable, local),
-            off_nr_cpus = const std::mem::offset_of!(FrameTable, nr_cpus),
-            off_remote = const std::mem::offset_of!(FrameTable, remote),
-            off_nr_zones = const std::mem::offset_of!(FrameTable, nr_zones),
-            off_block_zone = const std::mem::offset_of!(FrameTable, block_zone),
-            off_nr_blocks = const std::mem::offset_of!(FrameTable, nr_blocks),
-            off_block_shift = const std::mem::offset_of!(FrameTable, block_shift),
-            off_span_start = const std::mem::offset_of!(PerCpuPages, span_start),
-            off_span_pages = const std::mem::offset_of!(PerCpuPages, span_pages),
-            off_lock = const std::mem::offset_of!(PerCpuPages, lock),
+        rseq_frame_section!(
+            rseq,
+            t,
+            pfn,
+            cpu,
+            [
+                // Give way on a full cache or a count of pushes at its guard bit, else write
+                // `{pfn}` to the slot at the length and commit the word one longer, a push
+                // counted. The bound before the word (see `push_small_frame`).
+                "mov rcx, qword ptr [{p} + {off_limit}]",
+                "mov {t}, qword ptr [{p} + {off_len}]",
+                "movzx {s}, {t:x}",
+                "cmp {s}, rcx",
+                "jae 25f",
+                "test {t}, {t}",
+                "js 25f",
+                "mov rcx, qword ptr [{p} + {off_slots}]",
+                "mov qword ptr [rcx + {s} * 8], {pfn}",
+                "add {t}, qword ptr [rip + {push_frame}]",
+                "mov qword ptr [{p} + {off_len}], {t}",
+            ],
             off_len = const std::mem::offset_of!(PerCpuPages, cache_word),
-            off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
             off_limit = const std::mem::offset_of!(PerCpuPages, cache_limit),
-            pfn = in(reg) pfn,
-            cpu = out(reg) cpu,
-            p = out(reg) _,
-            t = out(reg) _,
             s = out(reg) _,
-            out("rcx") _,
-            options(nostack),
         );
     }
     cpu
@@ -500,43 +537,33 @@ pub(super) unsafe fn pop_small_local(t: &LocalTable, order: Order) -> Option<(us
     // inside the order's slots (from index `first` at `cache_slots`). The kernel runs the
     // section uninterrupted on that CPU up to the commit or restarts it at the abort handler.
     unsafe {
-        std::arch::asm!(
-            rseq_enter_local!(),
-            // The zone above `low` for every order up to 3, or give way.
-            "mov {t}, qword ptr [{p} + {off_above_low}]",
-            "cmp byte ptr [{t}], {small_level}",
-            "jb 25f",
-            // Give way on an empty cache or a count of pops at its guard bit, else load the
-            // top slot and commit the word one shorter, a pop counted.
-            "mov {t}, qword ptr [{p} + {coff}]",
-            "movzx {out:e}, {t:x}",
-            "test {out:e}, {out:e}",
-            "jz 25f",
-            "bt {t}, {pops_guard}",
-            "jc 25f",
-            "add {t}, {pop_local}",
-            "add {out}, {first}",
-            "mov {s}, qword ptr [{p} + {off_slots}]",
-            "mov {out}, qword ptr [{s} + {out} * 8 - 8]",
-            "mov qword ptr [{p} + {coff}], {t}",
-            rseq_leave_cpu!(),
-            rseq = in(reg) t.rseq,
-            ncpu = in(reg) t.nr_cpus,
-            local = inout(reg) t.local => _,
+        rseq_local_section!(
+            t,
+            cpu,
+            out,
+            [
+                // The zone above `low` for every order up to 3, or give way.
+                "mov {t}, qword ptr [{p} + {off_above_low}]",
+                "cmp byte ptr [{t}], {small_level}",
+                "jb 25f",
+                // Give way on an empty cache or a count of pops at its guard bit, else load
+                // the top slot and commit the word one shorter, a pop counted.
+                "mov {t}, qword ptr [{p} + {coff}]",
+                "movzx {out:e}, {t:x}",
+                "test {out:e}, {out:e}",
+                "jz 25f",
+                "bt {t}, {pops_guard}",
+                "jc 25f",
+                "add {t}, {pop_local}",
+                "add {out}, {first}",
+                "mov {s}, qword ptr [{p} + {off_slots}]",
+                "mov {out}, qword ptr [{s} + {out} * 8 - 8]",
+                "mov qword ptr [{p} + {coff}], {t}",
+            ],
             coff = in(reg) coff,
             first = in(reg) first,
-            pops_guard = const word::POPS_GUARD,
-            pop_local = const word::POP_LOCAL,
             small_level = const crate::zone::ABOVE_LOW_SMALL,
-            off_above_low = const std::mem::offset_of!(PerCpuPages, above_low),
-            off_lock = const std::mem::offset_of!(PerCpuPages, lock),
-            off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
-            cpu = out(reg) cpu,
-            p = out(reg) _,
-            t = out(reg) _,
             s = out(reg) _,
-            out = out(reg) out,
-            options(nostack),
         );
     }
     (cpu != usize::MAX).then_some((out, cpu))
@@ -555,52 +582,35 @@ pub(super) unsafe fn push_small_frame(rseq: isize, t: &FrameTable, pfn: usize, o
     // cache length, below its bound (`limit <= SMALL_CACHE_CAP`), inside the order's slots
     // (from index `first`), and is dead until the commit.
     unsafe {
-        std::arch::asm!(
-            rseq_enter_frame!(),
-            // Give way on a full cache or a count of pushes at its guard bit (the word's
-            // sign), else write `{pfn}` to the slot at the length and commit the word one
-            // longer, a push counted. The bound is read before the word: a holder that
-            // found every cache closed (empty, bound 0) skips the fence and may open one,
-            // storing the word before the bound; a section that read the old word and then
-            // the new bound would commit over the holder's fill. In this order (x86 keeps
-            // loads in order, as it keeps the holder's stores), a section that sees the new
-            // bound sees the new word.
-            "mov {ft}, qword ptr [{p} + {coff} + 8]",
-            "mov {t}, qword ptr [{p} + {coff}]",
-            "movzx ecx, {t:x}",
-            "cmp rcx, {ft}",
-            "jae 25f",
-            "test {t}, {t}",
-            "js 25f",
-            "add {first}, rcx",
-            "mov rcx, qword ptr [{p} + {off_slots}]",
-            "mov qword ptr [rcx + {first} * 8], {pfn}",
-            "add {t}, qword ptr [rip + {push_frame}]",
-            "mov qword ptr [{p} + {coff}], {t}",
-            rseq_leave_cpu!(),
-            push_frame = sym PUSH_FRAME,
-            rseq = in(reg) rseq,
-            // Dead once the lists are found: the bound's scratch register after.
-            ft = inout(reg) t => _,
+        rseq_frame_section!(
+            rseq,
+            t,
+            pfn,
+            cpu,
+            [
+                // Give way on a full cache or a count of pushes at its guard bit (the word's
+                // sign), else write `{pfn}` to the slot at the length and commit the word one
+                // longer, a push counted. The bound is read before the word: a holder that
+                // found every cache closed (empty, bound 0) skips the fence and may open one,
+                // storing the word before the bound; a section that read the old word and
+                // then the new bound would commit over the holder's fill. In this order (x86
+                // keeps loads in order, as it keeps the holder's stores), a section that sees
+                // the new bound sees the new word.
+                "mov {ft}, qword ptr [{p} + {coff} + 8]",
+                "mov {t}, qword ptr [{p} + {coff}]",
+                "movzx ecx, {t:x}",
+                "cmp rcx, {ft}",
+                "jae 25f",
+                "test {t}, {t}",
+                "js 25f",
+                "add {first}, rcx",
+                "mov rcx, qword ptr [{p} + {off_slots}]",
+                "mov qword ptr [rcx + {first} * 8], {pfn}",
+                "add {t}, qword ptr [rip + {push_frame}]",
+                "mov qword ptr [{p} + {coff}], {t}",
+            ],
             coff = in(reg) coff,
             first = inout(reg) first => _,
-            off_local = const std::mem::offset_of!(FrameTable, local),
-            off_nr_cpus = const std::mem::offset_of!(FrameTable, nr_cpus),
-            off_remote = const std::mem::offset_of!(FrameTable, remote),
-            off_nr_zones = const std::mem::offset_of!(FrameTable, nr_zones),
-            off_block_zone = const std::mem::offset_of!(FrameTable, block_zone),
-            off_nr_blocks = const std::mem::offset_of!(FrameTable, nr_blocks),
-            off_block_shift = const std::mem::offset_of!(FrameTable, block_shift),
-            off_span_start = const std::mem::offset_of!(PerCpuPages, span_start),
-            off_span_pages = const std::mem::offset_of!(PerCpuPages, span_pages),
-            off_lock = const std::mem::offset_of!(PerCpuPages, lock),
-            off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
-            pfn = in(reg) pfn,
-            cpu = out(reg) cpu,
-            p = out(reg) _,
-            t = out(reg) _,
-            out("rcx") _,
-            options(nostack),
         );
     }
     cpu
