@@ -611,15 +611,26 @@ impl PerCpuPages {
     /// `pgalloc` (with the NUMA hit and local) and of `pgfree` those paths count for free.
     /// A sequence lock keeps a fold from being seen half done.
     pub fn fast_counts(&self) -> (u64, u64) {
+        self.read_counts(&self.folded, &[&self.cache_word], 0)
+    }
+
+    /// Pops and pushes: `folded` plus the counts of `words`, the word `i` of them counting
+    /// blocks of `2^(first_order + i)` frames, read under the sequence lock (`fold_seq`), so
+    /// that a fold, which moves counts from the words into the folded totals, is never seen
+    /// half done.
+    fn read_counts(&self, folded: &[AtomicU64; 2], words: &[&AtomicU64], first_order: usize) -> (u64, u64) {
         loop {
             let seq = self.fold_seq.load(Ordering::Acquire);
-            let w = self.cache_word.load(Ordering::Relaxed);
-            let pops = self.folded[0].load(Ordering::Relaxed);
-            let pushes = self.folded[1].load(Ordering::Relaxed);
+            let mut counts = [folded[0].load(Ordering::Relaxed), folded[1].load(Ordering::Relaxed)];
+            for (i, w) in words.iter().enumerate() {
+                let w = w.load(Ordering::Relaxed);
+                for (n, shift) in counts.iter_mut().zip([word::POPS_SHIFT, word::PUSHES_SHIFT]) {
+                    *n = n.wrapping_add(((w >> shift) & word::COUNT) << (first_order + i));
+                }
+            }
             crate::sync::fence(Ordering::Acquire);
             if seq % 2 == 0 && self.fold_seq.load(Ordering::Relaxed) == seq {
-                let count = |shift: u32| (w >> shift) & word::COUNT;
-                return (pops.wrapping_add(count(word::POPS_SHIFT)), pushes.wrapping_add(count(word::PUSHES_SHIFT)));
+                return (counts[0], counts[1]);
             }
             std::hint::spin_loop();
         }
@@ -630,22 +641,8 @@ impl PerCpuPages {
     /// `pgalloc` and `pgfree` those caches count in their commits. Under the same sequence
     /// lock as [`PerCpuPages::fast_counts`].
     pub fn small_counts(&self) -> (u64, u64) {
-        loop {
-            let seq = self.fold_seq.load(Ordering::Acquire);
-            let mut counts =
-                [self.folded_small[0].load(Ordering::Relaxed), self.folded_small[1].load(Ordering::Relaxed)];
-            for (i, c) in self.small.iter().enumerate() {
-                let w = c.word.load(Ordering::Relaxed);
-                for (n, shift) in counts.iter_mut().zip([word::POPS_SHIFT, word::PUSHES_SHIFT]) {
-                    *n = n.wrapping_add(((w >> shift) & word::COUNT) << (i + 1));
-                }
-            }
-            crate::sync::fence(Ordering::Acquire);
-            if seq % 2 == 0 && self.fold_seq.load(Ordering::Relaxed) == seq {
-                return (counts[0], counts[1]);
-            }
-            std::hint::spin_loop();
-        }
+        let words = self.small.each_ref().map(|c| &c.word);
+        self.read_counts(&self.folded_small, &words, 1)
     }
 
     /// Moves the counts out of the cache words into `folded` and `folded_small`, keeping the
