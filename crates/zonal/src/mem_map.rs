@@ -112,13 +112,6 @@ impl MemMap {
         &self.states[pfn.0]
     }
 
-    /// Every state, by frame number: a slice to hold in registers across a loop, where the
-    /// map's own fields would be loaded again after each atomic store.
-    #[inline(always)]
-    pub(crate) fn states(&self) -> &[AtomicU8] {
-        &self.states
-    }
-
     /// Frames in the map (the arena's span).
     #[inline]
     pub(crate) fn len(&self) -> usize {
@@ -250,19 +243,67 @@ pub(crate) fn claim_listed(z: &Zone, pfn: Pfn, order: Order) -> bool {
 /// dropped here (the first copy is live or back in the lists).
 #[inline(always)]
 pub(crate) fn take_cached(states: &[AtomicU8], pfn: Pfn) -> bool {
-    take_cached_block(states, pfn, Order(0))
+    take_cached_block(&states[pfn.0], Order(0))
 }
 
-/// [`take_cached`] for a block of `order` (`PCP|order -> ALLOCATED|order`).
+/// [`take_cached`] for a block of `order` (`PCP|order -> ALLOCATED|order`), given its head's
+/// state.
 #[inline(always)]
-pub(crate) fn take_cached_block(states: &[AtomicU8], pfn: Pfn, order: Order) -> bool {
-    let entry = &states[pfn.0];
+pub(crate) fn take_cached_block(entry: &AtomicU8, order: Order) -> bool {
     if entry.load(Ordering::Relaxed) != state(PCP, order) {
         return false;
     }
     // Release: pairs with the Acquire of the claim in free_pages.
     entry.store(state(ALLOCATED, order), Ordering::Release);
     true
+}
+
+/// A handle's hold on its map: the map's `Arc`, and its states' address and length kept
+/// beside it, so that a fast path finds a frame's state with one load for the address (and
+/// one for the bound where the frame number is the caller's), where reading them through the
+/// `Arc` first loaded the `Arc`'s own pointer: the order-0 pair is bound by its memory
+/// operations (see `page_alloc::key`).
+pub(crate) struct MapRef {
+    states: std::ptr::NonNull<AtomicU8>,
+    len: usize,
+    /// Held, not read: it keeps the states alive.
+    _map: Arc<MemMap>,
+}
+
+// SAFETY: a `MapRef` is an `Arc<MemMap>` (Send and Sync: its states are atomics) and a shared
+// view of that map's states, which any thread may read.
+unsafe impl Send for MapRef {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for MapRef {}
+
+impl MapRef {
+    /// Holds `map`.
+    pub(crate) fn new(map: Arc<MemMap>) -> MapRef {
+        let s: &[AtomicU8] = &map.states;
+        MapRef { states: std::ptr::NonNull::from(s).cast(), len: s.len(), _map: map }
+    }
+
+    /// Every state, by frame number: a slice to hold in registers across a loop, where the
+    /// handle's fields would be loaded again after each atomic store.
+    #[inline(always)]
+    pub(crate) fn states(&self) -> &[AtomicU8] {
+        // SAFETY: the address and length are those of `self._map`'s boxed states, which the
+        // `Arc` held here keeps alive, in place (a box's contents never move) and unchanged
+        // in length, at least as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.states.as_ptr(), self.len) }
+    }
+
+    /// The state of frame `pfn`, unchecked: for the frames a per-CPU cache held, which
+    /// saves the bound's load on the allocation's path.
+    ///
+    /// # Safety
+    /// `pfn` is below the map's length (a frame of one of the handle's zones).
+    #[inline(always)]
+    pub(crate) unsafe fn state_unchecked(&self, pfn: Pfn) -> &AtomicU8 {
+        debug_assert!(pfn.0 < self.len, "frame {} past the map's {}", pfn.0, self.len);
+        // SAFETY: `pfn.0 < len` (the caller's), and the states are alive (see `states`).
+        unsafe { &*self.states.as_ptr().add(pfn.0) }
+    }
 }
 
 /// Says why a free of `order` at `pfn` was refused, given the head's state `s`. Reads other

@@ -114,7 +114,7 @@ impl Zonal {
         };
         self.count_event(cpu, VmEvent::PgallocNormal, order.pages() as u64);
         // One predictable branch on a read-mostly flag when NUMA statistics are off.
-        if self.numa.key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+        if self.key.load().numa() != 0 {
             let target = match r {
                 Resolved::Interleave(n) => Some(n),
                 _ => None,

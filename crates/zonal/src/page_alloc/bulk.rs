@@ -94,7 +94,7 @@ impl Zonal {
         // cost nothing: under the other strategies each frame would charge its own, where
         // the bulk path charges once per call (seed 002).
         let mut done = 0;
-        if nr == 1 || (nr <= SMALL_BULK && self.numa.key.load(Ordering::Relaxed) <= NUMA_ON_PERCPU) {
+        if nr == 1 || (nr <= SMALL_BULK && self.key.load().numa() <= NUMA_ON_PERCPU) {
             while let Some(p) = self.alloc_order0_fast((done == 0).then_some(VmEvent::AllocBulk)) {
                 put(p);
                 done += 1;
@@ -172,7 +172,7 @@ impl Zonal {
             let (calls, each) = if self.bulk_accounting_per_page() { (n, 1) } else { (1, n as u64) };
             for _ in 0..calls.min(n) {
                 self.count_event(cpu, VmEvent::PgallocNormal, each);
-                if self.numa.key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+                if self.key.load().numa() != 0 {
                     self.zone_statistics(cpu, &ctx, zone, each, target);
                 }
             }

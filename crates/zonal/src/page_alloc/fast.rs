@@ -3,6 +3,7 @@
 //! (Linux's `rmqueue_pcplist` / `free_unref_page` with preemption off). Anything else returns
 //! to the general paths in `alloc` and `free`, with the same semantics.
 
+use super::key::Key;
 use super::*;
 
 impl Zonal {
@@ -19,7 +20,8 @@ impl Zonal {
     /// itself as a bulk call); `None` from the single path, which the inlining removes.
     #[inline(always)]
     pub(super) fn alloc_order0_fast(&self, also: Option<VmEvent>) -> Option<NonNull<u8>> {
-        let rseq = self.rseq_off()?;
+        let key = self.key.load();
+        let rseq = key.rseq()?;
         if mempolicy::thread_has_policy(self.id) {
             return None;
         }
@@ -31,11 +33,14 @@ impl Zonal {
         // zones' flags) or of the locked stand-in (see `Zonal::new`).
         let (pfn, cpu) = unsafe { pcp::rseq::pop_local(&t) }?;
         let pfn = Pfn(pfn);
-        if !take_cached(self.mem.map.states(), pfn) {
+        // SAFETY: a cache holds only frames of this handle's zones, which the map covers:
+        // the sections push a frame after finding its state in the map, and lock holders
+        // fill the caches from the zones' lists.
+        if !mem_map::take_cached_block(unsafe { self.mem.map.state_unchecked(pfn) }, Order(0)) {
             self.uncount_pop(cpu);
             return None;
         }
-        if self.numa.key.load(std::sync::atomic::Ordering::Relaxed) > NUMA_ON_PERCPU {
+        if key.numa() > NUMA_ON_PERCPU {
             self.charge_numa_popped(cpu);
         }
         if let Some(e) = also {
@@ -96,7 +101,7 @@ impl Zonal {
         z.state(pfn).store(mem_map::state(mem_map::ALLOCATED, order), Ordering::Release);
         self.count_event(cpu, VmEvent::PgallocNormal, order.pages() as u64);
         // The local node's first zone: a hit, and local (`zone_statistics` of the general path).
-        if self.numa.key.load(Ordering::Relaxed) != 0 {
+        if self.key.load().numa() != 0 {
             self.numa_charge(cpu, z, z, 1, None);
         }
         Some(self.pfn_to_ptr(pfn))
@@ -117,7 +122,8 @@ impl Zonal {
         if order.0 == 0 || order.0 > pcp::PCP_MAX_ORDER {
             return None;
         }
-        let rseq = self.rseq_off()?;
+        let key = self.key.load();
+        let rseq = key.rseq()?;
         if mempolicy::thread_has_policy(self.id) {
             return None;
         }
@@ -126,12 +132,13 @@ impl Zonal {
         // locked stand-in; `order` is 1 to 3.
         let (pfn, cpu) = unsafe { pcp::rseq::pop_small_local(&self.local_table(rseq), order) }?;
         let pfn = Pfn(pfn);
-        if !mem_map::take_cached_block(self.mem.map.states(), pfn, order) {
+        // SAFETY: as in `alloc_order0_fast`, the cache's blocks are the zones'.
+        if !mem_map::take_cached_block(unsafe { self.mem.map.state_unchecked(pfn) }, order) {
             self.uncount_small_pop(cpu, order);
             return None;
         }
         // The section counted `pgalloc` in the cache's word (`pcp::word`).
-        if self.numa.key.load(Ordering::Relaxed) != 0 {
+        if key.numa() != 0 {
             // The section served `cpu` from its local zone's lists: a hit, and local.
             let z = &self.mem.zones[self.cpus.local_zone[cpu] as usize];
             self.numa_charge(cpu, z, z, 1, None);
@@ -159,13 +166,13 @@ impl Zonal {
     /// interrupted) takes the claim back with a CAS and frees the block on the locked path,
     /// which fills the cache again.
     #[inline]
-    pub(super) fn free_small_fast(&self, rseq: isize, addr: usize, order: Order) -> Result<()> {
+    pub(super) fn free_small_fast(&self, key: Key, rseq: isize, addr: usize, order: Order) -> Result<()> {
         let pfn = addr.wrapping_sub(self.mem.arena.base()).rotate_right(PAGE_SHIFT);
         let Some(entry) = self.mem.map.states().get(pfn).filter(|_| pfn & (order.pages() - 1) == 0) else {
             return self.free_small_refused(addr, order);
         };
         let to = mem_map::state(mem_map::PCP, order);
-        if mem_map::try_claim(entry, order, to, self.free_check_atomic()).is_err() {
+        if mem_map::try_claim(entry, order, to, key.free_check_atomic()).is_err() {
             return self.free_small_refused(addr, order);
         }
         // SAFETY: as in `free_order0_fast`: `rseq` places this thread's area and
@@ -207,7 +214,7 @@ impl Zonal {
     /// reads them from the local-first counts): the other strategies' own counters.
     #[inline(always)]
     fn charge_numa_local(&self, cpu: usize, z: &Zone, n: u64) {
-        if self.numa.key.load(std::sync::atomic::Ordering::Relaxed) > NUMA_ON_PERCPU {
+        if self.key.load().numa() > NUMA_ON_PERCPU {
             self.numa_charge(cpu, z, z, n, None);
         }
     }
@@ -242,7 +249,7 @@ impl Zonal {
     /// freed on the locked path. Every call here is a tail call, so the path saves no
     /// registers.
     #[inline(always)]
-    pub(super) fn free_order0_fast(&self, rseq: isize, addr: usize) -> Result<()> {
+    pub(super) fn free_order0_fast(&self, key: Key, rseq: isize, addr: usize) -> Result<()> {
         // The offset rotated right by the page shift is the frame's number when the address is
         // page-aligned; otherwise its low bits land at the top, past every frame number (a
         // map has fewer than 2^52 entries), so one bound checks both. The map covers the
@@ -251,7 +258,7 @@ impl Zonal {
         let Some(entry) = self.mem.map.states().get(pfn) else {
             return self.free_pages_general(addr as *mut u8, 0);
         };
-        if mem_map::try_claim_order0(entry, mem_map::state(mem_map::PCP, Order(0)), self.free_check_atomic()).is_err() {
+        if mem_map::try_claim_order0(entry, mem_map::state(mem_map::PCP, Order(0)), key.free_check_atomic()).is_err() {
             return self.free_pages_general(addr as *mut u8, 0);
         }
         // SAFETY: `rseq` places this thread's area (`rseq_off`); `free_table` holds this

@@ -12,8 +12,9 @@ impl Zonal {
     /// starts there. Any failure leaves everything as it was.
     #[inline(always)]
     pub fn free_pages(&self, addr: *mut u8, order: u32) -> Result<()> {
-        if let (0, Some(rseq)) = (order, self.rseq_off()) {
-            return self.free_order0_fast(rseq, addr as usize);
+        let key = self.key.load();
+        if let (0, Some(rseq)) = (order, key.rseq()) {
+            return self.free_order0_fast(key, rseq, addr as usize);
         }
         self.free_pages_general(addr, order)
     }
@@ -30,8 +31,9 @@ impl Zonal {
 
     #[inline]
     pub(super) fn free_pages_general(&self, addr: *mut u8, order: u32) -> Result<()> {
-        if let Some(rseq) = self.rseq_off().filter(|_| (1..=pcp::PCP_MAX_ORDER as u32).contains(&order)) {
-            return self.free_small_fast(rseq, addr as usize, Order(order as u8));
+        let key = self.key.load();
+        if let Some(rseq) = key.rseq().filter(|_| (1..=pcp::PCP_MAX_ORDER as u32).contains(&order)) {
+            return self.free_small_fast(key, rseq, addr as usize, Order(order as u8));
         }
         self.free_pages_locked(addr, order)
     }

@@ -71,7 +71,8 @@ impl Zonal {
             .collect();
         // Decide now (and register with membarrier, which can take milliseconds) whether the
         // rseq fast path runs, rather than inside the first allocation.
-        let rseq_off = if config.pcp && pcp::rseq::enabled() { sys::rseq_offset() } else { None };
+        let key = key::FastKey::new(if config.pcp && pcp::rseq::enabled() { sys::rseq_offset() } else { None });
+        let rseq_off = key.load().rseq();
         let local_zone = (0..nr_cpus)
             .map(|c| {
                 let nid = topo.cpu_to_node(CpuId(c as u32));
@@ -126,7 +127,7 @@ impl Zonal {
                 zlc_epoch_ms: sys::coarse_now_ms(),
                 vm_zone_stat,
                 block_zone,
-                map,
+                map: mem_map::MapRef::new(map),
                 max_order,
                 lowmem_pages,
                 arena,
@@ -136,18 +137,17 @@ impl Zonal {
                 pcps,
                 events: (0..nr_cpus).map(|_| PerCpuEvents::default()).collect(),
                 pcp_enabled: config.pcp,
-                rseq_off,
                 local_zone,
                 local_pcp,
                 zone_pcp,
                 free_table,
             },
+            key,
             numa: NumaCounting {
                 zone_stats: (0..nr_zone_stats).map(|_| PerCpuZoneStat::default()).collect(),
                 shared: (0..nz).map(|_| ZoneNumaShared::default()).collect(),
                 strategy: std::sync::atomic::AtomicU8::new(0),
                 threshold: std::sync::atomic::AtomicU16::new(vmstat::NUMA_STATS_THRESHOLD),
-                key: std::sync::atomic::AtomicU8::new(0),
                 mode: std::sync::Mutex::new(NumaStatsMode::Auto),
                 fast_base: (0..nr_cpus).map(|_| AtomicU64::new(0)).collect(),
                 fast_frozen: (0..nr_cpus).map(|_| AtomicU64::new(0)).collect(),
@@ -155,7 +155,6 @@ impl Zonal {
             sources: CounterSources::default(),
             tun: Tunables {
                 bulk_per_page: std::sync::atomic::AtomicBool::new(false),
-                free_check_atomic: std::sync::atomic::AtomicBool::new(false),
                 percpu_pagelist_high_fraction: AtomicU32::new(fraction),
                 stat_interval_ms,
                 min_free_kbytes: AtomicU64::new(min_free),

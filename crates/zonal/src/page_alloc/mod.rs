@@ -22,6 +22,7 @@ mod drain;
 mod fast;
 mod free;
 mod init;
+mod key;
 mod numa;
 mod stats;
 mod tune;
@@ -72,6 +73,9 @@ pub struct Zonal {
     mem: Memory,
     /// What each CPU has of its own.
     cpus: PerCpuSets,
+    /// What every fast path reads first (the restartable sequences' offset, the NUMA
+    /// statistics key, `free_check`), in one word.
+    key: key::FastKey,
     /// NUMA event counting (seeds 000, 001, 002).
     numa: NumaCounting,
     /// The run-time tunables.
@@ -159,7 +163,7 @@ struct Memory {
     block_zone: Vec<u16>,
     /// The state byte of every frame of the arena, which its zones share (see
     /// [`mem_map::MemMap`]).
-    map: Arc<mem_map::MemMap>,
+    map: mem_map::MapRef,
     max_order: Order,
     /// Frames of every zone (`lowmem_pages`, what `min_free_kbytes` is shared over).
     lowmem_pages: usize,
@@ -175,9 +179,6 @@ struct PerCpuSets {
     /// Per-CPU event counters, `[cpu]`, apart from the lists (seed 002).
     events: Box<[PerCpuEvents]>,
     pcp_enabled: bool,
-    /// glibc's `__rseq_offset` when the order-0 restartable sequences run (lists on, rseq
-    /// and membarrier available); `None` sends every call down the locked path.
-    rseq_off: Option<isize>,
     /// The first zone of each CPU's node's zonelist, `[cpu]`: where an allocation under the
     /// local policy looks first, and what the order-0 fast path takes from; `NO_ZONE` for a
     /// CPU whose first zone is off its node, whose allocations must each be charged.
@@ -206,10 +207,6 @@ struct NumaCounting {
     strategy: std::sync::atomic::AtomicU8,
     /// `numa_stat_threshold`.
     threshold: std::sync::atomic::AtomicU16,
-    /// The user-space static key of `numa_stats_mode`: whether allocations count NUMA events.
-    /// 0: off; [`NUMA_ON_PERCPU`], [`NUMA_ON_THRESHOLD`] or [`NUMA_ON_SHARED`]: on, counting
-    /// that way (so the fast path learns both with one load).
-    key: std::sync::atomic::AtomicU8,
     /// The mode; its mutex serialises writers, as `vm_numa_stats_mode_lock` does.
     mode: std::sync::Mutex<NumaStatsMode>,
     /// Per CPU, `local_first` when the per-CPU strategy last began counting (`[cpu]`), and
@@ -224,9 +221,6 @@ struct NumaCounting {
 struct Tunables {
     /// `bulk_accounting`: `true` accounts a bulk call page by page (the seeds' "before").
     bulk_per_page: std::sync::atomic::AtomicBool,
-    /// `free_check`: whether a free of orders 0 to 3 on the rseq path claims its block with a CAS
-    /// (`true`) or a load and a store (`false`, the default).
-    free_check_atomic: std::sync::atomic::AtomicBool,
     percpu_pagelist_high_fraction: AtomicU32,
     /// `stat_interval` in milliseconds, read by the worker at every wake-up.
     stat_interval_ms: Arc<std::sync::atomic::AtomicU64>,
@@ -343,7 +337,7 @@ impl Zonal {
     /// through the thread pointer's segment, so no path loads the pointer first.
     #[inline]
     fn rseq_off(&self) -> Option<isize> {
-        self.cpus.rseq_off
+        self.key.load().rseq()
     }
 
     /// The CPU the kernel last wrote into this thread's rseq area (at `rseq`, from

@@ -63,11 +63,11 @@ impl Zonal {
     pub(super) fn numa_read_hook(&self) {
         // Already counting: nothing to turn on (reports read every counter of every zone,
         // so this runs often; the mode lock is for the one read that flips the key).
-        if self.numa.key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+        if self.key.load().numa() != 0 {
             return;
         }
         let mode = self.numa.mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if *mode == NumaStatsMode::Auto && self.numa.key.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        if *mode == NumaStatsMode::Auto && self.key.load().numa() == 0 {
             self.set_numa_key(&mode, self.numa_on());
             self.log_line("numa stats: counters read in auto mode, updates enabled".into());
         }
@@ -92,7 +92,7 @@ impl Zonal {
         }
         // The fast paths' local hits, counted as `pgalloc` on the CPUs whose local zone this
         // is (`local_zone` is set only where that zone is on the CPU's node).
-        let fast_on = self.numa.key.load(std::sync::atomic::Ordering::Relaxed) == NUMA_ON_PERCPU;
+        let fast_on = self.key.load().numa() == NUMA_ON_PERCPU;
         (0..self.cpus.nr_cpus)
             .filter(|&c| self.cpus.local_zone[c] == zone.0)
             .map(|c| {
@@ -114,7 +114,7 @@ impl Zonal {
     /// and keep what it counted when it stops.
     pub(super) fn set_numa_key(&self, _mode: &std::sync::MutexGuard<'_, NumaStatsMode>, key: u8) {
         use std::sync::atomic::Ordering::Relaxed;
-        let old = self.numa.key.load(Relaxed);
+        let old = self.key.load().numa();
         if old == key {
             return;
         }
@@ -128,7 +128,7 @@ impl Zonal {
                 self.numa.fast_base[c].store(now, Relaxed);
             }
         }
-        self.numa.key.store(key, Relaxed);
+        self.key.set_numa(key);
     }
 
     /// How NUMA events are counted now.
@@ -145,7 +145,7 @@ impl Zonal {
         if self.numa.strategy.swap(i, std::sync::atomic::Ordering::Relaxed) == i {
             return;
         }
-        if self.numa.key.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+        if self.key.load().numa() != 0 {
             self.set_numa_key(&mode, self.numa_on());
         }
         drop(mode);
@@ -186,7 +186,7 @@ impl Zonal {
 
     /// Whether allocations count NUMA events now (the static key).
     pub fn numa_stats_counting(&self) -> bool {
-        self.numa.key.load(std::sync::atomic::Ordering::Relaxed) != 0
+        self.key.load().numa() != 0
     }
 
     /// The value of `numa_key` that turns counting on with the current strategy.

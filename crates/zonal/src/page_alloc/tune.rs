@@ -148,12 +148,12 @@ impl Zonal {
 
     /// `free_check`: `true` when order-0 frees on the fast path claim with a CAS.
     pub fn free_check_atomic(&self) -> bool {
-        self.tun.free_check_atomic.load(std::sync::atomic::Ordering::Relaxed)
+        self.key.load().free_check_atomic()
     }
 
     /// Sets `free_check` (see [`crate::tunables::TUNABLES`]).
     pub fn set_free_check_atomic(&self, atomic: bool) {
-        if self.tun.free_check_atomic.swap(atomic, std::sync::atomic::Ordering::Relaxed) == atomic {
+        if self.key.set_free_check_atomic(atomic) == atomic {
             return;
         }
         self.log_line(format!("free_check: {}", if atomic { "atomic" } else { "sequential" }));

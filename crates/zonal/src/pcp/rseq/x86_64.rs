@@ -276,7 +276,7 @@ macro_rules! rseq_frame_section {
             rseq_enter_frame!(),
             $($body,)*
             rseq_leave_cpu!(),
-            push_frame = sym PUSH_FRAME,
+            push_frame = const word::PUSH_FRAME,
             rseq = in(reg) $rseq,
             ft = inout(reg) $table => _,
             pfn = in(reg) $pfn,
@@ -359,10 +359,6 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
     (cpu != usize::MAX).then_some((out, cpu))
 }
 
-/// What `push_frame`'s commit adds ([`word::PUSH_FRAME`]), which does not fit an immediate:
-/// read from memory by the commit's add, it takes no register in the section.
-static PUSH_FRAME: u64 = word::PUSH_FRAME;
-
 /// The x86-64 body of [`super::push_frame`]: the lists are the CPU's local ones when the
 /// frame lies in their zone's span, else those of the frame's zone from `block_zone` and
 /// `remote`, chosen with a branch (not a conditional move) so that, predicted, the lists'
@@ -400,7 +396,11 @@ pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize) -> usiz
                 "js 25f",
                 "mov rcx, qword ptr [{p} + {off_slots}]",
                 "mov qword ptr [rcx + {s} * 8], {pfn}",
-                "add {t}, qword ptr [rip + {push_frame}]",
+                // What the commit adds (`word::PUSH_FRAME`) does not fit an add's
+                // immediate: a move's, into `rcx`, now dead; a load from memory would
+                // take one of the pair's memory operations, which bound it.
+                "mov rcx, {push_frame}",
+                "add {t}, rcx",
                 "mov qword ptr [{p} + {off_len}], {t}",
             ],
             off_len = const std::mem::offset_of!(PerCpuPages, cache_word),
@@ -606,7 +606,11 @@ pub(super) unsafe fn push_small_frame(rseq: isize, t: &FrameTable, pfn: usize, o
                 "add {first}, rcx",
                 "mov rcx, qword ptr [{p} + {off_slots}]",
                 "mov qword ptr [rcx + {first} * 8], {pfn}",
-                "add {t}, qword ptr [rip + {push_frame}]",
+                // What the commit adds (`word::PUSH_FRAME`) does not fit an add's
+                // immediate: a move's, into `rcx`, now dead; a load from memory would
+                // take one of the pair's memory operations, which bound it.
+                "mov rcx, {push_frame}",
+                "add {t}, rcx",
                 "mov qword ptr [{p} + {coff}], {t}",
             ],
             coff = in(reg) coff,
