@@ -243,8 +243,6 @@ pub struct PerCpuPages {
     /// a flag that is always clear, so that path never pops from them.
     above_low: *const std::sync::atomic::AtomicU8,
     cache_limit: AtomicUsize,
-    cache_slots: *const AtomicUsize,
-    cache: Box<[AtomicUsize]>,
     /// Frames on the lists (`PcpInner::pages`: `count` and the THP list) as of the last
     /// unlock, readable without the lock (drains skip empty lists).
     count_hint: AtomicUsize,
@@ -278,15 +276,22 @@ pub struct PerCpuPages {
     /// The rseq caches of orders 1 to [`PCP_MAX_ORDER`], `[order - 1]`, after the fields
     /// the order-0 paths read (their slots are in `cache`, after the order-0 cache's).
     small: [SmallCache; NR_PCP_LISTS - 1],
+    /// The caches' slots: the order-0 cache's `CACHE_CAP`, then `SMALL_CACHE_CAP` per order
+    /// 1 to 3. In the struct, so that a section addresses a slot from the lists' address with
+    /// no load of the slots' own (a load the order-0 pair, bound by its memory operations,
+    /// paid twice).
+    cache: [AtomicUsize; CACHE_SLOTS],
 }
+
+/// Slots of every cache of a [`PerCpuPages`].
+const CACHE_SLOTS: usize = CACHE_CAP + (NR_PCP_LISTS - 1) * SMALL_CACHE_CAP;
 
 const _: () = assert!(std::mem::size_of::<PerCpuPages>() % 128 == 0);
 const _: () = assert!(std::mem::align_of::<PerCpuPages>() == 128);
 
 // SAFETY: `inner` is only reached through a `PcpGuard`, which exists only while `lock` is
-// held by its creator, so accesses from different threads never overlap; the cache is made
-// of atomics, and `cache_slots` points into `cache` (every order's slots), which lives as
-// long as the struct;
+// held by its creator, so accesses from different threads never overlap; the caches are
+// made of atomics;
 // `above_low` points to an atomic that outlives every section reading it (`watching`).
 unsafe impl Sync for PerCpuPages {}
 // SAFETY: as above; nothing in the struct is tied to the thread that built it.
@@ -300,8 +305,6 @@ impl PerCpuPages {
     /// serve no zone's fast paths until [`PerCpuPages::watching`] gives them their zone.
     pub fn new(cpu: u32, batch: usize, high_min: usize, high_max: usize) -> PerCpuPages {
         let cap = |o: usize| ((high_max + (batch << PCP_BATCH_SCALE_MAX)) >> o) + 4;
-        let slots = CACHE_CAP + (NR_PCP_LISTS - 1) * SMALL_CACHE_CAP;
-        let cache: Box<[AtomicUsize]> = (0..slots).map(|_| AtomicUsize::new(0)).collect();
         PerCpuPages {
             lock: AtomicBool::new(false),
             cpu,
@@ -310,8 +313,6 @@ impl PerCpuPages {
             cache_word: AtomicU64::new(0),
             above_low: &NEVER_ABOVE_LOW,
             cache_limit: AtomicUsize::new(0),
-            cache_slots: cache.as_ptr(),
-            cache,
             count_hint: AtomicUsize::new(0),
             shape_hint: AtomicU64::new(shape(high_min, batch)),
             cache_settled: AtomicUsize::new(0),
@@ -338,6 +339,7 @@ impl PerCpuPages {
                 thp_min: 0,
             }),
             small: Default::default(),
+            cache: std::array::from_fn(|_| AtomicUsize::new(0)),
         }
     }
 
@@ -593,7 +595,7 @@ impl PerCpuPages {
     }
 
     /// The slots of the cache of `order` (1 to [`PCP_MAX_ORDER`]), after the order-0
-    /// cache's in the same allocation.
+    /// cache's.
     #[inline]
     fn small_slots(&self, order: Order) -> &[AtomicUsize] {
         let start = CACHE_CAP + (order.0 as usize - 1) * SMALL_CACHE_CAP;

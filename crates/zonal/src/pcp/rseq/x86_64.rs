@@ -124,7 +124,7 @@ macro_rules! rseq_leave_cpu {
 /// that `$commit` makes of `{t}`: one shorter, for `pop`; one shorter and a pop counted,
 /// for `pop_local`.
 macro_rules! rseq_pop_body {
-    ($s:literal, $commit:literal) => {
+    ($commit:literal) => {
         concat!(
             "mov {t}, qword ptr [{p} + {off_len}]\n",
             "movzx {out:e}, {t:x}\n",
@@ -134,12 +134,7 @@ macro_rules! rseq_pop_body {
             "jc 25f\n",
             $commit,
             "\n",
-            "mov ",
-            $s,
-            ", qword ptr [{p} + {off_slots}]\n",
-            "mov {out}, qword ptr [",
-            $s,
-            " + {out} * 8 - 8]\n",
+            "mov {out}, qword ptr [{p} + {out} * 8 + {off_slots} - 8]\n",
             "mov qword ptr [{p} + {off_len}], {t}\n",
         )
     };
@@ -228,7 +223,7 @@ macro_rules! rseq_section {
             size = const std::mem::size_of::<PerCpuPages>(),
             off_lock = const std::mem::offset_of!(PerCpuPages, lock),
             off_len = const std::mem::offset_of!(PerCpuPages, cache_word),
-            off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
+            off_slots = const std::mem::offset_of!(PerCpuPages, cache),
             p = out(reg) _,
             t = out(reg) _,
             $($operands)*
@@ -254,7 +249,7 @@ macro_rules! rseq_local_section {
             pop_local = const word::POP_LOCAL,
             off_above_low = const std::mem::offset_of!(PerCpuPages, above_low),
             off_lock = const std::mem::offset_of!(PerCpuPages, lock),
-            off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
+            off_slots = const std::mem::offset_of!(PerCpuPages, cache),
             cpu = out(reg) $cpu,
             p = out(reg) _,
             t = out(reg) _,
@@ -290,7 +285,7 @@ macro_rules! rseq_frame_section {
             off_span_start = const std::mem::offset_of!(PerCpuPages, span_start),
             off_span_pages = const std::mem::offset_of!(PerCpuPages, span_pages),
             off_lock = const std::mem::offset_of!(PerCpuPages, lock),
-            off_slots = const std::mem::offset_of!(PerCpuPages, cache_slots),
+            off_slots = const std::mem::offset_of!(PerCpuPages, cache),
             cpu = out(reg) $cpu,
             p = out(reg) _,
             t = out(reg) _,
@@ -319,7 +314,7 @@ pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
         rseq_section!(
             t,
             zone,
-            [rseq_pop_body!("{nz}", "sub {t}, 1")],
+            [rseq_pop_body!("sub {t}, 1")],
             out = out(reg) out,
             pops_guard = const word::POPS_GUARD,
             ok = out(reg) ok,
@@ -351,7 +346,7 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
                 "mov {t}, qword ptr [{p} + {off_above_low}]",
                 "cmp byte ptr [{t}], 0",
                 "je 25f",
-                rseq_pop_body!("{local}", "add {t}, {pop_local}"),
+                rseq_pop_body!("add {t}, {pop_local}"),
             ],
             off_len = const std::mem::offset_of!(PerCpuPages, cache_word),
         );
@@ -394,8 +389,7 @@ pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize) -> usiz
                 "jae 25f",
                 "test {t}, {t}",
                 "js 25f",
-                "mov rcx, qword ptr [{p} + {off_slots}]",
-                "mov qword ptr [rcx + {s} * 8], {pfn}",
+                "mov qword ptr [{p} + {s} * 8 + {off_slots}], {pfn}",
                 // What the commit adds (`word::PUSH_FRAME`) does not fit an add's
                 // immediate: a move's, into `rcx`, now dead; a load from memory would
                 // take one of the pair's memory operations, which bound it.
@@ -444,7 +438,7 @@ pub(super) unsafe fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUni
                 // nz = &slots[new len]; copy slots[new len + i] to out[i], i in zone.
                 "sub {nz}, {n}",
                 "shl {nz}, 3",
-                "add {nz}, qword ptr [{p} + {off_slots}]",
+                "lea {nz}, [{nz} + {p} + {off_slots}]",
                 rseq_copy!("{nz}", "{out}"),
                 "mov qword ptr [{p} + {off_len}], {t}",
             ],
@@ -490,7 +484,7 @@ pub(super) unsafe fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize 
                 "cmova {n}, {count}",
                 // nz = &slots[len]; copy src[i] to it, i in zone.
                 "shl {nz}, 3",
-                "add {nz}, qword ptr [{p} + {off_slots}]",
+                "lea {nz}, [{nz} + {p} + {off_slots}]",
                 rseq_copy!("{src}", "{nz}"),
                 "add {t}, {n}",
                 "mov qword ptr [{p} + {off_len}], {t}",
@@ -511,7 +505,7 @@ pub(super) unsafe fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize 
 
 /// Where the cache of `order` (1 to 3) lies from its `PerCpuPages`: the offset of its
 /// word (its bound follows, 8 bytes on), and the index of its first slot among the slots at
-/// `cache_slots`. Registers, not constants: the order is the caller's.
+/// `cache`. Registers, not constants: the order is the caller's.
 #[inline(always)]
 fn small_offsets(order: Order) -> (usize, usize) {
     let i = order.0 as usize - 1;
@@ -534,7 +528,7 @@ pub(super) unsafe fn pop_small_local(t: &LocalTable, order: Order) -> Option<(us
     // `nr_cpus`, and read past the lock byte only when it is clear (so not in a stand-in);
     // `above_low` points to a live flag. The cache's length (in the word at `coff`, with
     // `order` 1 to 3 inside `small`) never exceeds `SMALL_CACHE_CAP`, so the slot read lies
-    // inside the order's slots (from index `first` at `cache_slots`). The kernel runs the
+    // inside the order's slots (from index `first` at `cache`). The kernel runs the
     // section uninterrupted on that CPU up to the commit or restarts it at the abort handler.
     unsafe {
         rseq_local_section!(
@@ -556,14 +550,12 @@ pub(super) unsafe fn pop_small_local(t: &LocalTable, order: Order) -> Option<(us
                 "jc 25f",
                 "add {t}, {pop_local}",
                 "add {out}, {first}",
-                "mov {s}, qword ptr [{p} + {off_slots}]",
-                "mov {out}, qword ptr [{s} + {out} * 8 - 8]",
+                "mov {out}, qword ptr [{p} + {out} * 8 + {off_slots} - 8]",
                 "mov qword ptr [{p} + {coff}], {t}",
             ],
             coff = in(reg) coff,
             first = in(reg) first,
             small_level = const crate::zone::ABOVE_LOW_SMALL,
-            s = out(reg) _,
         );
     }
     (cpu != usize::MAX).then_some((out, cpu))
@@ -604,8 +596,7 @@ pub(super) unsafe fn push_small_frame(rseq: isize, t: &FrameTable, pfn: usize, o
                 "test {t}, {t}",
                 "js 25f",
                 "add {first}, rcx",
-                "mov rcx, qword ptr [{p} + {off_slots}]",
-                "mov qword ptr [rcx + {first} * 8], {pfn}",
+                "mov qword ptr [{p} + {first} * 8 + {off_slots}], {pfn}",
                 // What the commit adds (`word::PUSH_FRAME`) does not fit an add's
                 // immediate: a move's, into `rcx`, now dead; a load from memory would
                 // take one of the pair's memory operations, which bound it.
