@@ -191,7 +191,7 @@ static DROPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0
 
 #[inline(always)]
 fn bit(handle: u64) -> u64 {
-    1 << (handle % 64)
+    1 << policy_bit(handle)
 }
 
 /// The bits of the handles in a thread's list.
@@ -207,6 +207,19 @@ fn bits_of(p: &[ThreadPolicy]) -> u64 {
 pub(crate) fn thread_has_policy(handle: u64) -> bool {
     let bits = POLICY_BITS.with(|h| h.get());
     bits != 0 && has_bit(bits, handle)
+}
+
+/// [`thread_has_policy`] for a caller that holds the handle's bit index (`handle % 64`,
+/// [`policy_bit`]) in a register: one thread-local load and a bit test, with nothing out of
+/// line (the fast paths keep it in their key, see `page_alloc::key`).
+#[inline(always)]
+pub(crate) fn thread_has_policy_bit(index: u32) -> bool {
+    POLICY_BITS.with(|h| h.get()) >> (index % 64) & 1 != 0
+}
+
+/// The index of `handle`'s bit in a thread's policy bits.
+pub(crate) fn policy_bit(handle: u64) -> u32 {
+    (handle % 64) as u32
 }
 
 #[cold]
@@ -415,7 +428,9 @@ mod tests {
             s.spawn(|| {
                 set_thread_policy(a, MemPolicy::Preferred(NodeId(1)));
                 assert!(thread_has_policy(a));
+                assert!(thread_has_policy_bit(policy_bit(a)));
                 assert!(!thread_has_policy(c), "another residue's check is untouched");
+                assert!(!thread_has_policy_bit(policy_bit(c)));
                 assert!(thread_has_policy(b), "the same residue shares the bit");
                 // B's slow check finds no entry of its own and A still live: nothing pruned.
                 assert_eq!(with_thread_policy(b, NodeId(0), |r| format!("{r:?}")), "Node(NodeId(0))");

@@ -22,7 +22,7 @@ impl Zonal {
     pub(super) fn alloc_order0_fast(&self, also: Option<VmEvent>) -> Option<NonNull<u8>> {
         let key = self.key.load();
         let rseq = key.rseq()?;
-        if mempolicy::thread_has_policy(self.id) {
+        if mempolicy::thread_has_policy_bit(key.policy_bit()) {
             return None;
         }
         let t = self.local_table(rseq);
@@ -37,41 +37,43 @@ impl Zonal {
         // the sections push a frame after finding its state in the map, and lock holders
         // fill the caches from the zones' lists.
         if !mem_map::take_cached_block(unsafe { self.mem.map.state_unchecked(pfn) }, Order(0)) {
-            self.uncount_pop(cpu);
+            // A racing free's second copy, dropped (see `take_cached`): its pop uncounted
+            // with a wrapping -1 on the CPU's `local_first`, which every reader adds to the
+            // words' counts. In line: a call here, with the handle live after it for the
+            // general path, made the path save and restore a register on every pair.
+            self.cpus.events[cpu].add_local_first(u64::MAX);
             return None;
         }
+        let p = self.pfn_to_ptr(pfn);
         if key.numa() > NUMA_ON_PERCPU {
-            self.charge_numa_popped(cpu);
+            // Out of line, handed the block and giving it back: nothing is live across the
+            // call (as above).
+            return Some(self.charge_numa_popped(cpu, p, also));
         }
         if let Some(e) = also {
             self.count_event(cpu, e, 1);
         }
-        Some(self.pfn_to_ptr(pfn))
+        Some(p)
     }
 
-    /// The NUMA statistics of a frame `pop_local` took on `cpu`, beyond the per-CPU
-    /// strategy's: the CPU's local zone, a hit and local.
+    /// The NUMA statistics of a block `pop_local` took on `cpu`, beyond the per-CPU
+    /// strategy's (the CPU's local zone, a hit and local), and the event `also`; returns `p`.
     #[cold]
     #[inline(never)]
-    fn charge_numa_popped(&self, cpu: usize) {
+    fn charge_numa_popped(&self, cpu: usize, p: NonNull<u8>, also: Option<VmEvent>) -> NonNull<u8> {
         // The section served `cpu` from its local zone's lists, so `local_zone[cpu]` is a zone.
         let z = &self.mem.zones[self.cpus.local_zone[cpu] as usize];
         self.numa_charge(cpu, z, z, 1, None);
+        if let Some(e) = also {
+            self.count_event(cpu, e, 1);
+        }
+        p
     }
 
     /// Where this thread's local-zone sections find each CPU's lists.
     #[inline(always)]
     fn local_table(&self, rseq: isize) -> pcp::rseq::LocalTable {
         pcp::rseq::LocalTable { rseq, local: self.cpus.local_pcp.as_ptr(), nr_cpus: self.cpus.local_pcp.len() }
-    }
-
-    /// Takes back the count of a frame `pop_local` popped on `cpu` (in its cache's word) but
-    /// that is not handed out: a wrapping -1 on the CPU's `local_first`, which every reader
-    /// adds to the words' counts.
-    #[cold]
-    #[inline(never)]
-    fn uncount_pop(&self, cpu: usize) {
-        self.cpus.events[cpu].add_local_first(u64::MAX);
     }
 
     /// The fast path of the larger orders the per-CPU lists keep (1 to 3 and the pageblock
@@ -124,7 +126,7 @@ impl Zonal {
         }
         let key = self.key.load();
         let rseq = key.rseq()?;
-        if mempolicy::thread_has_policy(self.id) {
+        if mempolicy::thread_has_policy_bit(key.policy_bit()) {
             return None;
         }
         // SAFETY: as in `alloc_order0_fast`: `rseq` places this thread's rseq area and

@@ -71,7 +71,9 @@ impl Zonal {
             .collect();
         // Decide now (and register with membarrier, which can take milliseconds) whether the
         // rseq fast path runs, rather than inside the first allocation.
-        let key = key::FastKey::new(if config.pcp && pcp::rseq::enabled() { sys::rseq_offset() } else { None });
+        let id = NEXT_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let rseq = if config.pcp && pcp::rseq::enabled() { sys::rseq_offset() } else { None };
+        let key = key::FastKey::new(rseq, mempolicy::policy_bit(id));
         let rseq_off = key.load().rseq();
         let local_zone = (0..nr_cpus)
             .map(|c| {
@@ -116,7 +118,7 @@ impl Zonal {
         let stat_interval_ms = Arc::new(std::sync::atomic::AtomicU64::new(stat_interval_ms(config.stat_interval)));
         let worker = Worker::start(Arc::clone(&zones), Arc::clone(&pcps), Arc::clone(&stat_interval_ms));
         let z = Zonal {
-            id: NEXT_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            id,
             topo,
             mem: Memory {
                 zones,

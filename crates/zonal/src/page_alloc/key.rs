@@ -16,6 +16,10 @@ use crate::sync::{AtomicU64, Ordering};
 const NUMA_SHIFT: u32 = 32;
 /// `free_check`: set when the fast frees claim with a CAS.
 const FREE_CHECK_ATOMIC: u64 = 1 << 40;
+/// The handle's bit in a thread's policy bits (`mempolicy::policy_bit`), 6 bits: the
+/// allocations test it with no load of the handle's id and no call out of line, which made
+/// the path save registers for its cold branches.
+const POLICY_SHIFT: u32 = 48;
 
 /// The word, read with one relaxed load by the fast paths and written by the tunables'
 /// setters, each of which changes its own bits only (a CAS loop), so that two setters
@@ -45,16 +49,23 @@ impl Key {
     pub(super) fn free_check_atomic(self) -> bool {
         self.0 & FREE_CHECK_ATOMIC != 0
     }
+
+    /// The index of the handle's bit in a thread's policy bits.
+    #[inline(always)]
+    pub(super) fn policy_bit(self) -> u32 {
+        (self.0 >> POLICY_SHIFT) as u32 & 63
+    }
 }
 
 impl FastKey {
     /// The key of a handle whose sequences run with glibc's offset `rseq` (`None`: they do
-    /// not), NUMA statistics off and `free_check` sequential. An offset that does not fit
-    /// the key's 32 bits (none does on Linux: the area lies in the static TLS block, beside
-    /// the thread's control block) turns the sequences off.
-    pub(super) fn new(rseq: Option<isize>) -> FastKey {
+    /// not) and whose bit in threads' policy bits is `policy_bit` (below 64), NUMA
+    /// statistics off and `free_check` sequential. An offset that does not fit the key's 32
+    /// bits (none does on Linux: the area lies in the static TLS block, beside the thread's
+    /// control block) turns the sequences off.
+    pub(super) fn new(rseq: Option<isize>, policy_bit: u32) -> FastKey {
         let off = rseq.and_then(|o| i32::try_from(o).ok()).filter(|&o| o != 0).map_or(0, |o| o as u32 as u64);
-        FastKey(AtomicU64::new(off))
+        FastKey(AtomicU64::new(off | u64::from(policy_bit % 64) << POLICY_SHIFT))
     }
 
     /// The key now.
@@ -92,9 +103,9 @@ mod tests {
 
     #[test]
     fn each_setter_keeps_the_others_bits() {
-        for off in [Some(-0x90isize), Some(0x7fff_fff0), None] {
-            let k = FastKey::new(off);
-            assert_eq!(k.load().rseq(), off);
+        for (off, bit) in [(Some(-0x90isize), 0), (Some(0x7fff_fff0), 63), (None, 17)] {
+            let k = FastKey::new(off, bit);
+            assert_eq!((k.load().rseq(), k.load().policy_bit()), (off, bit));
             k.set_numa(3);
             assert!(!k.set_free_check_atomic(true));
             assert_eq!((k.load().rseq(), k.load().numa(), k.load().free_check_atomic()), (off, 3, true));
@@ -102,20 +113,20 @@ mod tests {
             assert!(k.set_free_check_atomic(false));
             assert_eq!((k.load().rseq(), k.load().numa(), k.load().free_check_atomic()), (off, 0, false));
             k.set_numa(255);
-            assert_eq!((k.load().rseq(), k.load().numa()), (off, 255));
+            assert_eq!((k.load().rseq(), k.load().numa(), k.load().policy_bit()), (off, 255, bit));
         }
     }
 
     #[test]
     fn offsets_the_key_cannot_hold_turn_the_sequences_off() {
-        assert_eq!(FastKey::new(Some(0)).load().rseq(), None);
-        assert_eq!(FastKey::new(Some(1 << 40)).load().rseq(), None);
-        assert_eq!(FastKey::new(Some(i32::MIN as isize)).load().rseq(), Some(i32::MIN as isize));
+        assert_eq!(FastKey::new(Some(0), 0).load().rseq(), None);
+        assert_eq!(FastKey::new(Some(1 << 40), 0).load().rseq(), None);
+        assert_eq!(FastKey::new(Some(i32::MIN as isize), 0).load().rseq(), Some(i32::MIN as isize));
     }
 
     #[test]
     fn racing_setters_lose_no_change() {
-        let k = FastKey::new(Some(-8));
+        let k = FastKey::new(Some(-8), 5);
         std::thread::scope(|s| {
             s.spawn(|| {
                 for i in 0..10_000u32 {
@@ -130,5 +141,6 @@ mod tests {
         });
         // The last writes were numa 3 (9,999 % 4) and sequential (9,999 is odd).
         assert_eq!((k.load().rseq(), k.load().numa(), k.load().free_check_atomic()), (Some(-8), 3, false));
+        assert_eq!(k.load().policy_bit(), 5);
     }
 }
