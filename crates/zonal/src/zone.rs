@@ -16,6 +16,7 @@
 use crate::buddy::{Buddy, FreeArea};
 use crate::mem_map;
 use crate::mem_map::{MemMap, ZoneMap};
+use crate::pcp::PerCpuPages;
 use crate::sync::{self, AtomicBool, AtomicU8, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::types::{NodeId, Order, Pfn, ZoneId, PAGE_SHIFT};
 use crate::vmstat::{self, PerCpuZoneDiffs, ZoneCounters, ZoneStatItem};
@@ -58,10 +59,10 @@ pub const DEFAULT_WATERMARK_SCALE_FACTOR: u32 = 10;
 /// Upper bound of `watermark_scale_factor` (vm.rst: 3000, i.e. 30%).
 pub const MAX_WATERMARK_SCALE_FACTOR: u32 = 3000;
 
-/// [`Zone::above_low`]'s level when an order-0 allocation passes the `low` watermark (and a
+/// `Zone::above_low`'s level when an order-0 allocation passes the `low` watermark (and a
 /// larger one may not): what the order-0 cache's section asks for (any non-zero level).
 pub(crate) const ABOVE_LOW_ORDER0: u8 = 1;
-/// [`Zone::above_low`]'s level when an allocation of every order up to 3
+/// `Zone::above_low`'s level when an allocation of every order up to 3
 /// (`PAGE_ALLOC_COSTLY_ORDER`, the orders with rseq caches) passes `low`: what the sections
 /// of the caches of orders 1 to 3 ask for.
 pub(crate) const ABOVE_LOW_SMALL: u8 = 2;
@@ -127,13 +128,19 @@ pub struct Zone {
     /// the levels the per-CPU caches' sections test ([`ABOVE_LOW_ORDER0`],
     /// [`ABOVE_LOW_SMALL`]): the watermark test of an allocation of order 0, or of every
     /// order up to 3, which those sections read through each of this zone's lists
-    /// (`PerCpuPages::above_low`) instead of loading the count and the mark after their pop.
+    /// (its copies there, `PerCpuPages::gate`) instead of loading the count and the mark
+    /// after their pop.
     /// Only the free count and the watermarks decide it,
     /// so it is kept where they change: by every holder of the zone lock that changes the
     /// count ([`ZoneLocked`]'s accounting) and by `setup_watermarks`, under the lock; it is
     /// written only when it flips, and on a line of its own, so that a zone whose count
     /// hovers at `low` does not bounce the line of the fields every allocation reads.
     above_low: CachePadded<std::sync::atomic::AtomicU8>,
+    /// The copies of `above_low` in this zone's per-CPU lists (`PerCpuPages::gate`), which
+    /// the allocation sections read with the lists' lock byte in one load, where reading the
+    /// zone's took two (its address, then the byte): written with it, under the lock, once
+    /// the handle has given the zone its lists ([`Zone::install_gates`]).
+    gates: std::sync::OnceLock<Gates>,
     /// The zone lock, the lists it guards, the exact free count and the transfer list, on
     /// lines of their own (Linux's `ZONE_PADDING`): every CPU's refills and drains write them,
     /// while the fields above are read by every allocation's watermark check.
@@ -215,6 +222,26 @@ impl fmt::Debug for Zone {
     }
 }
 
+/// A zone's per-CPU lists, as the zone reaches them to keep their gates.
+struct Gates {
+    pcps: Arc<[PerCpuPages]>,
+    /// The zone's lists of CPU 0 (the zone's id), then every `stride` (the zones).
+    first: usize,
+    stride: usize,
+}
+
+impl Gates {
+    fn lists(&self) -> impl Iterator<Item = &PerCpuPages> {
+        self.pcps.iter().skip(self.first).step_by(self.stride.max(1))
+    }
+
+    fn set(&self, level: u8) {
+        for p in self.lists() {
+            p.set_gate(level);
+        }
+    }
+}
+
 impl Zone {
     /// A zone of `pages` frames from `start`, all free, with counters for one CPU and a map
     /// of its own.
@@ -252,6 +279,7 @@ impl Zone {
             max_drift: AtomicUsize::new(0),
             pressure: AtomicBool::new(false),
             above_low: CachePadded::new(std::sync::atomic::AtomicU8::new(0)),
+            gates: std::sync::OnceLock::new(),
             locked: CachePadded::new(LockedArea {
                 lock: Mutex::new(FreeArea::new(pages)),
                 free_pages: AtomicUsize::new(0),
@@ -447,11 +475,12 @@ impl Zone {
 
     /// How far the exact free count is above `low` (see the field), for the sections that
     /// read it through a zone's lists.
+    #[cfg(test)]
     pub(crate) fn above_low(&self) -> &std::sync::atomic::AtomicU8 {
         &self.above_low
     }
 
-    /// The level of [`Zone::above_low`] for `free` frames: [`ABOVE_LOW_SMALL`] when an
+    /// The level of `Zone::above_low` for `free` frames: [`ABOVE_LOW_SMALL`] when an
     /// allocation of any order up to `PAGE_ALLOC_COSTLY_ORDER` passes `low` (free above the
     /// edge by `2^3 - 1`, what [`Zone::watermark_ok_fast`] asks of order 3),
     /// [`ABOVE_LOW_ORDER0`] when only order 0 does, else 0.
@@ -466,11 +495,35 @@ impl Zone {
         }
     }
 
-    /// Sets [`Zone::above_low`] from the exact free count `free`; the zone lock is held.
+    /// Sets `Zone::above_low` from the exact free count `free`, and its copies in the
+    /// zone's lists; the zone lock is held.
     fn set_above_low(&self, free: usize) {
         let above = self.above_low_level(free);
         if self.above_low.load(std::sync::atomic::Ordering::Relaxed) != above {
             self.above_low.store(above, std::sync::atomic::Ordering::Relaxed);
+            if let Some(g) = self.gates.get() {
+                g.set(above);
+            }
+        }
+    }
+
+    /// Gives the zone its per-CPU lists, `pcps[cpu * stride + id]` for every CPU, whose
+    /// gates it keeps equal to `Zone::above_low` from now on (see the field `gates`).
+    /// Once: a second call changes nothing.
+    pub(crate) fn install_gates(&self, pcps: Arc<[PerCpuPages]>, stride: usize) {
+        let _l = self.lock();
+        let g = Gates { pcps, first: self.id.0 as usize, stride };
+        g.set(self.above_low.load(std::sync::atomic::Ordering::Relaxed));
+        let _ = self.gates.set(g);
+    }
+
+    /// Checks that every gate of this zone's lists equals `Zone::above_low` (quiescent).
+    pub(crate) fn check_gates(&self) -> Result<(), String> {
+        let Some(g) = self.gates.get() else { return Ok(()) };
+        let above = self.above_low.load(std::sync::atomic::Ordering::Relaxed);
+        match g.lists().find(|p| p.gate() != above) {
+            Some(p) => Err(format!("zone {}: cpu {}'s gate {} but above_low {above}", self.id.0, p.cpu(), p.gate())),
+            None => Ok(()),
         }
     }
 
@@ -624,6 +677,7 @@ impl Zone {
                 self.watermark(Watermark::Low)
             ));
         }
+        self.check_gates()?;
         for o in 0..=self.max_order.0 {
             let (n, counted) =
                 (l.area.nr_free(Order(o)), self.page_state_snapshot(ZoneStatItem::NrFreeOrder(Order(o))));

@@ -73,7 +73,7 @@ impl Zonal {
     /// Where this thread's local-zone sections find each CPU's lists.
     #[inline(always)]
     fn local_table(&self, rseq: isize) -> pcp::rseq::LocalTable {
-        pcp::rseq::LocalTable { rseq, local: self.cpus.local_pcp.as_ptr(), nr_cpus: self.cpus.local_pcp.len() }
+        pcp::rseq::LocalTable { rseq, local: self.cpus.local_pcp.as_ptr() }
     }
 
     /// The fast path of the larger orders the per-CPU lists keep (1 to 3 and the pageblock

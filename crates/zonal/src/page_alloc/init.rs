@@ -69,6 +69,10 @@ impl Zonal {
                 }
             })
             .collect();
+        // The zones keep their lists' gates (their `above_low` for the allocation sections).
+        for z in zones.iter() {
+            z.install_gates(Arc::clone(&pcps), zones.len());
+        }
         // Decide now (and register with membarrier, which can take milliseconds) whether the
         // rseq fast path runs, rather than inside the first allocation.
         let id = NEXT_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -91,12 +95,12 @@ impl Zonal {
         // another node (a memoryless node's) takes the general path, which charges each one.
         let local_zone: Box<[u16]> =
             local_zone.iter().zip(local_is_hit.iter()).map(|(&z, &hit)| if hit { z } else { NO_ZONE }).collect();
-        let local_pcp: Box<[usize]> = local_zone
-            .iter()
-            .enumerate()
-            .map(|(c, &z)| match (z, rseq_off) {
-                (NO_ZONE, _) | (_, None) => std::ptr::from_ref(&pcp::rseq::LOCKED_STANDIN) as usize,
-                _ => std::ptr::from_ref(&pcps[c * nz + z as usize]) as usize,
+        // `LOCAL_CPUS` entries, whatever the CPU count (the sections bound the id with it).
+        let local_pcp: Box<[usize]> = (0..pcp::rseq::LOCAL_CPUS)
+            .map(|c| match (local_zone.get(c), rseq_off) {
+                (None, _) => std::ptr::from_ref(&pcp::rseq::ABSENT_STANDIN) as usize,
+                (Some(&NO_ZONE), _) | (_, None) => std::ptr::from_ref(&pcp::rseq::LOCKED_STANDIN) as usize,
+                (Some(&z), _) => std::ptr::from_ref(&pcps[c * nz + z as usize]) as usize,
             })
             .collect();
         let zone_pcp: Box<[usize]> = (0..nz)

@@ -183,10 +183,11 @@ struct PerCpuSets {
     /// local policy looks first, and what the order-0 fast path takes from; `NO_ZONE` for a
     /// CPU whose first zone is off its node, whose allocations must each be charged.
     local_zone: Box<[u16]>,
-    /// Where the order-0 fast path's section finds each CPU's lists of its local zone,
-    /// `[cpu]`: the address of `pcps[cpu * nr_zones + local_zone[cpu]]`, or of
-    /// [`pcp::rseq::LOCKED_STANDIN`] for a CPU the path does not serve (`NO_ZONE`, or no
-    /// restartable sequences).
+    /// Where the fast paths' sections find each CPU's lists of its local zone, `[cpu]` for
+    /// every id below [`pcp::rseq::LOCAL_CPUS`]: the address of `pcps[cpu * nr_zones +
+    /// local_zone[cpu]]`, or of [`pcp::rseq::LOCKED_STANDIN`] for a CPU the path does not
+    /// serve (`NO_ZONE`, or no restartable sequences), or of [`pcp::rseq::ABSENT_STANDIN`]
+    /// for an id from `nr_cpus` on.
     local_pcp: Box<[usize]>,
     /// The address of every CPU's lists of every zone, `[zone * nr_cpus + cpu]`: where the
     /// fast free's section finds a frame's lists when they are not the CPU's local ones
@@ -936,25 +937,35 @@ mod tests {
         assert_eq!(z.nr_free_pages(NodeId(0)).unwrap(), z.mem.zones[0].managed);
     }
 
-    /// The section of the caches of orders 1 to 3 asks the zone for `ABOVE_LOW_SMALL`: at
-    /// the order-0 level alone it gives way, so the general path decides (and here, with
-    /// the zone in fact far above `low`, allocates through the lock), and the block comes
-    /// from the cache again once the level is back.
+    /// The section of the caches of orders 1 to 3 asks the lists' gate (the zone's level)
+    /// for `ABOVE_LOW_SMALL`: at the order-0 level alone it gives way, so the general path
+    /// decides (and here, with the zone in fact far above `low`, allocates through the lock),
+    /// and the block comes from the cache again once the level is back; the order-0 section
+    /// pops at that level, not at 0.
     #[test]
     fn the_small_orders_section_asks_for_every_order_above_low() {
         on_local_lists("nodes=1,size=64M", |z, pcp| {
-            let level = z.mem.zones[0].above_low();
             let p = z.alloc_pages(Gfp::KERNEL, 2).unwrap();
             z.free_pages(p.as_ptr(), 2).unwrap();
-            assert_eq!(level.load(Ordering::Relaxed), zone::ABOVE_LOW_SMALL);
+            // A frame on the order-0 cache too (the fast free pushes it there).
+            let q = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+            z.free_pages(q.as_ptr(), 0).unwrap();
+            assert_eq!(z.mem.zones[0].above_low().load(Ordering::Relaxed), zone::ABOVE_LOW_SMALL);
+            assert_eq!(pcp.gate(), zone::ABOVE_LOW_SMALL, "the zone copied its level into the gate");
             assert!(pcp.small_cache_len(Order(2)) > 0);
-            // No zone-lock holder runs on this handle meanwhile: the level stays as set.
-            level.store(zone::ABOVE_LOW_ORDER0, Ordering::Relaxed);
+            // No zone-lock holder flips the level meanwhile: the gate stays as set.
+            pcp.set_gate(zone::ABOVE_LOW_ORDER0);
             assert!(z.alloc_small_fast(Order(2)).is_none(), "the section gives way below ABOVE_LOW_SMALL");
+            let q = z.alloc_order0_fast(None).expect("order 0 passes at its level");
+            z.free_pages(q.as_ptr(), 0).unwrap();
             let counted = pcp.small_counts().0;
             let p = z.alloc_pages(Gfp::KERNEL, 2).unwrap();
             assert_eq!(pcp.small_counts().0, counted, "the general path allocated");
-            level.store(zone::ABOVE_LOW_SMALL, Ordering::Relaxed);
+            pcp.set_gate(0);
+            assert!(z.alloc_order0_fast(None).is_none(), "order 0 gives way at level 0");
+            let err = z.check_invariants().expect_err("a gate apart from its zone's level");
+            assert!(format!("{err:?}").contains("gate 0 but above_low 2"), "{err:?}");
+            pcp.set_gate(zone::ABOVE_LOW_SMALL);
             z.free_pages(p.as_ptr(), 2).unwrap();
             let p = z.alloc_small_fast(Order(2)).expect("the section pops again");
             z.free_pages(p.as_ptr(), 2).unwrap();

@@ -224,6 +224,12 @@ const _: () = assert!(SMALL_CACHE_CAP as u64 <= word::LEN);
 #[repr(C, align(128))]
 #[derive(Debug)]
 pub struct PerCpuPages {
+    /// The zone's `Zone::above_low`, copied here by the zone (under its lock, when it
+    /// flips: `Zone::install_gates`): the allocation sections' watermark test. It lies just
+    /// before `lock`, so that a section reads both with one 16-bit load (`gate | lock << 8`,
+    /// see `rseq::x86_64`), where it read the lock byte, the zone's address and then its
+    /// byte. 0 (no allocation pops) until the zone has its lists.
+    gate: std::sync::atomic::AtomicU8,
     lock: AtomicBool,
     /// The CPU these lists belong to.
     cpu: u32,
@@ -238,10 +244,6 @@ pub struct PerCpuPages {
     /// moved, each counted by its commit: popped by `pop_local` (bits 16-39) and pushed by
     /// `push_frame` (bits 40-63). See [`word`].
     cache_word: AtomicU64,
-    /// The zone's [`Zone::above_low`], which `rseq::pop_local` reads before it pops: the
-    /// order-0 fast path's watermark test. Lists not yet given a zone (`watching`) point to
-    /// a flag that is always clear, so that path never pops from them.
-    above_low: *const std::sync::atomic::AtomicU8,
     cache_limit: AtomicUsize,
     /// Frames on the lists (`PcpInner::pages`: `count` and the THP list) as of the last
     /// unlock, readable without the lock (drains skip empty lists).
@@ -291,14 +293,10 @@ const _: () = assert!(std::mem::align_of::<PerCpuPages>() == 128);
 
 // SAFETY: `inner` is only reached through a `PcpGuard`, which exists only while `lock` is
 // held by its creator, so accesses from different threads never overlap; the caches are
-// made of atomics;
-// `above_low` points to an atomic that outlives every section reading it (`watching`).
+// made of atomics.
 unsafe impl Sync for PerCpuPages {}
 // SAFETY: as above; nothing in the struct is tied to the thread that built it.
 unsafe impl Send for PerCpuPages {}
-
-/// The watermark flag of lists not yet given a zone: never set.
-static NEVER_ABOVE_LOW: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 impl PerCpuPages {
     /// Lists of `cpu` with the given batch and bounds; `high` starts at `high_min`. They
@@ -306,12 +304,12 @@ impl PerCpuPages {
     pub fn new(cpu: u32, batch: usize, high_min: usize, high_max: usize) -> PerCpuPages {
         let cap = |o: usize| ((high_max + (batch << PCP_BATCH_SCALE_MAX)) >> o) + 4;
         PerCpuPages {
+            gate: std::sync::atomic::AtomicU8::new(0),
             lock: AtomicBool::new(false),
             cpu,
             span_start: 0,
             span_pages: 0,
             cache_word: AtomicU64::new(0),
-            above_low: &NEVER_ABOVE_LOW,
             cache_limit: AtomicUsize::new(0),
             count_hint: AtomicUsize::new(0),
             shape_hint: AtomicU64::new(shape(high_min, batch)),
@@ -343,13 +341,21 @@ impl PerCpuPages {
         }
     }
 
-    /// These lists given their zone: its watermark flag, which the order-0 fast path's
-    /// section reads (see [`Zone::above_low`]), and its span, which the fast free's reads;
-    /// `zone` outlives them wherever a section may run on them (a handle holds both).
+    /// These lists given their zone's span, which the fast free's section reads (their
+    /// gate, the allocation sections' watermark test, the zone keeps: `Zone::install_gates`).
     pub fn watching(mut self, zone: &Zone) -> PerCpuPages {
-        self.above_low = zone.above_low();
         (self.span_start, self.span_pages) = (zone.start_pfn.0, zone.spanned);
         self
+    }
+
+    /// The gate: the zone's `above_low` level as last copied here.
+    pub fn gate(&self) -> u8 {
+        self.gate.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets the gate (by the zone, under its lock).
+    pub(crate) fn set_gate(&self, level: u8) {
+        self.gate.store(level, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// `pcp_spin_trylock`: the lists if no one holds them, with the cache flushed into them

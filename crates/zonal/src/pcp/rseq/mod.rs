@@ -112,28 +112,35 @@ pub struct Table {
 
 /// Where the local-zone section finds the lists of the current CPU's local zone:
 /// `local[cpu]` is the address of that `PerCpuPages`, or of a stand-in whose lock is always
-/// held for a CPU the fast path does not serve (see [`LOCKED_STANDIN`]).
+/// held for a CPU the fast path does not serve (see [`LOCKED_STANDIN`]) and for a CPU id
+/// the handle does not have ([`ABSENT_STANDIN`]).
 #[cfg_attr(not(all(target_arch = "x86_64", not(loom))), allow(dead_code))]
 #[derive(Clone, Copy, Debug)]
 pub struct LocalTable {
     /// As [`Table::rseq`].
     pub rseq: isize,
-    /// `nr_cpus` addresses.
+    /// [`LOCAL_CPUS`] addresses.
     pub local: *const usize,
-    /// CPUs in the table.
-    pub nr_cpus: usize,
 }
+
+/// Entries of a handle's local table, one per CPU id below it, whatever the handle's CPUs:
+/// the sections bound the id with this constant, not with a count loaded from the handle
+/// (a memory operation in each of the pair's two sections, which bound it). A CPU id at or
+/// above it takes the general paths.
+pub(crate) const LOCAL_CPUS: usize = 4096;
 
 /// Where the fast free's section finds the lists for a frame: the current CPU's local lists
 /// (`local`, as in [`LocalTable`]) when the frame lies in their zone's span, else those of
 /// the frame's zone (`block_zone[pfn >> block_shift]`, when below `nr_zones`), that CPU's
-/// (`remote[zone * nr_cpus + cpu]`). Built once per handle; the section reads `local` and
-/// `nr_cpus` on every free, the rest only for a frame of another zone.
+/// (`remote[zone * nr_cpus + cpu]`; a CPU id the handle does not have finds
+/// [`ABSENT_STANDIN`], whose span holds every frame, so it never gets there). Built once
+/// per handle; the section reads `local` on every free, the rest only for a frame of
+/// another zone.
 #[cfg_attr(not(all(target_arch = "x86_64", not(loom))), allow(dead_code))]
 #[repr(C)]
 #[derive(Debug)]
 pub struct FrameTable {
-    /// `nr_cpus` addresses: each CPU's lists of its local zone, or a stand-in.
+    /// [`LOCAL_CPUS`] addresses: each CPU's lists of its local zone, or a stand-in.
     pub local: *const usize,
     /// CPUs in the tables.
     pub nr_cpus: usize,
@@ -162,25 +169,46 @@ unsafe impl Sync for FrameTable {}
 pub struct Standin([u8; 128]);
 
 /// The stand-in `LocalTable` points a CPU at when the fast path does not serve it: every
-/// byte is 1, so the lock byte reads as held and the section gives way at once.
+/// byte is 1, so the gate and lock read as held (0x101) and an allocation's section gives
+/// way at once; the span the fast free compares starts at frame 0x0101_0101_0101_0101,
+/// past any frame (a frame's number is an address shifted by 12), so a free takes the
+/// frame's zone's lists, which serve it.
 pub static LOCKED_STANDIN: Standin = Standin([1; 128]);
 
-// The lock byte a section reads of an entry lies inside a stand-in.
+/// The stand-in for CPU ids the handle does not have (from its CPU count to
+/// [`LOCAL_CPUS`]): as [`LOCKED_STANDIN`], but its span holds every frame, so that a free's
+/// section tests its lock too and gives way, rather than index the other zones' table
+/// with a CPU id past it.
+pub static ABSENT_STANDIN: Standin = Standin(absent_bytes());
+
+const fn absent_bytes() -> [u8; 128] {
+    let mut b = [1u8; 128];
+    let (start, pages) = (std::mem::offset_of!(PerCpuPages, span_start), std::mem::offset_of!(PerCpuPages, span_pages));
+    let mut i = 0;
+    while i < 8 {
+        b[start + i] = 0;
+        b[pages + i] = 0xff;
+        i += 1;
+    }
+    b
+}
+
+// The gate, the lock and the span a section reads of an entry lie inside a stand-in.
+const _: () = assert!(std::mem::offset_of!(PerCpuPages, gate) < std::mem::size_of::<Standin>());
 const _: () = assert!(std::mem::offset_of!(PerCpuPages, lock) < std::mem::size_of::<Standin>());
-// So does the span the fast free compares; its bytes (all 1) make a span that starts at
-// frame 0x0101_0101_0101_0101, past any frame (a frame's number is an address shifted by 12).
 const _: () = assert!(std::mem::offset_of!(PerCpuPages, span_start) + 8 <= std::mem::size_of::<Standin>());
 const _: () = assert!(std::mem::offset_of!(PerCpuPages, span_pages) + 8 <= std::mem::size_of::<Standin>());
 
 /// Pops an order-0 block from the cache of the current CPU's local-zone lists in one
-/// section (the CPU id, its lists from the table, their zone's watermark flag, the pop),
+/// section (the CPU id, its lists from the table, their gate and lock in one load, the pop),
 /// counting it in the cache word's pops (`pcp::word`), and returns it with that CPU; `None`
-/// when the zone is not above `low` (`Zone::above_low`), the cache is empty, the lists are
+/// when the zone is not above `low` (the lists' gate, `Zone::above_low`'s copy), the cache is empty, the lists are
 /// locked or a stand-in, the count is at its guard bit, or the section was interrupted.
 ///
 /// # Safety
-/// `t.rseq` places the calling thread's registered rseq area; `t.local` points to `t.nr_cpus`
-/// addresses, each of live `PerCpuPages` that outlive the call or of [`LOCKED_STANDIN`].
+/// `t.rseq` places the calling thread's registered rseq area; `t.local` points to
+/// [`LOCAL_CPUS`] addresses, each of live `PerCpuPages` that outlive the call or of a
+/// stand-in ([`LOCKED_STANDIN`], [`ABSENT_STANDIN`]).
 #[inline]
 pub unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
     // SAFETY: the caller's contract, which is the section's.
@@ -212,8 +240,9 @@ pub unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
 /// otherwise, in one section either way.
 ///
 /// # Safety
-/// `rseq` places the calling thread's registered rseq area; `t.local` points to `t.nr_cpus`
-/// addresses, each of live `PerCpuPages` or of [`LOCKED_STANDIN`]; `t.remote` to
+/// `rseq` places the calling thread's registered rseq area; `t.local` points to
+/// [`LOCAL_CPUS`] addresses, each of live `PerCpuPages` or of [`LOCKED_STANDIN`] for a CPU
+/// below `t.nr_cpus`, of [`ABSENT_STANDIN`] from there on; `t.remote` to
 /// `t.nr_zones * t.nr_cpus` addresses, `[zone * nr_cpus + cpu]` of the live `PerCpuPages` of
 /// `cpu` for `zone`; `t.block_zone` to `t.nr_blocks` entries; all outlive the call. The
 /// spans of the lists' zones do not overlap, and a frame in a zone's span has that zone in
@@ -318,21 +347,43 @@ mod tests {
         }
     }
 
-    /// A CPU whose table entry is the stand-in gives way at once: its lock byte reads as
-    /// held, and nothing past it is read or written.
+    /// A CPU whose table entry is a stand-in gives way at once: its gate and lock read as
+    /// held, and nothing past them is read or written. A free on a CPU id the handle does
+    /// not have gives way too, without reaching the other zones' table (null here, which
+    /// the section would fault on).
     #[test]
-    fn the_stand_in_gives_way() {
+    fn the_stand_ins_give_way() {
         let Some(rseq) = crate::sys::rseq_offset().filter(|_| enabled()) else {
             eprintln!("SKIPPED: no restartable sequences here");
             return;
         };
-        let standin = std::ptr::from_ref(&LOCKED_STANDIN) as usize;
-        let local = vec![standin; crate::sys::nr_cpus_configured().max(1)];
-        let t = LocalTable { rseq, local: local.as_ptr(), nr_cpus: local.len() };
-        // SAFETY: this thread's rseq area; every entry is the stand-in.
+        for standin in [&LOCKED_STANDIN, &ABSENT_STANDIN] {
+            let local = vec![std::ptr::from_ref(standin) as usize; LOCAL_CPUS];
+            let t = LocalTable { rseq, local: local.as_ptr() };
+            // SAFETY: this thread's rseq area; every one of the `LOCAL_CPUS` entries is a
+            // stand-in.
+            unsafe {
+                assert_eq!(pop_local(&t), None);
+                assert_eq!(pop_small_local(&t, crate::types::Order(2)), None);
+            }
+        }
+        let absent = vec![std::ptr::from_ref(&ABSENT_STANDIN) as usize; LOCAL_CPUS];
+        let ft = FrameTable {
+            local: absent.as_ptr(),
+            nr_cpus: 0,
+            remote: std::ptr::null(),
+            nr_zones: 0,
+            block_zone: std::ptr::null(),
+            nr_blocks: 0,
+            block_shift: 10,
+        };
+        // SAFETY: this thread's rseq area; every entry is the absent stand-in, whose span
+        // holds every frame, so the sections read no other table.
         unsafe {
-            assert_eq!(pop_local(&t), None);
+            assert_eq!(push_frame(rseq, &ft, 0x1234), usize::MAX);
+            assert_eq!(push_small_frame(rseq, &ft, 0x1234, crate::types::Order(1)), usize::MAX);
         }
         assert!(LOCKED_STANDIN.0.iter().all(|&b| b == 1), "the stand-in is never written");
+        assert_eq!(ABSENT_STANDIN.0, absent_bytes(), "nor is the absent one");
     }
 }

@@ -52,10 +52,13 @@ macro_rules! rseq_enter {
     };
 }
 
-/// The start of the sections over a CPU's local lists: as `rseq_enter!`, but the
+/// The start of the sections that pop from a CPU's local lists: as `rseq_enter!`, but the
 /// `PerCpuPages` comes from `{local}`, a table of one address per CPU (the lists of the
-/// CPU's local zone, or a stand-in whose lock is always held), and the CPU id stays in
-/// `{cpu}`.
+/// CPU's local zone, or a stand-in whose lock is always held), the CPU id stays in
+/// `{cpu}`, and the lock is tested with the zone's watermark level (the lists' gate, the
+/// byte before the lock) in one load: `{t}` = `gate | lock << 8`, which must lie in
+/// `[{level}, 0xff]` (the lock clear, the zone at or above `{level}`), tested as
+/// `{t} - {level} <= 0xff - {level}` unsigned. The stand-in's bytes, all 1, read 0x101.
 macro_rules! rseq_enter_local {
     () => {
         concat!(
@@ -64,11 +67,16 @@ macro_rules! rseq_enter_local {
             "cmp {cpu}, {ncpu}\n",
             "jae 25f\n",
             "mov {p}, qword ptr [{local} + {cpu} * 8]\n",
-            "cmp byte ptr [{p} + {off_lock}], 0\n",
-            "jne 25f\n",
+            "movzx {t:e}, word ptr [{p} + {off_gate}]\n",
+            "sub {t:e}, {level}\n",
+            "cmp {t:e}, 0xff - {level}\n",
+            "ja 25f\n",
         )
     };
 }
+
+const _: () = assert!(std::mem::offset_of!(PerCpuPages, gate) + 1 == std::mem::offset_of!(PerCpuPages, lock));
+const _: () = assert!(std::mem::offset_of!(PerCpuPages, gate) % 2 == 0);
 
 /// The descriptor and the head of the abort handler every section ends with: the
 /// descriptor (`struct rseq_cs`: version, flags, start, length, abort) goes to `__rseq_cs`;
@@ -174,7 +182,7 @@ macro_rules! rseq_enter_frame {
         concat!(
             rseq_arm!(),
             "mov {cpu:e}, dword ptr fs:[{rseq} + 4]\n",
-            "cmp {cpu}, qword ptr [{ft} + {off_nr_cpus}]\n",
+            "cmp {cpu}, {local_cpus}\n",
             "jae 25f\n",
             "mov {p}, qword ptr [{ft} + {off_local}]\n",
             "mov {p}, qword ptr [{p} + {cpu} * 8]\n",
@@ -233,22 +241,23 @@ macro_rules! rseq_section {
 }
 
 /// One section that pops from a cache of the current CPU's local-zone lists:
-/// `rseq_enter_local!`, the body (the zone's watermark test, the pop, ending in the commit),
-/// `rseq_leave_cpu!`, with the operands such sections share (the local table, `{cpu}`,
-/// `{out}`, `{p}`, `{t}`, the lists' offsets, the pops' guard and commit) and the body's own.
+/// `rseq_enter_local!` (with the zone's watermark test at `$level`), the body (the pop,
+/// ending in the commit), `rseq_leave_cpu!`, with the operands such sections share (the
+/// local table, `{cpu}`, `{out}`, `{p}`, `{t}`, the lists' offsets, the pops' guard and
+/// commit) and the body's own.
 macro_rules! rseq_local_section {
-    ($table:expr, $cpu:ident, $out:ident, [$($body:expr),* $(,)?], $($operands:tt)*) => {
+    ($table:expr, $level:expr, $cpu:ident, $out:ident, [$($body:expr),* $(,)?], $($operands:tt)*) => {
         std::arch::asm!(
             rseq_enter_local!(),
             $($body,)*
             rseq_leave_cpu!(),
             rseq = in(reg) $table.rseq,
-            ncpu = in(reg) $table.nr_cpus,
+            ncpu = const super::LOCAL_CPUS,
             local = inout(reg) $table.local => _,
             pops_guard = const word::POPS_GUARD,
             pop_local = const word::POP_LOCAL,
-            off_above_low = const std::mem::offset_of!(PerCpuPages, above_low),
-            off_lock = const std::mem::offset_of!(PerCpuPages, lock),
+            level = const $level,
+            off_gate = const std::mem::offset_of!(PerCpuPages, gate),
             off_slots = const std::mem::offset_of!(PerCpuPages, cache),
             cpu = out(reg) $cpu,
             p = out(reg) _,
@@ -275,6 +284,7 @@ macro_rules! rseq_frame_section {
             rseq = in(reg) $rseq,
             ft = inout(reg) $table => _,
             pfn = in(reg) $pfn,
+            local_cpus = const super::LOCAL_CPUS,
             off_local = const std::mem::offset_of!(FrameTable, local),
             off_nr_cpus = const std::mem::offset_of!(FrameTable, nr_cpus),
             off_remote = const std::mem::offset_of!(FrameTable, remote),
@@ -332,22 +342,17 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
     let out: usize;
     let cpu: usize;
     // SAFETY: `t.rseq` places this thread's registered rseq area (at `fs:` plus it);
-    // `t.local` holds `t.nr_cpus` addresses, each of live `PerCpuPages` or of a stand-in
-    // whose lock byte is set, and the section only indexes it with a CPU id checked against `nr_cpus`, and reads past the
-    // lock byte only when it is clear (so not in a stand-in); `above_low` points to a live
-    // flag (`PerCpuPages::watching`). Otherwise as in `pop`.
+    // `t.local` holds `LOCAL_CPUS` addresses, each of live `PerCpuPages` or of a stand-in
+    // (128 bytes, gate and lock set), and the section only indexes it with a CPU id checked
+    // against `LOCAL_CPUS`, and reads past the gate and lock only when the lock is clear
+    // (so not in a stand-in). Otherwise as in `pop`.
     unsafe {
         rseq_local_section!(
             t,
+            crate::zone::ABOVE_LOW_ORDER0,
             cpu,
             out,
-            [
-                // The zone above `low` (the flag its lock holders keep), or give way.
-                "mov {t}, qword ptr [{p} + {off_above_low}]",
-                "cmp byte ptr [{t}], 0",
-                "je 25f",
-                rseq_pop_body!("add {t}, {pop_local}"),
-            ],
+            [rseq_pop_body!("add {t}, {pop_local}")],
             off_len = const std::mem::offset_of!(PerCpuPages, cache_word),
         );
     }
@@ -365,8 +370,9 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
 pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize) -> usize {
     let cpu: usize;
     // SAFETY: `rseq` places this thread's registered rseq area (at `fs:` plus it);
-    // `t.local` holds `t.nr_cpus` addresses (of live `PerCpuPages` or of a stand-in, whose
-    // span lies past every frame), indexed only with a CPU id checked against `nr_cpus`;
+    // `t.local` holds `LOCAL_CPUS` addresses (of live `PerCpuPages` or of a stand-in, whose
+    // span lies past every frame, or holds every frame and whose lock is set, for the CPU
+    // ids from `nr_cpus` on), indexed only with a CPU id checked against `LOCAL_CPUS`;
     // `t.block_zone` is indexed only below `nr_blocks`, and `t.remote` (`zone * nr_cpus +
     // cpu`) only with a zone checked against `nr_zones`. The lists pushed onto are the
     // frame's zone's: the local ones when the frame lies in their zone's span (no other
@@ -523,23 +529,20 @@ pub(super) unsafe fn pop_small_local(t: &LocalTable, order: Order) -> Option<(us
     let (coff, first) = small_offsets(order);
     let out: usize;
     let cpu: usize;
-    // SAFETY: as in `pop_local`: `t.local` holds `t.nr_cpus` addresses of live
-    // `PerCpuPages` or of the stand-in, indexed only with a CPU id checked against
-    // `nr_cpus`, and read past the lock byte only when it is clear (so not in a stand-in);
-    // `above_low` points to a live flag. The cache's length (in the word at `coff`, with
+    // SAFETY: as in `pop_local`: `t.local` holds `LOCAL_CPUS` addresses of live
+    // `PerCpuPages` or of a stand-in, indexed only with a CPU id checked against
+    // `LOCAL_CPUS`, and read past the gate and lock only when the lock is clear (so not in
+    // a stand-in). The cache's length (in the word at `coff`, with
     // `order` 1 to 3 inside `small`) never exceeds `SMALL_CACHE_CAP`, so the slot read lies
     // inside the order's slots (from index `first` at `cache`). The kernel runs the
     // section uninterrupted on that CPU up to the commit or restarts it at the abort handler.
     unsafe {
         rseq_local_section!(
             t,
+            crate::zone::ABOVE_LOW_SMALL,
             cpu,
             out,
             [
-                // The zone above `low` for every order up to 3, or give way.
-                "mov {t}, qword ptr [{p} + {off_above_low}]",
-                "cmp byte ptr [{t}], {small_level}",
-                "jb 25f",
                 // Give way on an empty cache or a count of pops at its guard bit, else load
                 // the top slot and commit the word one shorter, a pop counted.
                 "mov {t}, qword ptr [{p} + {coff}]",
@@ -555,7 +558,6 @@ pub(super) unsafe fn pop_small_local(t: &LocalTable, order: Order) -> Option<(us
             ],
             coff = in(reg) coff,
             first = in(reg) first,
-            small_level = const crate::zone::ABOVE_LOW_SMALL,
         );
     }
     (cpu != usize::MAX).then_some((out, cpu))
