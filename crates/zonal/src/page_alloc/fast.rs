@@ -120,10 +120,11 @@ impl Zonal {
     /// was interrupted, or the block was a racing free's second copy (dropped, see
     /// [`take_cached`]).
     #[inline(always)]
-    pub(super) fn alloc_small_fast(&self, order: Order) -> Option<NonNull<u8>> {
-        if order.0 == 0 || order.0 > pcp::PCP_MAX_ORDER {
+    pub(super) fn alloc_small_fast(&self, order: u32) -> Option<NonNull<u8>> {
+        if order.wrapping_sub(1) >= pcp::PCP_MAX_ORDER as u32 {
             return None;
         }
+        let order = Order(order as u8);
         let key = self.key.load();
         let rseq = key.rseq()?;
         if mempolicy::thread_has_policy_bit(key.policy_bit()) {
@@ -136,26 +137,19 @@ impl Zonal {
         let pfn = Pfn(pfn);
         // SAFETY: as in `alloc_order0_fast`, the cache's blocks are the zones'.
         if !mem_map::take_cached_block(unsafe { self.mem.map.state_unchecked(pfn) }, order) {
-            self.uncount_small_pop(cpu, order);
+            // A racing free's second copy: its `pgalloc` (counted in the cache's word, as
+            // its frames) taken back with a wrapping subtraction on the CPU's event counter,
+            // which [`Zonal::event`] adds to the words' counts. In line, as order 0's.
+            self.count_event(cpu, VmEvent::PgallocNormal, (order.pages() as u64).wrapping_neg());
             return None;
         }
         // The section counted `pgalloc` in the cache's word (`pcp::word`).
+        let p = self.pfn_to_ptr(pfn);
         if key.numa() != 0 {
-            // The section served `cpu` from its local zone's lists: a hit, and local.
-            let z = &self.mem.zones[self.cpus.local_zone[cpu] as usize];
-            self.numa_charge(cpu, z, z, 1, None);
+            // Every strategy charges these (the per-CPU one reads order 0's pops only).
+            return Some(self.charge_numa_popped(cpu, p, None));
         }
-        Some(self.pfn_to_ptr(pfn))
-    }
-
-    /// Takes back the `pgalloc` of a block of `order` that `pop_small_local` popped (and
-    /// counted in its cache's word, as its frames) on `cpu` but that is not handed out (a
-    /// racing free's second copy): a wrapping subtraction on the CPU's event counter, which
-    /// [`Zonal::event`] adds to the words' counts.
-    #[cold]
-    #[inline(never)]
-    fn uncount_small_pop(&self, cpu: usize, order: Order) {
-        self.count_event(cpu, VmEvent::PgallocNormal, (order.pages() as u64).wrapping_neg());
+        Some(p)
     }
 
     /// The free of orders 1 to 3 with restartable sequences: the block's number and
@@ -167,7 +161,7 @@ impl Zonal {
     /// reports the error; a push that fails (the cache at its bound or locked, the section
     /// interrupted) takes the claim back with a CAS and frees the block on the locked path,
     /// which fills the cache again.
-    #[inline]
+    #[inline(always)]
     pub(super) fn free_small_fast(&self, key: Key, rseq: isize, addr: usize, order: Order) -> Result<()> {
         let pfn = addr.wrapping_sub(self.mem.arena.base()).rotate_right(PAGE_SHIFT);
         let Some(entry) = self.mem.map.states().get(pfn).filter(|_| pfn & (order.pages() - 1) == 0) else {

@@ -10,11 +10,19 @@ impl Zonal {
     /// Frees a block given its address and order (`free_pages`). Checks, in order: the order,
     /// that zonal owns the address, its alignment, and that a live block of exactly this order
     /// starts there. Any failure leaves everything as it was.
+    ///
+    /// Orders 0 to 3 try their restartable sequence here, every other call of which is a
+    /// tail call, so the path saves no register; everything else runs on the locked path.
     #[inline(always)]
     pub fn free_pages(&self, addr: *mut u8, order: u32) -> Result<()> {
         let key = self.key.load();
-        if let (0, Some(rseq)) = (order, key.rseq()) {
-            return self.free_order0_fast(key, rseq, addr as usize);
+        if let Some(rseq) = key.rseq() {
+            if order == 0 {
+                return self.free_order0_fast(key, rseq, addr as usize);
+            }
+            if order.wrapping_sub(1) < pcp::PCP_MAX_ORDER as u32 {
+                return self.free_small_fast(key, rseq, addr as usize, Order(order as u8));
+            }
         }
         self.free_pages_general(addr, order)
     }
@@ -29,12 +37,10 @@ impl Zonal {
         mem_map::split(zone, pfn, order)
     }
 
-    #[inline]
+    /// [`Zonal::free_pages`] past the restartable sequences (and where they give way): the
+    /// locked path, out of line, so that its prologue's saved registers stay off theirs.
+    #[inline(never)]
     pub(super) fn free_pages_general(&self, addr: *mut u8, order: u32) -> Result<()> {
-        let key = self.key.load();
-        if let Some(rseq) = key.rseq().filter(|_| (1..=pcp::PCP_MAX_ORDER as u32).contains(&order)) {
-            return self.free_small_fast(key, rseq, addr as usize, Order(order as u8));
-        }
         self.free_pages_locked(addr, order)
     }
 

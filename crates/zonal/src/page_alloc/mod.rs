@@ -955,7 +955,7 @@ mod tests {
             assert!(pcp.small_cache_len(Order(2)) > 0);
             // No zone-lock holder flips the level meanwhile: the gate stays as set.
             pcp.set_gate(zone::ABOVE_LOW_ORDER0);
-            assert!(z.alloc_small_fast(Order(2)).is_none(), "the section gives way below ABOVE_LOW_SMALL");
+            assert!(z.alloc_small_fast(2).is_none(), "the section gives way below ABOVE_LOW_SMALL");
             let q = z.alloc_order0_fast(None).expect("order 0 passes at its level");
             z.free_pages(q.as_ptr(), 0).unwrap();
             let counted = pcp.small_counts().0;
@@ -967,7 +967,7 @@ mod tests {
             assert!(format!("{err:?}").contains("gate 0 but above_low 2"), "{err:?}");
             pcp.set_gate(zone::ABOVE_LOW_SMALL);
             z.free_pages(p.as_ptr(), 2).unwrap();
-            let p = z.alloc_small_fast(Order(2)).expect("the section pops again");
+            let p = z.alloc_small_fast(2).expect("the section pops again");
             z.free_pages(p.as_ptr(), 2).unwrap();
             assert_eq!(z.check_invariants(), Ok(0));
         });
@@ -1020,7 +1020,7 @@ mod tests {
             let zone = &z.mem.zones[0];
             zone.state(top).store(mem_map::state(ALLOCATED, order), Ordering::Relaxed);
             let before = z.event(VmEvent::PgallocNormal);
-            assert!(z.alloc_small_fast(order).is_none(), "the copy is dropped");
+            assert!(z.alloc_small_fast(order.0 as u32).is_none(), "the copy is dropped");
             assert_ne!(pcp.small_cache_top(order), Some(top), "and gone from the cache");
             assert_eq!(z.event(VmEvent::PgallocNormal), before, "nothing counted for it");
             let q = z.alloc_pages(Gfp::KERNEL, 1).unwrap();
@@ -1067,6 +1067,25 @@ mod tests {
                 z.free_pages(p, 1).unwrap();
                 assert!(matches!(refused(p, 1), Error::DoubleFree { .. }));
             }
+            assert_eq!(z.check_invariants(), Ok(0));
+        });
+    }
+
+    /// With a largest order below 3, the orders 1 to 3 the restartable sequences serve are
+    /// refused above it, allocated and freed alike, as the general path refuses them: the
+    /// fast paths run before the order's check, and give way for want of such blocks.
+    #[test]
+    fn small_orders_above_max_order_are_refused() {
+        let z = Zonal::new(Config::new(Topology::parse("nodes=1,size=16M").unwrap()).max_order(1)).unwrap();
+        on_one_cpu(|| {
+            let p = z.alloc_pages(Gfp::KERNEL, 1).unwrap();
+            for order in [2, 3] {
+                let e = z.alloc_pages(Gfp::KERNEL, order).expect_err("above max_order");
+                assert!(matches!(e, Error::InvalidOrder { order: o, .. } if o == order), "{e:?}");
+                let e = z.free_pages(p.as_ptr(), order).expect_err("above max_order");
+                assert!(matches!(e, Error::InvalidOrder { order: o, .. } if o == order), "{e:?}");
+            }
+            z.free_pages(p.as_ptr(), 1).unwrap();
             assert_eq!(z.check_invariants(), Ok(0));
         });
     }
