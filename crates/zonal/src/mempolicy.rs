@@ -199,19 +199,16 @@ fn bits_of(p: &[ThreadPolicy]) -> u64 {
     p.iter().fold(0, |b, t| b | bit(t.handle))
 }
 
-/// Whether this thread may have a policy for handle `handle` (one thread-local load): false
-/// means it has none, true sends the caller to the policy list. A thread with no policy at
-/// all, the common case, is told by one compare with zero; the handle's bit is tested
-/// only past it, out of line, where the compiler cannot fold the two tests into one.
+/// Whether this thread may have a policy for handle `handle` (one thread-local load and a
+/// bit test): false means it has none, true sends the caller to the policy list.
 #[inline(always)]
 pub(crate) fn thread_has_policy(handle: u64) -> bool {
-    let bits = POLICY_BITS.with(|h| h.get());
-    bits != 0 && has_bit(bits, handle)
+    thread_has_policy_bit(policy_bit(handle))
 }
 
 /// [`thread_has_policy`] for a caller that holds the handle's bit index (`handle % 64`,
-/// [`policy_bit`]) in a register: one thread-local load and a bit test, with nothing out of
-/// line (the fast paths keep it in their key, see `page_alloc::key`).
+/// [`policy_bit`]), as the fast paths do in their key (see `page_alloc::key`), which spares
+/// them the handle's id.
 #[inline(always)]
 pub(crate) fn thread_has_policy_bit(index: u32) -> bool {
     POLICY_BITS.with(|h| h.get()) >> (index % 64) & 1 != 0
@@ -220,12 +217,6 @@ pub(crate) fn thread_has_policy_bit(index: u32) -> bool {
 /// The index of `handle`'s bit in a thread's policy bits.
 pub(crate) fn policy_bit(handle: u64) -> u32 {
     (handle % 64) as u32
-}
-
-#[cold]
-#[inline(never)]
-fn has_bit(bits: u64, handle: u64) -> bool {
-    bits & bit(handle) != 0
 }
 
 /// Records a new handle as live (see [`forget_handle`]).
