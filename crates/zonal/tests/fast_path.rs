@@ -130,3 +130,43 @@ fn a_policy_on_a_handle_dropped_elsewhere_leaves_the_fast_path_on() {
         to_thread.send(()).unwrap();
     });
 }
+
+/// Past its cache (always, without rseq) order 0 takes this CPU's lists under their lock,
+/// skipping the zonelist walk, only where the walk would give the same answer: a thread
+/// policy sends it to the walk, and so does a local zone below `low` although its lists
+/// hold frames (the walk then finds every zone below `min` and fails).
+#[test]
+fn the_locked_order0_path_keeps_the_policy_and_the_watermarks() {
+    let _ = rseq_expected();
+    let t = Topology::parse_for("nodes=2,size=16M", Machine { nr_cpus: 2, mem_total: 1 << 30 }).unwrap();
+    let z = Zonal::new(Config::new(t)).unwrap();
+    let _ = zonal::cpu::set_affinity(0);
+    let local = z.local_node();
+    let other = NodeId(1 - local.0);
+    // Frames on both nodes' lists of this CPU.
+    for nid in [local, other] {
+        let held: Vec<_> = (0..64).map(|_| z.alloc_pages_node(nid, Gfp::KERNEL, 0).unwrap()).collect();
+        for p in held {
+            z.free_pages(p.as_ptr(), 0).unwrap();
+        }
+    }
+    z.set_thread_policy(MemPolicy::Preferred(other)).unwrap();
+    let held: Vec<_> = (0..64).map(|_| z.alloc_pages(Gfp::KERNEL, 0).unwrap()).collect();
+    for p in &held {
+        assert_eq!(z.page_to_nid(p.as_ptr()), Ok(other), "the thread policy prefers node {}", other.0);
+    }
+    for p in held {
+        z.free_pages(p.as_ptr(), 0).unwrap();
+    }
+    z.set_thread_policy(MemPolicy::Local).unwrap();
+    let p = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+    z.free_pages(p.as_ptr(), 0).unwrap();
+    // Every zone's `min` at all it manages: nothing passes any watermark, and the frames on
+    // the lists are not handed out past them.
+    z.set_min_free_kbytes(32 << 10).unwrap();
+    assert!(matches!(z.alloc_pages(Gfp::KERNEL, 0), Err(zonal::Error::OutOfMemory { .. })));
+    z.set_min_free_kbytes(1024).unwrap();
+    let p = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+    z.free_pages(p.as_ptr(), 0).unwrap();
+    assert_eq!(z.check_invariants(), Ok(0));
+}

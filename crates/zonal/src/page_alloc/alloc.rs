@@ -29,7 +29,9 @@ impl Zonal {
     #[inline(never)]
     pub(super) fn alloc_pages_general(&self, gfp: Gfp, order: u32) -> Result<NonNull<u8>> {
         let order = self.check_order(order)?;
-        if order.0 > 0 && pcp::pcp_allowed(order) {
+        // Order 0 too: without rseq (or when its cache ran dry) its block comes from the
+        // lists under their lock, past the policy, the walk and the zonelist cache.
+        if pcp::pcp_allowed(order) {
             if let Some(p) = self.alloc_pcp_fast(order) {
                 return Ok(p);
             }
