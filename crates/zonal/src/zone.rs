@@ -69,6 +69,11 @@ pub(crate) const ABOVE_LOW_SMALL: u8 = 2;
 /// How far above the `low` edge the free count must be for [`ABOVE_LOW_SMALL`]: an order-`o`
 /// allocation asks for `free - (2^o - 1) > low`, and the largest such `o` is 3.
 const ABOVE_LOW_SMALL_MARGIN: usize = (1 << crate::pcp::PCP_MAX_ORDER) - 1;
+/// `Zone::above_low`'s level when an allocation of the pageblock order (the THP cache's
+/// section) passes `low` too, and so does every smaller order.
+pub(crate) const ABOVE_LOW_THP: u8 = 3;
+/// How far above the `low` edge the free count must be for [`ABOVE_LOW_THP`].
+const ABOVE_LOW_THP_MARGIN: usize = (1 << crate::pcp::PCP_THP_ORDER.0) - 1;
 
 /// `min_free_kbytes` as Linux computes it at boot: `sqrt(lowmem_kbytes * 16)`, clamped to
 /// [128, 262144] (`calculate_min_free_kbytes`).
@@ -480,13 +485,16 @@ impl Zone {
         &self.above_low
     }
 
-    /// The level of `Zone::above_low` for `free` frames: [`ABOVE_LOW_SMALL`] when an
-    /// allocation of any order up to `PAGE_ALLOC_COSTLY_ORDER` passes `low` (free above the
-    /// edge by `2^3 - 1`, what [`Zone::watermark_ok_fast`] asks of order 3),
-    /// [`ABOVE_LOW_ORDER0`] when only order 0 does, else 0.
+    /// The level of `Zone::above_low` for `free` frames: [`ABOVE_LOW_THP`] when an
+    /// allocation of the pageblock order passes `low` (free above the edge by `2^9 - 1`),
+    /// [`ABOVE_LOW_SMALL`] when one of any order up to `PAGE_ALLOC_COSTLY_ORDER` does (by
+    /// `2^3 - 1`, what [`Zone::watermark_ok_fast`] asks of order 3), [`ABOVE_LOW_ORDER0`]
+    /// when only order 0 does, else 0.
     fn above_low_level(&self, free: usize) -> u8 {
         let edge = self.low_edge();
-        if free > edge + ABOVE_LOW_SMALL_MARGIN {
+        if free > edge + ABOVE_LOW_THP_MARGIN {
+            ABOVE_LOW_THP
+        } else if free > edge + ABOVE_LOW_SMALL_MARGIN {
             ABOVE_LOW_SMALL
         } else if free > edge {
             ABOVE_LOW_ORDER0
@@ -851,10 +859,16 @@ mod tests {
             taken.push(z.lock().buddy().rmqueue_smallest(Order(0)).unwrap());
             let free = z.nr_free_exact();
             assert!(flag(), "{free} free");
-            // Orders up to 3 pass `low` while `free - 7 > low`: from 328 free frames up.
-            let want = if free > 327 { ABOVE_LOW_SMALL } else { ABOVE_LOW_ORDER0 };
+            // Orders up to 3 pass `low` while `free - 7 > low`: from 328 free frames up; the
+            // pageblock order while `free - 511 > low`: from 832 up.
+            let want = match free {
+                832.. => ABOVE_LOW_THP,
+                328.. => ABOVE_LOW_SMALL,
+                _ => ABOVE_LOW_ORDER0,
+            };
             assert_eq!(level(), want, "{free} free");
-            assert_eq!(level() == ABOVE_LOW_SMALL, z.watermark_ok_fast(Order(3), 320, false), "{free} free");
+            assert_eq!(level() >= ABOVE_LOW_SMALL, z.watermark_ok_fast(Order(3), 320, false), "{free} free");
+            assert_eq!(level() == ABOVE_LOW_THP, z.watermark_ok_fast(Order(9), 320, false), "{free} free");
         }
         taken.push(z.lock().buddy().rmqueue_smallest(Order(0)).unwrap());
         assert_eq!(z.nr_free_exact(), 320);

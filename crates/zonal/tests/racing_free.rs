@@ -1,6 +1,6 @@
 //! A caller's racing double frees under `free_check = sequential` (the default): two threads
 //! free the same order-0 frames at once, with the bulk call and with single frees, and the
-//! same blocks of orders 1 to 3 (whose frees claim them for their own rseq caches). Such a
+//! same blocks of orders 1 to 3 and 9 (whose frees claim them for their own rseq caches). Such a
 //! race may go undetected (as with malloc), but it must never put a frame on the allocator's
 //! own lists twice: once everything is freed and drained, every zone must hold exactly its
 //! managed frames, each once (issue 10 part 3: two threads bulk-freeing the same 128 frames
@@ -119,4 +119,11 @@ fn racing_double_frees_of_small_orders_never_list_a_block_twice() {
     racing_frees("nodes=1,size=16M", 1, 64);
     racing_frees("nodes=1,size=16M", 3, 32);
     racing_frees("nodes=2,size=8M,cpus=0:1", 2, 64);
+}
+
+/// The pageblock order's blocks, whose frees claim them for the THP list's rseq cache.
+#[test]
+fn racing_double_frees_of_the_pageblock_order_never_list_a_block_twice() {
+    racing_frees("nodes=1,size=64M", 9, 8);
+    racing_frees("nodes=2,size=16M,cpus=0:1", 9, 4);
 }

@@ -29,6 +29,12 @@ impl Zonal {
     #[inline(never)]
     pub(super) fn alloc_pages_general(&self, gfp: Gfp, order: u32) -> Result<NonNull<u8>> {
         let order = self.check_order(order)?;
+        // The pageblock order's cache: its section here, where its call costs nothing more.
+        if order == PCP_THP_ORDER {
+            if let Some(p) = self.alloc_thp_fast() {
+                return Ok(p);
+            }
+        }
         // Order 0 too: without rseq (or when its cache ran dry) its block comes from the
         // lists under their lock, past the policy, the walk and the zonelist cache.
         if pcp::pcp_allowed(order) {

@@ -134,7 +134,21 @@ impl Zonal {
         if order.wrapping_sub(1) >= pcp::PCP_MAX_ORDER as u32 {
             return None;
         }
-        let order = Order(order as u8);
+        self.alloc_cached_block::<{ zone::ABOVE_LOW_SMALL }>(Order(order as u8))
+    }
+
+    /// The fast path of the pageblock order, as orders 1 to 3's ([`Zonal::alloc_small_fast`])
+    /// from the THP list's cache, with the gate asked for `ABOVE_LOW_THP` (the zone above
+    /// `low` by a block). From the general path, whose call it saves: a pair 26 → ~9 ns.
+    #[inline(always)]
+    pub(super) fn alloc_thp_fast(&self) -> Option<NonNull<u8>> {
+        self.alloc_cached_block::<{ zone::ABOVE_LOW_THP }>(PCP_THP_ORDER)
+    }
+
+    /// A block of `order` (1 to 3, or the pageblock order) from its cache, the gate asked for
+    /// `LEVEL` (see [`Zonal::alloc_small_fast`]).
+    #[inline(always)]
+    fn alloc_cached_block<const LEVEL: u8>(&self, order: Order) -> Option<NonNull<u8>> {
         let key = self.key.load();
         let rseq = key.rseq()?;
         if mempolicy::thread_has_policy_bit(key.policy_bit()) {
@@ -142,8 +156,8 @@ impl Zonal {
         }
         // SAFETY: as in `alloc_order0_fast`: `rseq` places this thread's rseq area and
         // `local_pcp` holds one address per CPU, each of this handle's lists or of the
-        // locked stand-in; `order` is 1 to 3.
-        let (pfn, cpu) = unsafe { pcp::rseq::pop_small_local(&self.local_table(rseq), order) }?;
+        // locked stand-in; `order` is 1 to 3 or the pageblock order.
+        let (pfn, cpu) = unsafe { pcp::rseq::pop_small_local::<LEVEL>(&self.local_table(rseq), order) }?;
         let pfn = Pfn(pfn);
         // SAFETY: as in `alloc_order0_fast`, the cache's blocks are the zones'.
         if !mem_map::take_cached_block(unsafe { self.mem.map.state_unchecked(pfn) }, order) {
@@ -182,7 +196,7 @@ impl Zonal {
             return self.free_small_refused(addr, order);
         }
         // SAFETY: as in `free_order0_fast`: `rseq` places this thread's area and
-        // `free_table` holds this handle's tables; `order` is 1 to 3.
+        // `free_table` holds this handle's tables; `order` is 1 to 3 or the pageblock order.
         if unsafe { pcp::rseq::push_small_frame(rseq, &self.cpus.free_table, pfn, order) } == usize::MAX {
             return self.free_unpushed_block(Pfn(pfn), order);
         }

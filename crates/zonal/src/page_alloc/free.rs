@@ -39,8 +39,16 @@ impl Zonal {
 
     /// [`Zonal::free_pages`] past the restartable sequences (and where they give way): the
     /// locked path, out of line, so that its prologue's saved registers stay off theirs.
+    /// The pageblock order's blocks try their cache's section here first (as orders 1 to
+    /// 3's in [`Zonal::free_pages`]).
     #[inline(never)]
     pub(super) fn free_pages_general(&self, addr: *mut u8, order: u32) -> Result<()> {
+        if order == PCP_THP_ORDER.0 as u32 {
+            let key = self.key.load();
+            if let Some(rseq) = key.rseq() {
+                return self.free_small_fast(key, rseq, addr as usize, PCP_THP_ORDER);
+            }
+        }
         self.free_pages_locked(addr, order)
     }
 

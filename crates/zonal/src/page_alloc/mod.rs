@@ -374,8 +374,8 @@ impl Zonal {
     /// `pcp_spin_trylock` on this CPU's lists of `z` for a block of a small order (0 to 3),
     /// in the mode the order needs: order 0 flushes the rseq cache into its list; orders 1
     /// to 3 leave the cache in place and count it. (The THP list's holders take
-    /// `try_lock_lists` in [`Zonal::pcp_take`] and [`Zonal::pcp_give`]: they leave the cache
-    /// alone and need no fence.)
+    /// `try_lock_thp` in [`Zonal::pcp_take`] and [`Zonal::pcp_give`]: they leave the other
+    /// caches alone and move the THP cache's blocks.)
     #[inline]
     fn pcp_try_lock<'a>(&'a self, cpu: usize, z: &'a Zone, order: Order) -> Option<PcpGuard<'a>> {
         let pcp = self.pcp(cpu, z.id);
@@ -395,7 +395,7 @@ impl Zonal {
     #[inline]
     fn pcp_take(&self, cpu: usize, z: &Zone, order: Order) -> Option<(Option<Pfn>, bool)> {
         if order == PCP_THP_ORDER {
-            let mut g = self.pcp(cpu, z.id).try_lock_lists(z)?;
+            let mut g = self.pcp(cpu, z.id).try_lock_thp(z)?;
             return Some(g.with_thp(|p| {
                 let empty = p.list_len(order) == 0;
                 (pcp::rmqueue_pcplist(z, p, order), empty)
@@ -419,7 +419,7 @@ impl Zonal {
     #[inline]
     fn pcp_give(&self, cpu: usize, zone: &Zone, pfns: &[Pfn], order: Order) -> Option<usize> {
         if order == PCP_THP_ORDER {
-            let mut g = self.pcp(cpu, zone.id).try_lock_lists(zone)?;
+            let mut g = self.pcp(cpu, zone.id).try_lock_thp(zone)?;
             return Some(g.with_thp(|p| pfns.iter().map(|&pfn| pcp::free_to_pcp(zone, p, pfn, order)).sum()));
         }
         let mut g = self.pcp_try_lock(cpu, zone, order)?;
@@ -937,8 +937,77 @@ mod tests {
         assert_eq!(z.nr_free_pages(NodeId(0)).unwrap(), z.mem.zones[0].managed);
     }
 
+    /// The THP cache: after one block went through the locked path (which fills the cache
+    /// with what the THP list keeps), pairs of the pageblock order run through its sections
+    /// alone (counted in its word: `pgalloc` and `pgfree` grow by exactly the pairs'
+    /// frames), and the list and the cache keep within the list's bound together. Below the
+    /// zone's high watermark nothing stays on either, and a drain empties both.
+    #[test]
+    fn the_pageblock_order_runs_through_its_cache() {
+        let thp = PCP_THP_ORDER.0 as u32;
+        let Some(z) = on_local_lists("nodes=1,size=64M", |z, pcp| {
+            let p = z.alloc_pages(Gfp::KERNEL, thp).unwrap();
+            z.free_pages(p.as_ptr(), thp).unwrap();
+            let len = pcp.thp_cache_len();
+            assert!(len > 0, "the locked path filled the THP cache");
+            let (counted, events) = (pcp.small_counts(), (z.event(VmEvent::PgallocNormal), z.event(VmEvent::Pgfree)));
+            let pairs = 200u64;
+            for _ in 0..pairs {
+                let p = z.alloc_pages(Gfp::KERNEL, thp).unwrap();
+                assert_eq!(z.addr_to_pfn(p.as_ptr()).unwrap().0 % (1 << thp), 0, "a pageblock is aligned");
+                z.free_pages(p.as_ptr(), thp).unwrap();
+            }
+            let frames = pairs << thp;
+            let now = pcp.small_counts();
+            assert_eq!((now.0 - counted.0, now.1 - counted.1), (frames, frames), "every pair took the sections");
+            assert_eq!(z.event(VmEvent::PgallocNormal) - events.0, frames);
+            assert_eq!(z.event(VmEvent::Pgfree) - events.1, frames);
+            assert_eq!(pcp.thp_cache_len(), len);
+            assert_eq!(z.check_invariants(), Ok(0), "the cache's frames are counted as on the lists");
+            // More blocks out than list and cache hold: back, they keep to the bound (checked
+            // by `check_invariants`) and the rest returns to the buddy.
+            let held: Vec<_> = (0..5).map(|_| z.alloc_pages(Gfp::KERNEL, thp).unwrap()).collect();
+            assert_eq!(z.check_invariants(), Ok(5 << thp));
+            for p in held {
+                z.free_pages(p.as_ptr(), thp).unwrap();
+            }
+            assert_eq!(z.check_invariants(), Ok(0));
+            assert!(pcp.thp_pages() > 0 && pcp.thp_pages() <= pcp::PCP_THP_HIGH << thp);
+            // Below the high watermark (raised past what is left free) and above `low` by a
+            // block: blocks still come, but none stays on the list or its cache when freed.
+            // Four blocks below, so that the last refill's holder saw the zone below `high`
+            // through the folded count's drift.
+            z.set_watermark_scale_factor(3000).unwrap();
+            let zone = &z.mem.zones[0];
+            let mut held = Vec::new();
+            while zone.nr_free_exact() + (4 << thp) >= zone.watermark(Watermark::High) {
+                held.push(z.alloc_pages(Gfp::KERNEL, thp).unwrap());
+            }
+            assert!(zone.nr_free_exact() > zone.watermark(Watermark::Low) + (1 << thp), "still above low");
+            for _ in 0..3 {
+                let p = z.alloc_pages(Gfp::KERNEL, thp).unwrap();
+                z.free_pages(p.as_ptr(), thp).unwrap();
+                assert_eq!(pcp.thp_pages(), 0, "no block kept below the high watermark");
+            }
+            for p in held {
+                z.free_pages(p.as_ptr(), thp).unwrap();
+            }
+            assert_eq!(z.check_invariants(), Ok(0));
+            z.set_watermark_scale_factor(10).unwrap();
+            let p = z.alloc_pages(Gfp::KERNEL, thp).unwrap();
+            z.free_pages(p.as_ptr(), thp).unwrap();
+            assert!(pcp.thp_cache_len() > 0, "above high again, the locked path fills the cache");
+        }) else {
+            return;
+        };
+        z.drain_all_pages();
+        assert_eq!(z.check_invariants(), Ok(0));
+        assert_eq!(z.nr_free_pages(NodeId(0)).unwrap(), z.mem.zones[0].managed);
+    }
+
     /// The section of the caches of orders 1 to 3 asks the lists' gate (the zone's level)
-    /// for `ABOVE_LOW_SMALL`: at the order-0 level alone it gives way, so the general path
+    /// for `ABOVE_LOW_SMALL`, the THP cache's for `ABOVE_LOW_THP`: at the level below each
+    /// gives way; at the order-0 level alone the small orders' gives way, so the general path
     /// decides (and here, with the zone in fact far above `low`, allocates through the lock),
     /// and the block comes from the cache again once the level is back; the order-0 section
     /// pops at that level, not at 0.
@@ -950,10 +1019,17 @@ mod tests {
             // A frame on the order-0 cache too (the fast free pushes it there).
             let q = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
             z.free_pages(q.as_ptr(), 0).unwrap();
-            assert_eq!(z.mem.zones[0].above_low().load(Ordering::Relaxed), zone::ABOVE_LOW_SMALL);
-            assert_eq!(pcp.gate(), zone::ABOVE_LOW_SMALL, "the zone copied its level into the gate");
-            assert!(pcp.small_cache_len(Order(2)) > 0);
+            // And a block on the THP cache.
+            let t = z.alloc_pages(Gfp::KERNEL, 9).unwrap();
+            z.free_pages(t.as_ptr(), 9).unwrap();
+            assert_eq!(z.mem.zones[0].above_low().load(Ordering::Relaxed), zone::ABOVE_LOW_THP);
+            assert_eq!(pcp.gate(), zone::ABOVE_LOW_THP, "the zone copied its level into the gate");
+            assert!(pcp.small_cache_len(Order(2)) > 0 && pcp.thp_cache_len() > 0);
             // No zone-lock holder flips the level meanwhile: the gate stays as set.
+            pcp.set_gate(zone::ABOVE_LOW_SMALL);
+            assert!(z.alloc_thp_fast().is_none(), "the THP section gives way below ABOVE_LOW_THP");
+            let p = z.alloc_small_fast(2).expect("orders up to 3 pass at their level");
+            z.free_pages(p.as_ptr(), 2).unwrap();
             pcp.set_gate(zone::ABOVE_LOW_ORDER0);
             assert!(z.alloc_small_fast(2).is_none(), "the section gives way below ABOVE_LOW_SMALL");
             let q = z.alloc_order0_fast(None).expect("order 0 passes at its level");
@@ -964,11 +1040,13 @@ mod tests {
             pcp.set_gate(0);
             assert!(z.alloc_order0_fast(None).is_none(), "order 0 gives way at level 0");
             let err = z.check_invariants().expect_err("a gate apart from its zone's level");
-            assert!(format!("{err:?}").contains("gate 0 but above_low 2"), "{err:?}");
-            pcp.set_gate(zone::ABOVE_LOW_SMALL);
+            assert!(format!("{err:?}").contains("gate 0 but above_low 3"), "{err:?}");
+            pcp.set_gate(zone::ABOVE_LOW_THP);
             z.free_pages(p.as_ptr(), 2).unwrap();
             let p = z.alloc_small_fast(2).expect("the section pops again");
             z.free_pages(p.as_ptr(), 2).unwrap();
+            let t = z.alloc_thp_fast().expect("the THP section pops again");
+            z.free_pages(t.as_ptr(), 9).unwrap();
             assert_eq!(z.check_invariants(), Ok(0));
         });
     }
@@ -1071,15 +1149,15 @@ mod tests {
         });
     }
 
-    /// With a largest order below 3, the orders 1 to 3 the restartable sequences serve are
-    /// refused above it, allocated and freed alike, as the general path refuses them: the
+    /// With a largest order below 3, the orders 1 to 3 and 9 the restartable sequences serve
+    /// are refused above it, allocated and freed alike, as the general path refuses them: the
     /// fast paths run before the order's check, and give way for want of such blocks.
     #[test]
     fn small_orders_above_max_order_are_refused() {
         let z = Zonal::new(Config::new(Topology::parse("nodes=1,size=16M").unwrap()).max_order(1)).unwrap();
         on_one_cpu(|| {
             let p = z.alloc_pages(Gfp::KERNEL, 1).unwrap();
-            for order in [2, 3] {
+            for order in [2, 3, 9] {
                 let e = z.alloc_pages(Gfp::KERNEL, order).expect_err("above max_order");
                 assert!(matches!(e, Error::InvalidOrder { order: o, .. } if o == order), "{e:?}");
                 let e = z.free_pages(p.as_ptr(), order).expect_err("above max_order");

@@ -15,7 +15,7 @@ impl Zonal {
         // Lists only, no fence: the count is the lists' plus the cache's length as read.
         let pcp = self.pcp(cpu, zone);
         Some(pcp.lock_lists(&self.mem.zones[zone.0 as usize]).with(|p| PcpInfo {
-            count: p.pages() + pcp.cache_frames(),
+            count: p.pages() + pcp.every_cache_frames(),
             high: p.high,
             batch: p.batch,
             high_min: p.high_min,
@@ -150,7 +150,8 @@ impl Zonal {
                             z.id.0, p.count, p.high, p.batch
                         ));
                     }
-                    Ok(pcp::check(z, p)? + cached)
+                    let thp = pcp.check_thp_cache(z, p.list_len(PCP_THP_ORDER))?;
+                    Ok(pcp::check(z, p)? + cached + thp)
                 })?;
             }
             on_pcp += pcp::check_transfer(z)?;

@@ -176,6 +176,13 @@ const SMALL_CACHE_FILL: usize = SMALL_CACHE_CAP / 2;
 /// The bits (one per order, `1 << order`) of every cache of orders 1 to 3.
 const SMALL_ORDERS: u8 = ((1u16 << (PCP_MAX_ORDER + 1)) - 2) as u8;
 
+/// Blocks the rseq cache of the pageblock order (`PerCpuPages::thp_cache`) holds at most:
+/// the THP list's own bound, which the list and its cache share.
+pub(crate) const THP_CACHE_CAP: usize = PCP_THP_HIGH;
+
+/// The index of the THP cache's first slot in `PerCpuPages::cache`, after the small orders'.
+const THP_FIRST_SLOT: usize = CACHE_CAP + (NR_PCP_LISTS - 1) * SMALL_CACHE_CAP;
+
 /// The rseq cache of one order from 1 to [`PCP_MAX_ORDER`]: its word and bound, beside
 /// each other so that a push reads both from one line; its slots follow the order-0
 /// cache's (`PerCpuPages::small_slots`). The word is laid out as the order-0 cache's
@@ -203,6 +210,13 @@ impl SmallCache {
     fn set_len(&self, n: usize) {
         let w = self.word.load(Ordering::Relaxed);
         self.word.store((w & !word::LEN) | n as u64, Ordering::Relaxed);
+    }
+
+    /// Whether the cache is empty with a zero bound: no section can commit to it (a pop
+    /// finds nothing, a push no room).
+    #[inline]
+    fn closed(&self) -> bool {
+        self.len() == 0 && self.limit.load(Ordering::Relaxed) == 0
     }
 }
 
@@ -278,15 +292,27 @@ pub struct PerCpuPages {
     /// The rseq caches of orders 1 to [`PCP_MAX_ORDER`], `[order - 1]`, after the fields
     /// the order-0 paths read (their slots are in `cache`, after the order-0 cache's).
     small: [SmallCache; NR_PCP_LISTS - 1],
+    /// The rseq cache of the pageblock order ([`PCP_THP_ORDER`]), laid out as the small
+    /// orders' and right after them, so that a section finds it as the fourth
+    /// (`rseq::x86_64`); its slots follow theirs. Its blocks belong to the THP list: counted
+    /// apart from `count` (in [`PerCpuPages::thp_pages`]), within the list's bound together
+    /// with it, and moved only by the THP list's holders ([`PerCpuPages::try_lock_thp`]) and
+    /// by the holders that flush every cache (drains, decay, tuning, the bulk calls).
+    thp_cache: SmallCache,
     /// The caches' slots: the order-0 cache's `CACHE_CAP`, then `SMALL_CACHE_CAP` per order
-    /// 1 to 3. In the struct, so that a section addresses a slot from the lists' address with
+    /// 1 to 3, then the THP cache's `THP_CACHE_CAP`. In the struct, so that a section addresses a slot from the lists' address with
     /// no load of the slots' own (a load the order-0 pair, bound by its memory operations,
     /// paid twice).
     cache: [AtomicUsize; CACHE_SLOTS],
 }
 
 /// Slots of every cache of a [`PerCpuPages`].
-const CACHE_SLOTS: usize = CACHE_CAP + (NR_PCP_LISTS - 1) * SMALL_CACHE_CAP;
+const CACHE_SLOTS: usize = THP_FIRST_SLOT + THP_CACHE_CAP;
+
+const _: () = assert!(
+    std::mem::offset_of!(PerCpuPages, thp_cache)
+        == std::mem::offset_of!(PerCpuPages, small) + (NR_PCP_LISTS - 1) * std::mem::size_of::<SmallCache>()
+);
 
 const _: () = assert!(std::mem::size_of::<PerCpuPages>() % 128 == 0);
 const _: () = assert!(std::mem::align_of::<PerCpuPages>() == 128);
@@ -337,6 +363,7 @@ impl PerCpuPages {
                 thp_min: 0,
             }),
             small: Default::default(),
+            thp_cache: SmallCache::default(),
             cache: std::array::from_fn(|_| AtomicUsize::new(0)),
         }
     }
@@ -412,8 +439,22 @@ impl PerCpuPages {
         }
     }
 
-    /// [`PerCpuPages::lock_lists`] without waiting: for the THP list's allocations and frees,
-    /// which never touch the order-0 cache, so they need neither its flush nor a fence.
+    /// The try-lock of the THP list's allocations and frees ([`PcpGuard::with_thp`]): they
+    /// never touch the other caches, so those need neither a flush nor a fence; the THP
+    /// cache is flushed into the list before the holder's work and filled from it after,
+    /// once no section can commit to it (as [`PerCpuPages::fence_remote`] decides, for that
+    /// cache alone). Where that cannot be made sure (no fence), the holder works on the list
+    /// alone and leaves the cache as it is.
+    #[inline]
+    pub fn try_lock_thp<'a>(&'a self, zone: &'a Zone) -> Option<PcpGuard<'a>> {
+        let mut g = self.try_lock_lists(zone)?;
+        if rseq::enabled() && (self.thp_cache.closed() || crate::sys::rseq_cpu_id() == Some(self.cpu) || self.fence()) {
+            g.cache = Cache::Thp;
+        }
+        Some(g)
+    }
+
+    /// [`PerCpuPages::lock_lists`] without waiting: for the holders that never touch a cache.
     #[inline]
     pub fn try_lock_lists<'a>(&'a self, zone: &'a Zone) -> Option<PcpGuard<'a>> {
         // `then`, not `then_some`: a guard built for a failed attempt would unlock, on drop,
@@ -431,7 +472,7 @@ impl PerCpuPages {
     /// Whether a `decay_high` would change these lists: not as of the last unlock, and the
     /// cache has not moved since (a lock-free hint, for the worker).
     pub fn needs_decay(&self) -> bool {
-        !self.decay_idle.load(Ordering::Relaxed) || self.unsettled() != 0
+        !self.decay_idle.load(Ordering::Relaxed) || self.unsettled() != 0 || self.thp_cache.len() != 0
     }
 
     /// `membarrier` calls made to fence this CPU's critical sections.
@@ -486,6 +527,38 @@ impl PerCpuPages {
         Ok(frames)
     }
 
+    /// Checks the THP cache's blocks (each a block of `zone` of [`PCP_THP_ORDER`], tagged
+    /// `PCP|order`) and that with the `listed` blocks of the THP list it keeps within the
+    /// list's bound; returns its frames. As [`PerCpuPages::check_cache`], while no
+    /// allocation or free runs on these lists.
+    pub fn check_thp_cache(&self, zone: &Zone, listed: usize) -> Result<usize, String> {
+        let (len, limit) = (self.thp_cache.len(), self.thp_cache.limit.load(Ordering::Relaxed));
+        if limit > THP_CACHE_CAP || len > THP_CACHE_CAP || len + listed > PCP_THP_HIGH {
+            return Err(format!(
+                "zone {}: cpu {} THP cache holds {len} blocks (bound {limit}) beside {listed} on the list, \
+                 above {PCP_THP_HIGH}",
+                zone.id.0, self.cpu
+            ));
+        }
+        for slot in &self.cache[THP_FIRST_SLOT..THP_FIRST_SLOT + len] {
+            let pfn = Pfn(slot.load(Ordering::Relaxed));
+            if !zone.contains(pfn) || !pfn.is_aligned(PCP_THP_ORDER) {
+                return Err(format!(
+                    "zone {}: cpu {} THP cache holds {:#x}, not a block of the zone",
+                    zone.id.0, self.cpu, pfn.0
+                ));
+            }
+            let s = zone.state(pfn).load(Ordering::Relaxed);
+            if s != mem_map::state(PCP, PCP_THP_ORDER) {
+                return Err(format!(
+                    "zone {}: cpu {} THP cache block {:#x} has state {s:#x}",
+                    zone.id.0, self.cpu, pfn.0
+                ));
+            }
+        }
+        Ok(len << PCP_THP_ORDER.0)
+    }
+
     /// Frames in the cache that the zone counters do not know of yet (negative: frames
     /// that left it): the lock-free churn since the last unlock.
     pub fn unsettled(&self) -> isize {
@@ -528,7 +601,8 @@ impl PerCpuPages {
     fn caches_closed(&self) -> bool {
         self.cache_len() == 0
             && self.cache_limit.load(Ordering::Relaxed) == 0
-            && self.small.iter().all(|c| c.len() == 0 && c.limit.load(Ordering::Relaxed) == 0)
+            && self.small.iter().all(SmallCache::closed)
+            && self.thp_cache.closed()
     }
 
     /// Fences this CPU's critical sections, counting the calls; whether it was done.
@@ -546,14 +620,39 @@ impl PerCpuPages {
     /// so that reading them never holds up an allocation.
     pub fn pageset_hint(&self) -> (usize, usize, usize) {
         let s = self.shape_hint.load(Ordering::Relaxed);
-        let count = self.count_hint.load(Ordering::Relaxed) + self.cache_frames();
+        let count = self.count_hint.load(Ordering::Relaxed) + self.every_cache_frames();
         (count, (s & 0xFFFF_FFFF) as usize, (s >> 32) as usize)
     }
 
     /// Frames on the THP list as of the last unlock (exact once allocation stops), which the
     /// zone's `nr_zone_pcp_pages` counter leaves out.
+    /// Its cache's blocks are read as they are now, as [`PerCpuPages::pageset_hint`] reads
+    /// the other caches.
     pub fn thp_pages(&self) -> usize {
-        self.thp_hint.load(Ordering::Relaxed)
+        self.thp_hint.load(Ordering::Relaxed) + self.thp_cached()
+    }
+
+    /// Frames in every cache, the THP cache's with the others' (what the lists' owner holds
+    /// beside the lists).
+    #[inline]
+    pub fn every_cache_frames(&self) -> usize {
+        self.cache_frames() + self.thp_cached()
+    }
+
+    /// Frames in the THP cache now (none without rseq, whose sections alone fill it).
+    #[inline]
+    fn thp_cached(&self) -> usize {
+        if rseq::enabled() {
+            self.thp_cache.len() << PCP_THP_ORDER.0
+        } else {
+            0
+        }
+    }
+
+    /// Blocks in the THP cache: for tests, on lists no other thread uses meanwhile.
+    #[cfg(test)]
+    pub(crate) fn thp_cache_len(&self) -> usize {
+        self.thp_cache.len()
     }
 
     /// Blocks in the rseq cache.
@@ -619,21 +718,21 @@ impl PerCpuPages {
     /// `pgalloc` (with the NUMA hit and local) and of `pgfree` those paths count for free.
     /// A sequence lock keeps a fold from being seen half done.
     pub fn fast_counts(&self) -> (u64, u64) {
-        self.read_counts(&self.folded, &[&self.cache_word], 0)
+        self.read_counts(&self.folded, &[(&self.cache_word, 0)])
     }
 
-    /// Pops and pushes: `folded` plus the counts of `words`, the word `i` of them counting
-    /// blocks of `2^(first_order + i)` frames, read under the sequence lock (`fold_seq`), so
-    /// that a fold, which moves counts from the words into the folded totals, is never seen
-    /// half done.
-    fn read_counts(&self, folded: &[AtomicU64; 2], words: &[&AtomicU64], first_order: usize) -> (u64, u64) {
+    /// Pops and pushes: `folded` plus the counts of `words`, each counting blocks of
+    /// `2^order` frames (`(word, order)`), read under the sequence lock (`fold_seq`), so that
+    /// a fold, which moves counts from the words into the folded totals, is never seen half
+    /// done.
+    fn read_counts(&self, folded: &[AtomicU64; 2], words: &[(&AtomicU64, u8)]) -> (u64, u64) {
         loop {
             let seq = self.fold_seq.load(Ordering::Acquire);
             let mut counts = [folded[0].load(Ordering::Relaxed), folded[1].load(Ordering::Relaxed)];
-            for (i, w) in words.iter().enumerate() {
+            for &(w, order) in words {
                 let w = w.load(Ordering::Relaxed);
                 for (n, shift) in counts.iter_mut().zip([word::POPS_SHIFT, word::PUSHES_SHIFT]) {
-                    *n = n.wrapping_add(((w >> shift) & word::COUNT) << (first_order + i));
+                    *n = n.wrapping_add(((w >> shift) & word::COUNT) << order);
                 }
             }
             crate::sync::fence(Ordering::Acquire);
@@ -644,13 +743,16 @@ impl PerCpuPages {
         }
     }
 
-    /// The frames the sections of the caches of orders 1 to 3 popped and pushed (each
-    /// block counted as its frames), since the lists were made (wrapping): the part of
-    /// `pgalloc` and `pgfree` those caches count in their commits. Under the same sequence
-    /// lock as [`PerCpuPages::fast_counts`].
+    /// The frames the sections of the caches of orders 1 to 3 and of the THP cache popped
+    /// and pushed (each block counted as its frames), since the lists were made (wrapping):
+    /// the part of `pgalloc` and `pgfree` those caches count in their commits. Under the
+    /// same sequence lock as [`PerCpuPages::fast_counts`].
     pub fn small_counts(&self) -> (u64, u64) {
-        let words = self.small.each_ref().map(|c| &c.word);
-        self.read_counts(&self.folded_small, &words, 1)
+        let [a, b, c] = &self.small;
+        self.read_counts(
+            &self.folded_small,
+            &[(&a.word, 1), (&b.word, 2), (&c.word, 3), (&self.thp_cache.word, PCP_THP_ORDER.0)],
+        )
     }
 
     /// Moves the counts out of the cache words into `folded` and `folded_small`, keeping the
@@ -658,26 +760,47 @@ impl PerCpuPages {
     #[inline]
     fn fold_counts(&self) {
         let w = self.cache_word.load(Ordering::Relaxed);
-        if w & !word::LEN != 0 || self.small.iter().any(|c| c.word.load(Ordering::Relaxed) & !word::LEN != 0) {
+        let counts = |c: &SmallCache| c.word.load(Ordering::Relaxed) & !word::LEN != 0;
+        if w & !word::LEN != 0 || self.small.iter().any(counts) || counts(&self.thp_cache) {
             self.fold_counts_now(w);
+        }
+    }
+
+    /// Moves the THP cache's counts into `folded_small` (lock held, with no section able to
+    /// commit to that cache: [`PerCpuPages::try_lock_thp`]).
+    #[inline]
+    fn fold_thp_counts(&self) {
+        let w = self.thp_cache.word.load(Ordering::Relaxed);
+        if w & !word::LEN != 0 {
+            self.fold_words(&[], &[(&self.thp_cache, PCP_THP_ORDER.0)]);
         }
     }
 
     /// [`PerCpuPages::fold_counts`] when a word holds counts, `w` the order-0 cache's (with
     /// rseq, nearly every holder that flushes the order-0 cache: its sections count).
     fn fold_counts_now(&self, w: u64) {
-        let small = self.small.each_ref().map(|c| c.word.load(Ordering::Relaxed));
+        let [a, b, c] = &self.small;
+        self.fold_words(&[w], &[(a, 1), (b, 2), (c, 3), (&self.thp_cache, PCP_THP_ORDER.0)]);
+    }
+
+    /// Moves the counts of the order-0 cache's word (`order0`, its value: none or one) into
+    /// `folded` and those of the caches `others` (each with its blocks' order) into
+    /// `folded_small`, keeping the lengths, under the sequence lock the readers check.
+    fn fold_words(&self, order0: &[u64], others: &[(&SmallCache, u8)]) {
         let seq = self.fold_seq.load(Ordering::Relaxed);
         self.fold_seq.store(seq.wrapping_add(1), Ordering::Relaxed);
         crate::sync::fence(Ordering::Release);
         let add = |f: &AtomicU64, n: u64| f.store(f.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
-        for (f, shift) in self.folded.iter().zip([word::POPS_SHIFT, word::PUSHES_SHIFT]) {
-            add(f, (w >> shift) & word::COUNT);
+        for &w in order0 {
+            for (f, shift) in self.folded.iter().zip([word::POPS_SHIFT, word::PUSHES_SHIFT]) {
+                add(f, (w >> shift) & word::COUNT);
+            }
+            self.cache_word.store(w & word::LEN, Ordering::Relaxed);
         }
-        self.cache_word.store(w & word::LEN, Ordering::Relaxed);
-        for (i, (c, sw)) in self.small.iter().zip(small).enumerate() {
+        for &(c, order) in others {
+            let sw = c.word.load(Ordering::Relaxed);
             for (f, shift) in self.folded_small.iter().zip([word::POPS_SHIFT, word::PUSHES_SHIFT]) {
-                add(f, ((sw >> shift) & word::COUNT) << (i + 1));
+                add(f, ((sw >> shift) & word::COUNT) << order);
             }
             c.word.store(sw & word::LEN, Ordering::Relaxed);
         }
@@ -705,10 +828,10 @@ impl PerCpuPages {
         self.cache_word.store((w & !word::LEN) | n as u64, Ordering::Relaxed);
     }
 
-    /// Whether the lists looked empty at the last unlock and the cache is empty now: a hint
+    /// Whether the lists looked empty at the last unlock and the caches are empty now: a hint
     /// (a free may land at any moment), used to skip drains that would find nothing.
     pub fn looks_empty(&self) -> bool {
-        self.count_hint.load(Ordering::Relaxed) == 0 && self.cache_frames() == 0
+        self.count_hint.load(Ordering::Relaxed) == 0 && self.every_cache_frames() == 0
     }
 }
 
@@ -746,6 +869,9 @@ enum Cache {
     Count,
     /// Leaves it alone (`lock_lists`, `try_lock_lists`, or a fence that failed).
     Leave,
+    /// Leaves every cache alone but the THP cache, which it flushes into the THP list before
+    /// its work and fills after (`try_lock_thp`, with the fence done or not needed).
+    Thp,
 }
 
 impl PcpGuard<'_> {
@@ -796,11 +922,13 @@ impl PcpGuard<'_> {
         // The small caches this holder flushes into their lists (a bit per order); the
         // others, if it works on the caches, count in `count` while it works.
         let flushed: u8 = match mode {
-            Cache::Leave => 0,
+            Cache::Leave | Cache::Thp => 0,
             Cache::Flush if self.keep_small => 0,
             Cache::Count if small != 0 => 1 << small,
             Cache::Flush | Cache::Count => SMALL_ORDERS,
         };
+        // Drains, decay, tuning and the bulk calls see the THP list whole.
+        let flush_thp = mode == Cache::Flush && !self.keep_small && rseq_on;
         // SAFETY: this guard exists only while its creator holds `pcp.lock` (try_lock/lock/
         // lock_lists), and `&mut self` keeps this the only access through it.
         unsafe {
@@ -811,7 +939,7 @@ impl PcpGuard<'_> {
                 // a cache meanwhile (the fence is done or not needed, and new sections find
                 // the lock held), so these lengths hold.
                 let mut counted = 0;
-                if mode != Cache::Leave && rseq_on {
+                if matches!(mode, Cache::Flush | Cache::Count) && rseq_on {
                     pcp.fold_counts();
                     pcp.flush_small(inner, flushed);
                     counted = pcp.small_frames_but(flushed);
@@ -822,9 +950,16 @@ impl PcpGuard<'_> {
                 if mode == Cache::Flush {
                     pcp.flush_cache(inner);
                 }
+                if flush_thp {
+                    pcp.flush_thp(inner);
+                }
                 inner.count += counted;
                 let r = f(inner);
                 inner.count -= counted;
+                if flush_thp {
+                    // Room for frees within the list's bound; the next THP holder fills it.
+                    pcp.shrink_thp_limit(inner);
+                }
                 match mode {
                     Cache::Flush => pcp.fill_cache(zone, inner, allocating),
                     Cache::Count if rseq_on => {
@@ -833,7 +968,7 @@ impl PcpGuard<'_> {
                         }
                         pcp.set_cache_limits_now(inner);
                     }
-                    Cache::Count | Cache::Leave => {}
+                    Cache::Count | Cache::Leave | Cache::Thp => {}
                 }
                 pcp.count_hint.store(inner.pages(), Ordering::Relaxed);
                 pcp.thp_hint.store(inner.thp.len() << PCP_THP_ORDER.0, Ordering::Relaxed);
@@ -854,21 +989,30 @@ impl PcpGuard<'_> {
         }
     }
 
-    /// [`PcpGuard::with`] for a holder of [`PerCpuPages::try_lock_lists`] whose `f` moves
-    /// blocks on and off the THP list alone: `count`, `high`, `batch` and the cache are as
-    /// they were, so of the unlock's bookkeeping only the hints that read the THP list are
-    /// written (the cache's churn, if any, is settled by a later holder, as under
-    /// `lock_lists`).
+    /// [`PcpGuard::with`] for a holder of [`PerCpuPages::try_lock_thp`] whose `f` moves
+    /// blocks on and off the THP list alone: `count`, `high`, `batch` and the other caches
+    /// are as they were, so of the unlock's bookkeeping only the hints that read the THP
+    /// list are written (the other caches' churn, if any, is settled by a later holder, as
+    /// under `lock_lists`). The THP cache's blocks join the list for `f` and as many as the
+    /// list's rules keep go back after ([`PerCpuPages::fill_thp_cache`]).
     #[inline]
     pub fn with_thp<R>(&mut self, f: impl FnOnce(&mut PcpInner) -> R) -> R {
-        let pcp = self.pcp;
-        debug_assert_eq!(self.cache, Cache::Leave);
+        let (pcp, zone) = (self.pcp, self.zone);
+        let thp = self.cache == Cache::Thp;
+        debug_assert!(matches!(self.cache, Cache::Leave | Cache::Thp));
         // SAFETY: as in `with`: the guard's lock is held and `&mut self` makes this the only
         // access through it.
         unsafe {
             pcp.inner.with_mut(|inner| {
                 let (count, high, batch) = (inner.count, inner.high, inner.batch);
+                if thp {
+                    pcp.fold_thp_counts();
+                    pcp.flush_thp(inner);
+                }
                 let r = f(inner);
+                if thp {
+                    pcp.fill_thp_cache(zone, inner);
+                }
                 debug_assert_eq!((count, high, batch), (inner.count, inner.high, inner.batch));
                 pcp.count_hint.store(inner.pages(), Ordering::Relaxed);
                 pcp.thp_hint.store(inner.thp.len() << PCP_THP_ORDER.0, Ordering::Relaxed);
@@ -967,6 +1111,51 @@ impl PerCpuPages {
             }
             inner.count += n << o;
             c.set_len(0);
+        }
+    }
+
+    /// Moves the THP cache's blocks to the THP list (lock held, no section able to commit to
+    /// that cache), where they count as the list's.
+    #[inline]
+    fn flush_thp(&self, inner: &mut PcpInner) {
+        let n = self.thp_cache.len();
+        if n == 0 {
+            return;
+        }
+        for slot in &self.cache[THP_FIRST_SLOT..THP_FIRST_SLOT + n] {
+            inner.thp.push(slot.load(Ordering::Relaxed));
+        }
+        self.thp_cache.set_len(0);
+    }
+
+    /// Moves the THP list's newest blocks into the (flushed, so empty) THP cache and opens
+    /// it for frees up to the list's rules: [`PCP_THP_HIGH`] blocks in the list and the
+    /// cache together, none kept while the zone is below its high watermark (as
+    /// `free_thp`), so the next allocations and frees of the order take a section and no
+    /// lock. The list's length drops with the move, as a pop's does, so `thp_min` (the
+    /// decay's count of idle blocks) takes it in. Lock held, the cache this holder's.
+    #[inline]
+    fn fill_thp_cache(&self, zone: &Zone, inner: &mut PcpInner) {
+        let take = inner.thp.len().min(THP_CACHE_CAP);
+        let start = inner.thp.len() - take;
+        for (slot, pfn) in self.cache[THP_FIRST_SLOT..].iter().zip(inner.thp.drain(start..)) {
+            slot.store(pfn, Ordering::Relaxed);
+        }
+        inner.thp_min = inner.thp_min.min(inner.thp.len());
+        self.thp_cache.set_len(take);
+        let keep = if zone.nr_free() >= zone.watermark(crate::zone::Watermark::High) { PCP_THP_HIGH } else { 0 };
+        let limit = keep.saturating_sub(inner.thp.len()).min(THP_CACHE_CAP);
+        self.thp_cache.limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Lowers the THP cache's bound so that the list and the cache stay within
+    /// [`PCP_THP_HIGH`] blocks together, after a holder that flushed the cache (lock held).
+    #[inline]
+    fn shrink_thp_limit(&self, inner: &PcpInner) {
+        let room = PCP_THP_HIGH.saturating_sub(inner.thp.len()).min(THP_CACHE_CAP);
+        let limit = self.thp_cache.limit.load(Ordering::Relaxed);
+        if limit > room {
+            self.thp_cache.limit.store(room, Ordering::Relaxed);
         }
     }
 

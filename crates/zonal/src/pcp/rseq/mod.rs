@@ -1,6 +1,7 @@
 //! Restartable sequences over the per-CPU caches: pop and push of one block (order 0, or one
-//! of orders 1 to 3 in its order's cache) or of a run of order-0 blocks, with no lock and no
-//! atomic read-modify-write, the way Linux relies on preemption being disabled.
+//! of orders 1 to 3 or the pageblock order in its order's cache) or of a run of order-0
+//! blocks, with no lock and no atomic read-modify-write, the way Linux relies on preemption
+//! being disabled.
 //!
 //! Each critical section reads the CPU id from the thread's rseq area (registered by glibc),
 //! finds that CPU's `PerCpuPages`, gives up if its lock is held, and commits with one store
@@ -253,30 +254,31 @@ pub unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize) -> usize {
     unsafe { arch::push_frame(rseq, t, pfn) }
 }
 
-/// Pops a block of `order` (1 to [`crate::pcp::PCP_MAX_ORDER`]) from that order's cache of
-/// the current CPU's local-zone lists in one section, as [`pop_local`] does for order 0,
-/// and returns it with that CPU, counting it in the cache's word (its pops, `pcp::word`);
-/// `None` when the zone is not above `low` for every order up to 3 (`Zone::above_low` below
-/// `ABOVE_LOW_SMALL`), the cache is empty, the lists are locked or a stand-in, the count of
+/// Pops a block of `order` (1 to [`crate::pcp::PCP_MAX_ORDER`], or the pageblock order)
+/// from that order's cache of the current CPU's local-zone lists in one section, as
+/// [`pop_local`] does for order 0, and returns it with that CPU, counting it in the cache's
+/// word (its pops, `pcp::word`); `None` when the zone's level is below `LEVEL` (the lists'
+/// gate, `Zone::above_low`: `ABOVE_LOW_SMALL` for orders up to 3, `ABOVE_LOW_THP` for the
+/// pageblock order), the cache is empty, the lists are locked or a stand-in, the count of
 /// pops is at its guard bit, or the section was interrupted.
 ///
 /// # Safety
-/// As [`pop_local`], and `order` is 1 to `PCP_MAX_ORDER`.
+/// As [`pop_local`], and `order` is 1 to `PCP_MAX_ORDER` or `PCP_THP_ORDER`.
 #[inline]
-pub unsafe fn pop_small_local(t: &LocalTable, order: crate::types::Order) -> Option<(usize, usize)> {
+pub unsafe fn pop_small_local<const LEVEL: u8>(t: &LocalTable, order: crate::types::Order) -> Option<(usize, usize)> {
     // SAFETY: the caller's contract, which is the section's.
-    unsafe { arch::pop_small_local(t, order) }
+    unsafe { arch::pop_small_local::<LEVEL>(t, order) }
 }
 
-/// Pushes a block of `order` (1 to [`crate::pcp::PCP_MAX_ORDER`], its head already tagged
-/// `PCP|order`) onto that order's cache of the current CPU's lists for the block's zone,
+/// Pushes a block of `order` (1 to [`crate::pcp::PCP_MAX_ORDER`] or the pageblock order,
+/// its head already tagged `PCP|order`) onto that order's cache of the current CPU's lists for the block's zone,
 /// found as [`push_frame`] finds them, in one section, counting it in the cache's word (its
 /// pushes), and returns the CPU; `usize::MAX` when the cache is at its bound, the lists are
 /// locked, the count of pushes is at its guard bit, the block has no zone in `t`, or the
 /// section was interrupted.
 ///
 /// # Safety
-/// As [`push_frame`], and `order` is 1 to `PCP_MAX_ORDER`.
+/// As [`push_frame`], and `order` is 1 to `PCP_MAX_ORDER` or `PCP_THP_ORDER`.
 #[inline]
 pub unsafe fn push_small_frame(rseq: isize, t: &FrameTable, pfn: usize, order: crate::types::Order) -> usize {
     // SAFETY: the caller's contract, which is the section's.
@@ -364,7 +366,8 @@ mod tests {
             // stand-in.
             unsafe {
                 assert_eq!(pop_local(&t), None);
-                assert_eq!(pop_small_local(&t, crate::types::Order(2)), None);
+                assert_eq!(pop_small_local::<{ crate::zone::ABOVE_LOW_SMALL }>(&t, crate::types::Order(2)), None);
+                assert_eq!(pop_small_local::<{ crate::zone::ABOVE_LOW_THP }>(&t, crate::pcp::PCP_THP_ORDER), None);
             }
         }
         let absent = vec![std::ptr::from_ref(&ABSENT_STANDIN) as usize; LOCAL_CPUS];
@@ -382,6 +385,7 @@ mod tests {
         unsafe {
             assert_eq!(push_frame(rseq, &ft, 0x1234), usize::MAX);
             assert_eq!(push_small_frame(rseq, &ft, 0x1234, crate::types::Order(1)), usize::MAX);
+            assert_eq!(push_small_frame(rseq, &ft, 0x1200, crate::pcp::PCP_THP_ORDER), usize::MAX);
         }
         assert!(LOCKED_STANDIN.0.iter().all(|&b| b == 1), "the stand-in is never written");
         assert_eq!(ABSENT_STANDIN.0, absent_bytes(), "nor is the absent one");

@@ -69,7 +69,7 @@ pub(super) unsafe fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize 
 /// # Safety
 /// As [`super::pop_small_local`].
 #[inline]
-pub(super) unsafe fn pop_small_local(t: &LocalTable, order: Order) -> Option<(usize, usize)> {
+pub(super) unsafe fn pop_small_local<const LEVEL: u8>(t: &LocalTable, order: Order) -> Option<(usize, usize)> {
     let _ = (t, order);
     None
 }

@@ -13,10 +13,11 @@
 //! section, the last instruction of its restartable range; every cache slot a push writes
 //! before it lies at or above the old length and below the cache's bound (`cache_limit <=
 //! CACHE_CAP` for order 0, a small cache's `limit <= SMALL_CACHE_CAP` inside its order's
-//! slots), dead until the commit. Every push reads the bound before the word.
+//! slots, the THP cache's `limit <= THP_CACHE_CAP` inside its own), dead until the commit.
+//! Every push reads the bound before the word.
 
 use super::{FrameTable, LocalTable, Table};
-use crate::pcp::{word, PerCpuPages, SmallCache, CACHE_CAP, SMALL_CACHE_CAP};
+use crate::pcp::{word, PerCpuPages, SmallCache, CACHE_CAP, NR_PCP_LISTS, SMALL_CACHE_CAP};
 use crate::types::Order;
 use std::mem::MaybeUninit;
 
@@ -509,37 +510,39 @@ pub(super) unsafe fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize 
     }
 }
 
-/// Where the cache of `order` (1 to 3) lies from its `PerCpuPages`: the offset of its
-/// word (its bound follows, 8 bytes on), and the index of its first slot among the slots at
-/// `cache`. Registers, not constants: the order is the caller's.
+/// Where the cache of `order` (1 to 3, or the pageblock order's, the fourth, which follows
+/// theirs) lies from its `PerCpuPages`: the offset of its word (its bound follows, 8 bytes
+/// on), and the index of its first slot among the slots at `cache`. Registers, not
+/// constants: the order is the caller's.
 #[inline(always)]
 fn small_offsets(order: Order) -> (usize, usize) {
-    let i = order.0 as usize - 1;
+    let i = (order.0 as usize - 1).min(NR_PCP_LISTS - 1);
     (std::mem::offset_of!(PerCpuPages, small) + i * std::mem::size_of::<SmallCache>(), CACHE_CAP + i * SMALL_CACHE_CAP)
 }
 
 const _: () = assert!(std::mem::offset_of!(SmallCache, limit) == std::mem::offset_of!(SmallCache, word) + 8);
 
-/// The x86-64 body of [`super::pop_small_local`].
+/// The x86-64 body of [`super::pop_small_local`]: the gate asked for `LEVEL`.
 ///
 /// # Safety
 /// As [`super::pop_small_local`].
 #[inline]
-pub(super) unsafe fn pop_small_local(t: &LocalTable, order: Order) -> Option<(usize, usize)> {
+pub(super) unsafe fn pop_small_local<const LEVEL: u8>(t: &LocalTable, order: Order) -> Option<(usize, usize)> {
     let (coff, first) = small_offsets(order);
     let out: usize;
     let cpu: usize;
     // SAFETY: as in `pop_local`: `t.local` holds `LOCAL_CPUS` addresses of live
     // `PerCpuPages` or of a stand-in, indexed only with a CPU id checked against
     // `LOCAL_CPUS`, and read past the gate and lock only when the lock is clear (so not in
-    // a stand-in). The cache's length (in the word at `coff`, with
-    // `order` 1 to 3 inside `small`) never exceeds `SMALL_CACHE_CAP`, so the slot read lies
-    // inside the order's slots (from index `first` at `cache`). The kernel runs the
+    // a stand-in). The cache's length (in the word at `coff`, with `order` 1 to 3 inside
+    // `small`, or the THP cache's just after) never exceeds its slots (`SMALL_CACHE_CAP`,
+    // `THP_CACHE_CAP`), so the slot read lies inside the order's (from index `first` at
+    // `cache`). The kernel runs the
     // section uninterrupted on that CPU up to the commit or restarts it at the abort handler.
     unsafe {
         rseq_local_section!(
             t,
-            crate::zone::ABOVE_LOW_SMALL,
+            LEVEL,
             cpu,
             out,
             [
@@ -573,8 +576,9 @@ pub(super) unsafe fn push_small_frame(rseq: isize, t: &FrameTable, pfn: usize, o
     let (coff, first) = small_offsets(order);
     let cpu: usize;
     // SAFETY: as in `push_frame` for the lists found; the slot written lies at the order's
-    // cache length, below its bound (`limit <= SMALL_CACHE_CAP`), inside the order's slots
-    // (from index `first`), and is dead until the commit.
+    // cache length, below its bound (`limit <= SMALL_CACHE_CAP`, the THP cache's `<=
+    // THP_CACHE_CAP`), inside the order's slots (from index `first`), and is dead until the
+    // commit.
     unsafe {
         rseq_frame_section!(
             rseq,
