@@ -300,9 +300,9 @@ pub struct PerCpuPages {
     /// by the holders that flush every cache (drains, decay, tuning, the bulk calls).
     thp_cache: SmallCache,
     /// The caches' slots: the order-0 cache's `CACHE_CAP`, then `SMALL_CACHE_CAP` per order
-    /// 1 to 3, then the THP cache's `THP_CACHE_CAP`. In the struct, so that a section addresses a slot from the lists' address with
-    /// no load of the slots' own (a load the order-0 pair, bound by its memory operations,
-    /// paid twice).
+    /// 1 to 3, then the THP cache's `THP_CACHE_CAP`. In the struct, so that a section
+    /// addresses a slot from the lists' address with no load of the slots' own (a load the
+    /// order-0 pair, bound by its memory operations, paid twice).
     cache: [AtomicUsize; CACHE_SLOTS],
 }
 
@@ -624,10 +624,8 @@ impl PerCpuPages {
         (count, (s & 0xFFFF_FFFF) as usize, (s >> 32) as usize)
     }
 
-    /// Frames on the THP list as of the last unlock (exact once allocation stops), which the
-    /// zone's `nr_zone_pcp_pages` counter leaves out.
-    /// Its cache's blocks are read as they are now, as [`PerCpuPages::pageset_hint`] reads
-    /// the other caches.
+    /// Frames on the THP list as of the last unlock and in its cache now (exact once
+    /// allocation stops), which the zone's `nr_zone_pcp_pages` counter leaves out.
     pub fn thp_pages(&self) -> usize {
         self.thp_hint.load(Ordering::Relaxed) + self.thp_cached()
     }
