@@ -11,8 +11,9 @@ impl Zonal {
     /// that zonal owns the address, its alignment, and that a live block of exactly this order
     /// starts there. Any failure leaves everything as it was.
     ///
-    /// Orders 0 to 3 try their restartable sequence here, every other call of which is a
-    /// tail call, so the path saves no register; everything else runs on the locked path.
+    /// Orders 0 to 3 and 9 try their restartable sequences here, every other call of which
+    /// is a tail call, so the path saves no register; everything else runs on the locked
+    /// path.
     #[inline(always)]
     pub fn free_pages(&self, addr: *mut u8, order: u32) -> Result<()> {
         let key = self.key.load();
@@ -20,7 +21,7 @@ impl Zonal {
             if order == 0 {
                 return self.free_order0_fast(key, rseq, addr as usize);
             }
-            if order.wrapping_sub(1) < pcp::PCP_MAX_ORDER as u32 {
+            if order.wrapping_sub(1) < pcp::PCP_MAX_ORDER as u32 || order == PCP_THP_ORDER.0 as u32 {
                 return self.free_small_fast(key, rseq, addr as usize, Order(order as u8));
             }
         }
@@ -39,16 +40,8 @@ impl Zonal {
 
     /// [`Zonal::free_pages`] past the restartable sequences (and where they give way): the
     /// locked path, out of line, so that its prologue's saved registers stay off theirs.
-    /// The pageblock order's blocks try their cache's section here first (as orders 1 to
-    /// 3's in [`Zonal::free_pages`]).
     #[inline(never)]
     pub(super) fn free_pages_general(&self, addr: *mut u8, order: u32) -> Result<()> {
-        if order == PCP_THP_ORDER.0 as u32 {
-            let key = self.key.load();
-            if let Some(rseq) = key.rseq() {
-                return self.free_small_fast(key, rseq, addr as usize, PCP_THP_ORDER);
-            }
-        }
         self.free_pages_locked(addr, order)
     }
 
