@@ -964,6 +964,15 @@ mod tests {
             assert_eq!(z.event(VmEvent::Pgfree) - events.1, frames);
             assert_eq!(pcp.thp_cache_len(), len);
             assert_eq!(z.check_invariants(), Ok(0), "the cache's frames are counted as on the lists");
+            // The block freed last sits on top of the cache: `check_invariants` reads its tag.
+            let p = z.alloc_pages(Gfp::KERNEL, thp).unwrap();
+            z.free_pages(p.as_ptr(), thp).unwrap();
+            let state = z.mem.zones[0].state(z.addr_to_pfn(p.as_ptr()).unwrap());
+            let tag = state.swap(mem_map::state(ALLOCATED, PCP_THP_ORDER), Ordering::Relaxed);
+            let err = z.check_invariants().expect_err("a cached block tagged allocated");
+            assert!(err.contains("order-9 cache block"), "{err}");
+            state.store(tag, Ordering::Relaxed);
+            assert_eq!(z.check_invariants(), Ok(0));
             // More blocks out than list and cache hold: back, they keep to the bound (checked
             // by `check_invariants`) and the rest returns to the buddy.
             let held: Vec<_> = (0..5).map(|_| z.alloc_pages(Gfp::KERNEL, thp).unwrap()).collect();

@@ -506,22 +506,7 @@ impl PerCpuPages {
                     zone.id.0, self.cpu
                 ));
             }
-            for slot in &self.small_slots(order)[..len] {
-                let pfn = Pfn(slot.load(Ordering::Relaxed));
-                if !zone.contains(pfn) || pfn.0 & (order.pages() - 1) != 0 {
-                    return Err(format!(
-                        "zone {}: cpu {} order-{o} cache holds {:#x}, not a block of the zone",
-                        zone.id.0, self.cpu, pfn.0
-                    ));
-                }
-                let s = zone.state(pfn).load(Ordering::Relaxed);
-                if s != mem_map::state(PCP, order) {
-                    return Err(format!(
-                        "zone {}: cpu {} order-{o} cache block {:#x} has state {s:#x}",
-                        zone.id.0, self.cpu, pfn.0
-                    ));
-                }
-            }
+            self.check_blocks(zone, &self.small_slots(order)[..len], order)?;
             frames += len << o;
         }
         Ok(frames)
@@ -540,23 +525,31 @@ impl PerCpuPages {
                 zone.id.0, self.cpu
             ));
         }
-        for slot in &self.cache[THP_FIRST_SLOT..THP_FIRST_SLOT + len] {
+        self.check_blocks(zone, &self.cache[THP_FIRST_SLOT..THP_FIRST_SLOT + len], PCP_THP_ORDER)?;
+        Ok(len << PCP_THP_ORDER.0)
+    }
+
+    /// Checks that every block in `slots` (a cache of `order` above 0) is an aligned block of
+    /// `zone` tagged `PCP|order`.
+    fn check_blocks(&self, zone: &Zone, slots: &[AtomicUsize], order: Order) -> Result<(), String> {
+        let o = order.0;
+        for slot in slots {
             let pfn = Pfn(slot.load(Ordering::Relaxed));
-            if !zone.contains(pfn) || !pfn.is_aligned(PCP_THP_ORDER) {
+            if !zone.contains(pfn) || !pfn.is_aligned(order) {
                 return Err(format!(
-                    "zone {}: cpu {} THP cache holds {:#x}, not a block of the zone",
+                    "zone {}: cpu {} order-{o} cache holds {:#x}, not a block of the zone",
                     zone.id.0, self.cpu, pfn.0
                 ));
             }
             let s = zone.state(pfn).load(Ordering::Relaxed);
-            if s != mem_map::state(PCP, PCP_THP_ORDER) {
+            if s != mem_map::state(PCP, order) {
                 return Err(format!(
-                    "zone {}: cpu {} THP cache block {:#x} has state {s:#x}",
+                    "zone {}: cpu {} order-{o} cache block {:#x} has state {s:#x}",
                     zone.id.0, self.cpu, pfn.0
                 ));
             }
         }
-        Ok(len << PCP_THP_ORDER.0)
+        Ok(())
     }
 
     /// Frames in the cache that the zone counters do not know of yet (negative: frames
