@@ -537,8 +537,8 @@ pub(super) unsafe fn pop_small_local<const LEVEL: u8>(t: &LocalTable, order: Ord
     // a stand-in). The cache's length (in the word at `coff`, with `order` 1 to 3 inside
     // `small`, or the THP cache's just after) never exceeds its slots (`SMALL_CACHE_CAP`,
     // `THP_CACHE_CAP`), so the slot read lies inside the order's (from index `first` at
-    // `cache`). The kernel runs the
-    // section uninterrupted on that CPU up to the commit or restarts it at the abort handler.
+    // `cache`). The kernel runs the section uninterrupted on that CPU up to the commit or
+    // restarts it at the abort handler.
     unsafe {
         rseq_local_section!(
             t,
