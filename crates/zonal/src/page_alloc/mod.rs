@@ -1014,6 +1014,44 @@ mod tests {
         assert_eq!(z.nr_free_pages(NodeId(0)).unwrap(), z.mem.zones[0].managed);
     }
 
+    /// A holder of a CPU's THP list running on another CPU fences that CPU before it touches
+    /// an open THP cache (sections there may be committing to it), and needs no fence for a
+    /// shut one (empty, bound 0: no section can commit); its work then opens the cache.
+    #[test]
+    fn a_remote_thp_holder_fences_an_open_cache_only() {
+        if sys::nr_cpus_online() < 2 {
+            eprintln!("SKIPPED: one CPU, no remote holder to make");
+            return;
+        }
+        on_local_lists("nodes=1,size=64M", |z, pcp| {
+            let zone = &z.mem.zones[z.cpus.local_zone[z.current_cpu()] as usize];
+            let other = (pcp.cpu() + 1) % 2;
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    sys::set_affinity(other as u32).unwrap();
+                    let before = pcp.fences();
+                    let mut g = pcp.try_lock_thp(zone).expect("no other holder");
+                    assert_eq!(pcp.fences(), before, "a shut THP cache needs no fence");
+                    g.with_thp(|_| ());
+                    drop(g);
+                    let mut g = pcp.try_lock_thp(zone).expect("no other holder");
+                    assert!(pcp.fences() > before, "the holder opened the cache: the next one fences");
+                    g.with_thp(|_| ());
+                });
+            });
+            // The lists' own CPU needs no fence, open cache or not.
+            let p = z.alloc_pages(Gfp::KERNEL, PCP_THP_ORDER.0 as u32).unwrap();
+            z.free_pages(p.as_ptr(), PCP_THP_ORDER.0 as u32).unwrap();
+            let before = pcp.fences();
+            let mut g = pcp.try_lock_thp(zone).expect("no other holder");
+            g.with_thp(|_| ());
+            drop(g);
+            assert_eq!(pcp.fences(), before);
+            assert!(pcp.thp_cache_len() > 0);
+            assert_eq!(z.check_invariants(), Ok(0));
+        });
+    }
+
     /// The section of the caches of orders 1 to 3 asks the lists' gate (the zone's level)
     /// for `ABOVE_LOW_SMALL`, the THP cache's for `ABOVE_LOW_THP`: at the level below each
     /// gives way; at the order-0 level alone the small orders' gives way, so the general path
