@@ -131,15 +131,16 @@ pub struct Zone {
     pressure: AtomicBool,
     /// How far the exact free count is above the `low` watermark (clamped to `managed`), in
     /// the levels the per-CPU caches' sections test ([`ABOVE_LOW_ORDER0`],
-    /// [`ABOVE_LOW_SMALL`]): the watermark test of an allocation of order 0, or of every
-    /// order up to 3, which those sections read through each of this zone's lists
-    /// (its copies there, `PerCpuPages::gate`) instead of loading the count and the mark
-    /// after their pop.
-    /// Only the free count and the watermarks decide it,
-    /// so it is kept where they change: by every holder of the zone lock that changes the
-    /// count ([`ZoneLocked`]'s accounting) and by `setup_watermarks`, under the lock; it is
-    /// written only when it flips, and on a line of its own, so that a zone whose count
-    /// hovers at `low` does not bounce the line of the fields every allocation reads.
+    /// [`ABOVE_LOW_SMALL`], [`ABOVE_LOW_THP`]): the watermark test of an allocation of order
+    /// 0, of every order up to 3, or of the pageblock order too, which those sections read
+    /// through each of this zone's lists (its copies there, `PerCpuPages::gate`) instead of
+    /// loading the count and the mark after their pop. Only the free count and the
+    /// watermarks decide it, so it is kept where they change: by every holder of the zone
+    /// lock that changes the count ([`ZoneLocked`]'s accounting) and by `setup_watermarks`,
+    /// under the lock; it is written only when it flips, and on a line of its own, so that a
+    /// zone whose count hovers at `low` (or at `low + 511`, the pageblock order's edge) does
+    /// not bounce the line of the fields every allocation reads. Each flip writes every
+    /// CPU's gate.
     above_low: CachePadded<std::sync::atomic::AtomicU8>,
     /// The copies of `above_low` in this zone's per-CPU lists (`PerCpuPages::gate`), which
     /// the allocation sections read with the lists' lock byte in one load, where reading the
