@@ -93,15 +93,17 @@ impl Zonal {
         }
         let cpu = self.current_cpu();
         let z = self.mem.zones.get(*self.cpus.local_zone.get(cpu)? as usize)?;
-        // The lists' gate first (their line, which the try-lock takes next): the zone's
-        // `above_low` level says whether orders up to 3 pass `low`, as the sections read
-        // it. Below that level, or for the pageblock order, the count itself decides.
-        let passes = match order.0 {
-            0 => self.pcp(cpu, z.id).gate() >= zone::ABOVE_LOW_ORDER0,
-            1..=pcp::PCP_MAX_ORDER => self.pcp(cpu, z.id).gate() >= zone::ABOVE_LOW_SMALL,
-            _ => false,
+        // The watermark test is the lists' gate (on their line, which the try-lock takes
+        // next): the zone's `above_low` level, which every zone-lock holder that changes the
+        // exact free count sets from it, says whether order 0, every order up to 3, or the
+        // pageblock order passes `low`, as the sections read it. Orders 1 and 2 within 7
+        // frames of the edge, which the level does not tell apart, go to the general path.
+        let level = match order.0 {
+            0 => zone::ABOVE_LOW_ORDER0,
+            1..=pcp::PCP_MAX_ORDER => zone::ABOVE_LOW_SMALL,
+            _ => zone::ABOVE_LOW_THP,
         };
-        if !passes && !z.watermark_ok_fast(order, z.watermark(Watermark::Low), false) {
+        if self.pcp(cpu, z.id).gate() < level {
             return None;
         }
         let (pfn, refilled) = self.pcp_take(cpu, z, order)?;
