@@ -514,3 +514,68 @@ fn racing_double_frees_exactly_one_wins_pcp() {
 fn racing_double_frees_exactly_one_wins_buddy_only() {
     racing_frees(TWO_NODES, false);
 }
+
+/// Once allocation stops the snapshots are exact, folds or not. A fold moves a CPU's diff into
+/// the zone's counter in two steps (the diff taken, then added), each under the zone lock; a
+/// reader that takes no allocator lock must never see the diff gone and the counter not yet
+/// moved. Each round leaves unfolded diffs on the CPUs (a few frames allocated from each),
+/// then one thread folds them while this one reads the snapshots without pause.
+#[test]
+fn snapshots_stay_exact_while_the_counters_fold() {
+    const ROUNDS: usize = 3000;
+    let z = zonal(TWO_NODES, false);
+    let node = NodeId(0);
+    let zone = z.node_zones(node).unwrap()[0];
+    let managed = managed(&z, 0);
+    let cpus = allowed_cpus();
+    let barrier = Barrier::new(2);
+    let folded = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (z, barrier, folded) = (&z, &barrier, &folded);
+        s.spawn(move || {
+            let _guard = BreakOnPanic(barrier);
+            for _ in 0..ROUNDS {
+                barrier.wait();
+                z.refresh_vm_stats();
+                folded.store(true, Ordering::Release);
+                barrier.wait();
+            }
+        });
+        let _guard = BreakOnPanic(barrier);
+        let mut rng = Rng::new(7);
+        for round in 0..ROUNDS {
+            // Diffs of different sizes and signs on each CPU: allocations on one, frees of
+            // some of them on another.
+            let mut held = Vec::new();
+            for &cpu in &cpus {
+                zonal::cpu::set_affinity(cpu).unwrap();
+                for _ in 0..1 + rng.below(6) {
+                    held.push(z.alloc_pages_node(node, Gfp::THISNODE, 0).unwrap());
+                }
+                if held.len() > 2 && rng.below(2) == 0 {
+                    z.free_pages(held.pop().unwrap().as_ptr(), 0).unwrap();
+                }
+            }
+            let want = managed - held.len();
+            folded.store(false, Ordering::Relaxed);
+            barrier.wait();
+            let mut reads = 0;
+            loop {
+                let done = folded.load(Ordering::Acquire);
+                assert_eq!(z.nr_free_pages(node), Ok(want), "round {round}, read {reads}");
+                let zone_free = z.zone_page_state_snapshot(zone, zonal::ZoneStatItem::NrFreePages);
+                assert_eq!(zone_free, Ok(want), "round {round}, read {reads}");
+                reads += 1;
+                if done {
+                    break;
+                }
+            }
+            barrier.wait();
+            for p in held {
+                z.free_pages(p.as_ptr(), 0).unwrap();
+            }
+        }
+    });
+    z.drain_all_pages();
+    assert_eq!(z.check_invariants(), Ok(0));
+}

@@ -47,13 +47,32 @@ impl Zonal {
     /// Runs one `decay_pcp_high` pass over every CPU's lists (the background worker does this
     /// every `stat_interval`). Returns the frames drained.
     pub fn decay_pcp_high(&self) -> usize {
+        let _pass = self.pass();
         decay_all(&self.mem.zones, &self.cpus.pcps)
     }
 
     /// `vm.stat_refresh`: folds every CPU's zone-counter diffs now (the worker does it every
     /// `stat_interval`), so the folded counters equal the snapshots once allocation stops.
     pub fn refresh_vm_stats(&self) {
+        let _pass = self.pass();
         fold_all(&self.mem.zones, &self.cpus.pcps);
+    }
+
+    /// Runs a housekeeping pass (decay or fold) to the exclusion of the snapshot readers.
+    fn pass(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
+        self.pass.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Holds off every housekeeping pass, the background worker's included, while the guard
+    /// lives. A pass moves frames and counts between the places a snapshot adds up (a CPU's
+    /// diff into the zone's counter, the caches' churn into the diff, idle lists into the
+    /// buddy lists), each move under its lock but in two steps that a lock-free reader can
+    /// see half done: without this a quiescent handle's `nr_free_pages` could read a diff
+    /// already taken and a counter not yet added to. The exact readers (the snapshots, the
+    /// reports, [`Zonal::check_invariants`]) hold it; nothing holds it across an allocation,
+    /// so it never holds one up. Not re-entrant: take it once, at the outer call.
+    pub(crate) fn settled(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.pass.read().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -106,6 +125,7 @@ impl Worker {
         zones: Arc<[Zone]>,
         pcps: Arc<[PerCpuPages]>,
         interval_ms: Arc<std::sync::atomic::AtomicU64>,
+        pass: Arc<std::sync::RwLock<()>>,
     ) -> Worker {
         let stop = Arc::new((std::sync::Mutex::new(false), Condvar::new()));
         let s = Arc::clone(&stop);
@@ -120,6 +140,7 @@ impl Worker {
                         cv.wait_timeout(stopped, interval).unwrap_or_else(std::sync::PoisonError::into_inner);
                     stopped = g;
                     if !*stopped && timeout.timed_out() {
+                        let _pass = pass.write().unwrap_or_else(std::sync::PoisonError::into_inner);
                         decay_all(&zones, &pcps);
                         fold_all(&zones, &pcps);
                     }

@@ -120,7 +120,9 @@ impl Zonal {
         };
         let nr_zone_stats = nr_cpus * zones.len();
         let stat_interval_ms = Arc::new(std::sync::atomic::AtomicU64::new(stat_interval_ms(config.stat_interval)));
-        let worker = Worker::start(Arc::clone(&zones), Arc::clone(&pcps), Arc::clone(&stat_interval_ms));
+        let pass = Arc::new(std::sync::RwLock::new(()));
+        let worker =
+            Worker::start(Arc::clone(&zones), Arc::clone(&pcps), Arc::clone(&stat_interval_ms), Arc::clone(&pass));
         let z = Zonal {
             id,
             topo,
@@ -172,6 +174,7 @@ impl Zonal {
                 )),
             },
             worker: Some(worker),
+            pass,
             live: std::sync::Mutex::new(None),
         };
         mempolicy::register_handle(z.id);

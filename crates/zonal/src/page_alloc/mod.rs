@@ -83,6 +83,9 @@ pub struct Zonal {
     /// Counters that layers on top of this handle add to its reports (NUMA balancing's).
     sources: CounterSources,
     worker: Option<Worker>,
+    /// Held for writing by each housekeeping pass (the worker's, `decay_pcp_high`,
+    /// `refresh_vm_stats`), for reading by the exact readers ([`Zonal::settled`]).
+    pass: Arc<std::sync::RwLock<()>>,
     /// The live-introspection server while the handle is published ([`crate::live`]).
     live: std::sync::Mutex<Option<crate::live::Server>>,
 }

@@ -35,11 +35,9 @@ impl Zonal {
     /// Free frames of a node in its buddy lists (`NR_FREE_PAGES`: frames on per-CPU lists are
     /// not counted, as in Linux; [`Zonal::nr_pcp_pages`] counts those).
     pub fn nr_free_pages(&self, nid: NodeId) -> Result<usize> {
-        Ok(self
-            .node_zones(nid)?
-            .iter()
-            .map(|z| self.mem.zones[z.0 as usize].page_state_snapshot(ZoneStatItem::NrFreePages))
-            .sum())
+        let zones = self.node_zones(nid)?;
+        let _settled = self.settled();
+        Ok(zones.iter().map(|z| self.mem.zones[z.0 as usize].page_state_snapshot(ZoneStatItem::NrFreePages)).sum())
     }
 
     /// A zone counter as folded (`zone_page_state`): what the fast paths read, behind the
@@ -64,12 +62,18 @@ impl Zonal {
     /// exact once allocation stops.
     pub fn zone_page_state_snapshot(&self, zone: ZoneId, item: ZoneStatItem) -> Result<usize> {
         let z = self.zone_item(zone, item)?;
+        let _settled = self.settled();
+        Ok(self.snapshot(z, item))
+    }
+
+    /// [`Zonal::zone_page_state_snapshot`] for a caller that holds [`Zonal::settled`].
+    pub(crate) fn snapshot(&self, z: &Zone, item: ZoneStatItem) -> usize {
         let v = z.page_state_snapshot(item);
         if item != ZoneStatItem::NrPcpPages {
-            return Ok(v);
+            return v;
         }
-        let churn: isize = (0..self.cpus.nr_cpus).map(|c| self.pcp(c, zone).unsettled()).sum();
-        Ok((v as isize + churn).max(0) as usize + self.thp_on_lists(zone))
+        let churn: isize = (0..self.cpus.nr_cpus).map(|c| self.pcp(c, z.id).unsettled()).sum();
+        (v as isize + churn).max(0) as usize + self.thp_on_lists(z.id)
     }
 
     /// Frames on the CPUs' THP lists of a zone, which its `nr_zone_pcp_pages` counter leaves
@@ -80,9 +84,15 @@ impl Zonal {
 
     /// Frames handed out from a zone (`managed - free - on per-CPU lists`, from snapshots).
     pub fn zone_allocated_pages(&self, zone: ZoneId) -> Result<usize> {
-        let free = self.zone_page_state_snapshot(zone, ZoneStatItem::NrFreePages)?;
-        let pcp = self.zone_page_state_snapshot(zone, ZoneStatItem::NrPcpPages)?;
-        Ok(self.zone(zone)?.managed.saturating_sub(free + pcp))
+        let z = self.zone(zone)?;
+        let _settled = self.settled();
+        Ok(self.allocated(z))
+    }
+
+    /// [`Zonal::zone_allocated_pages`] for a caller that holds [`Zonal::settled`].
+    pub(crate) fn allocated(&self, z: &Zone) -> usize {
+        let free = self.snapshot(z, ZoneStatItem::NrFreePages);
+        z.managed.saturating_sub(free + self.snapshot(z, ZoneStatItem::NrPcpPages))
     }
 
     /// A zone counter over every zone as folded (`global_zone_page_state`).
@@ -97,7 +107,13 @@ impl Zonal {
 
     /// A zone counter over every zone, exact once allocation stops.
     pub fn global_page_state_snapshot(&self, item: ZoneStatItem) -> usize {
-        self.mem.zones.iter().map(|z| self.zone_page_state_snapshot(z.id, item).unwrap_or(0)).sum()
+        let _settled = self.settled();
+        self.global_snapshot(item)
+    }
+
+    /// [`Zonal::global_page_state_snapshot`] for a caller that holds [`Zonal::settled`].
+    pub(crate) fn global_snapshot(&self, item: ZoneStatItem) -> usize {
+        self.mem.zones.iter().filter(|z| self.zone_item(z.id, item).is_ok()).map(|z| self.snapshot(z, item)).sum()
     }
 
     /// `stat_threshold` of a zone as CPU `cpu` applies it (`vm stats threshold`), and whether
@@ -135,6 +151,7 @@ impl Zonal {
     /// frame is in two places. Returns the allocated frames. Call while no other thread
     /// allocates or frees.
     pub fn check_invariants(&self) -> std::result::Result<usize, String> {
+        let _settled = self.settled();
         let mut allocated = 0;
         for z in self.mem.zones.iter() {
             let mut on_pcp = 0;
@@ -155,7 +172,7 @@ impl Zonal {
                 })?;
             }
             on_pcp += pcp::check_transfer(z)?;
-            let counted = self.zone_page_state_snapshot(z.id, ZoneStatItem::NrPcpPages).unwrap_or(usize::MAX);
+            let counted = self.snapshot(z, ZoneStatItem::NrPcpPages);
             if counted != on_pcp {
                 return Err(format!("zone {}: nr_zone_pcp_pages {counted} but the lists hold {on_pcp}", z.id.0));
             }

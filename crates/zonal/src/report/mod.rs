@@ -89,8 +89,9 @@ pub struct ZoneStat {
 }
 
 impl Zonal {
+    /// One zone's figures; the caller holds [`Zonal::settled`].
     fn zone_stat(&self, z: &Zone) -> ZoneStat {
-        let snap = |i| self.zone_page_state_snapshot(z.id, i).unwrap_or(0);
+        let snap = |i| self.snapshot(z, i);
         // The THP lists' frames are no part of the pcp counter; its readers add them.
         let folded = |i| z.page_state(i) + if i == ZoneStatItem::NrPcpPages { self.thp_on_lists(z.id) } else { 0 };
         let mut items = Vec::new();
@@ -100,14 +101,15 @@ impl Zonal {
             items_folded.push((item.name(), folded(item)));
             if item == ZoneStatItem::NrPcpPages {
                 // The derived item, after the two it derives from.
-                items.push((NR_ALLOCATED_NAME.into(), self.zone_allocated_pages(z.id).unwrap_or(0)));
+                items.push((NR_ALLOCATED_NAME.into(), self.allocated(z)));
                 let f = z.managed.saturating_sub(folded(ZoneStatItem::NrFreePages) + folded(ZoneStatItem::NrPcpPages));
                 items_folded.push((NR_ALLOCATED_NAME.into(), f));
             }
         }
-        // No lock is taken: the pagesets as of their last unlock (plus the rseq caches) and
-        // the free blocks from their counters, both exact once allocation stops, so that a
-        // report never holds up an allocation (Linux's buddyinfo takes the zone lock).
+        // No allocator lock is taken (only `settled`, which holds off the housekeeping pass):
+        // the pagesets as of their last unlock (plus the rseq caches) and the free blocks from
+        // their counters, both exact once allocation stops, so that a report never holds up
+        // an allocation (Linux's buddyinfo takes the zone lock).
         let pagesets = (0..self.nr_cpus())
             .filter_map(|cpu| {
                 let (count, high, batch) = self.pageset_hint(cpu, z.id)?;
@@ -140,6 +142,7 @@ impl Zonal {
 
     /// The figures of every zone.
     pub fn zone_stats(&self) -> Vec<ZoneStat> {
+        let _settled = self.settled();
         self.zones().iter().map(|z| self.zone_stat(z)).collect()
     }
 

@@ -48,13 +48,16 @@ impl Zonal {
     /// handle ([`Zonal::add_counter_source`]). A read of the NUMA counters.
     pub fn vmstat_items(&self) -> Vec<(String, u64)> {
         let mut out = Vec::new();
+        let settled = self.settled();
         for item in ZoneStatItem::all(self.max_order()) {
-            out.push((item.name(), self.global_page_state_snapshot(item) as u64));
+            out.push((item.name(), self.global_snapshot(item) as u64));
             if item == ZoneStatItem::NrPcpPages {
-                let allocated: usize = self.zones().iter().map(|z| self.zone_allocated_pages(z.id).unwrap_or(0)).sum();
+                let allocated: usize = self.zones().iter().map(|z| self.allocated(z)).sum();
                 out.push((NR_ALLOCATED_NAME.into(), allocated as u64));
             }
         }
+        // The layers' sources below may read the snapshots themselves.
+        drop(settled);
         for n in NumaStat::ALL {
             let v = self.zones().iter().map(|z| self.numa_stat(z.id, n)).fold(0u64, u64::wrapping_add);
             out.push((n.name().into(), v));
