@@ -11,6 +11,16 @@ impl Zonal {
     /// Returns one CPU's lists, for every zone, to the buddy lists (`drain_local_pages` of that
     /// CPU). Returns the frames moved.
     pub fn drain_cpu_pages(&self, cpu: usize) -> usize {
+        let _settled = self.settled();
+        self.drain_cpu(cpu)
+    }
+
+    /// [`Zonal::drain_cpu_pages`] under [`Zonal::settled`]. Lists that look empty (their
+    /// hint, read without the lock) are skipped. A housekeeping pass would make that hint
+    /// lie: its holder moves the caches' frames into the lists and writes the lists' count
+    /// only as it unlocks, so lists with frames in their cache alone would read empty
+    /// meanwhile, and a drain of a quiescent handle would leave those frames behind.
+    fn drain_cpu(&self, cpu: usize) -> usize {
         if cpu >= self.cpus.nr_cpus || !self.cpus.pcp_enabled {
             return 0;
         }
@@ -30,7 +40,10 @@ impl Zonal {
     /// Returns every CPU's lists, and every zone's transfer list, to the buddy lists
     /// (`drain_all_pages`). Returns the frames moved.
     pub fn drain_all_pages(&self) -> usize {
-        let lists: usize = (0..self.cpus.nr_cpus).map(|c| self.drain_cpu_pages(c)).sum();
+        // Under `settled`, as `drain_cpu_pages`: the allocation's slow path, which drains,
+        // may then wait for a housekeeping pass, as Linux's waits for its drain work.
+        let _settled = self.settled();
+        let lists: usize = (0..self.cpus.nr_cpus).map(|c| self.drain_cpu(c)).sum();
         lists + self.drain_transfer_lists()
     }
 
@@ -59,7 +72,7 @@ impl Zonal {
     }
 
     /// Runs a housekeeping pass (decay or fold) to the exclusion of the snapshot readers.
-    fn pass(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
+    pub(super) fn pass(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
         self.pass.write().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
@@ -68,9 +81,12 @@ impl Zonal {
     /// diff into the zone's counter, the caches' churn into the diff, idle lists into the
     /// buddy lists), each move under its lock but in two steps that a lock-free reader can
     /// see half done: without this a quiescent handle's `nr_free_pages` could read a diff
-    /// already taken and a counter not yet added to. The exact readers (the snapshots, the
-    /// reports, [`Zonal::check_invariants`]) hold it; nothing holds it across an allocation,
-    /// so it never holds one up. Not re-entrant: take it once, at the outer call.
+    /// already taken and a counter not yet added to, and a drain could skip lists whose
+    /// frames a decay had moved out of their cache for a moment. The exact readers (the
+    /// snapshots, `nr_pcp_pages`, the reports, [`Zonal::check_invariants`]) and the drains
+    /// hold it. No allocation's fast or locked path takes it (the slow path's drain does,
+    /// and may wait for a pass), so it holds none of them up. Not re-entrant: take it once,
+    /// at the outer call.
     pub(crate) fn settled(&self) -> std::sync::RwLockReadGuard<'_, ()> {
         self.pass.read().unwrap_or_else(std::sync::PoisonError::into_inner)
     }

@@ -752,6 +752,46 @@ mod tests {
         assert_eq!(z.nr_free_pages(NodeId(0)).unwrap(), z.mem.zones[0].managed);
     }
 
+    /// A drain of a quiescent handle leaves nothing behind, even while a housekeeping pass
+    /// holds lists whose frames are in their cache alone. The pass moves them into the
+    /// lists and writes the lists' count only as it unlocks, so their hint reads empty
+    /// meanwhile (checked here); a drain that trusted it would skip them and leave the
+    /// frames on the lists (the stress tests' checkpoints saw that under load). The drain
+    /// waits the pass out instead: the pass below gives it 200 ms to finish first, which a
+    /// skipping drain takes a few microseconds of.
+    #[test]
+    fn a_drain_waits_out_a_pass_that_holds_the_cache() {
+        on_local_lists("nodes=1,size=16M", |z, pcp| {
+            let zone = &z.mem.zones[z.cpus.local_zone[pcp.cpu()] as usize];
+            let node = zone.node;
+            // Frames in the cache alone: a drain, then frees, which the sections take.
+            let held: Vec<_> = (0..8).map(|_| z.alloc_pages(Gfp::KERNEL, 0).unwrap()).collect();
+            z.drain_all_pages();
+            for p in &held {
+                z.free_pages(p.as_ptr(), 0).unwrap();
+            }
+            assert_eq!((pcp.cache_frames(), z.nr_pcp_pages(node)), (8, Ok(8)));
+            let (inside_tx, inside_rx) = std::sync::mpsc::channel();
+            let (done_tx, done_rx) = std::sync::mpsc::channel();
+            std::thread::scope(|s| {
+                s.spawn(move || {
+                    let _pass = z.pass();
+                    pcp.lock(zone).with(|_| {
+                        assert!(pcp.looks_empty(), "the hint reads empty while the pass holds the frames");
+                        inside_tx.send(()).unwrap();
+                        let _ = done_rx.recv_timeout(Duration::from_millis(200));
+                    });
+                });
+                inside_rx.recv().unwrap();
+                let drained = z.drain_all_pages();
+                let _ = done_tx.send(());
+                assert_eq!(drained, 8, "the drain skipped the lists the pass held");
+            });
+            assert_eq!(z.nr_pcp_pages(node), Ok(0));
+            assert_eq!(z.check_invariants(), Ok(0));
+        });
+    }
+
     /// Frames freed past `high` wait on the zone's transfer list, counted as per-CPU pages;
     /// the refills of the allocations after them take them back from it; `drain_all_pages`
     /// returns what is left to the buddy. Every frame is accounted for throughout.

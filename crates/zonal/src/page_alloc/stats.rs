@@ -129,10 +129,11 @@ impl Zonal {
     }
 
     /// Frames on every CPU's lists for a node's zones and on their transfer lists, read
-    /// without locks (each list as of its last unlock, each rseq cache as it is): exact once
-    /// allocation stops.
+    /// without their locks (each list as of its last unlock, each rseq cache as it is) but
+    /// with the housekeeping pass held off ([`Zonal::settled`]): exact once allocation stops.
     pub fn nr_pcp_pages(&self, nid: NodeId) -> Result<usize> {
         let zones = self.node_zones(nid)?;
+        let _settled = self.settled();
         let lists: usize = (0..self.cpus.nr_cpus)
             .flat_map(|c| zones.iter().map(move |z| (c, *z)))
             .map(|(c, z)| self.pcp(c, z).pageset_hint().0)
