@@ -1,0 +1,62 @@
+//! Seed 003's memory hog as `bench zlc` sets it up, for profilers (`perf record`,
+//! `valgrind --tool=callgrind`): 28 nodes, every CPU on node 0, every zone of node 0's
+//! zonelist but the last held down to its `min` watermark, and threads allocating order-0
+//! frames past them in rounds of 1024, then freeing them.
+//! `cargo run --release -p zonal --example zlc_hog -- [ROUNDS] [on|off] [THREADS]`
+//! (20 000 rounds, the zonelist cache on, one thread by default). Prints each thread's ns
+//! a page: the allocations alone and the whole round.
+
+use std::time::{Duration, Instant};
+use zonal::{Config, Gfp, NodeId, Topology, Zonal};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(20_000);
+    let on = args.next().is_none_or(|a| a != "off");
+    let threads: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
+    let nodes = 28;
+    let ncpu = zonal::cpu::nr_cpus_online();
+    let spec = format!("nodes={nodes},size=256M,cpus=0-{}{}", ncpu - 1, ":".repeat(nodes - 1));
+    let z = Zonal::new(Config::new(Topology::parse(&spec).expect("topology"))).expect("zonal");
+    let zonelist = &z.zonelists(NodeId(0)).expect("node 0").fallback;
+    let order: Vec<NodeId> = zonelist.iter().map(|id| z.zones()[id.0 as usize].node).collect();
+    let mut held = Vec::new();
+    for &n in &order[..order.len() - 1] {
+        for o in (0..=z.max_order().get() as u32).rev().step_by(5) {
+            while let Ok(p) = z.alloc_pages_node(n, Gfp::THISNODE, o) {
+                held.push((p.as_ptr(), o));
+            }
+        }
+    }
+    z.drain_all_pages();
+    z.set_zonelist_cache(on);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                let mut pages = Vec::with_capacity(1024);
+                let mut alloc = Duration::ZERO;
+                let t = Instant::now();
+                for _ in 0..rounds {
+                    let a = Instant::now();
+                    for _ in 0..1024 {
+                        pages.push(z.alloc_pages(Gfp::KERNEL, 0).expect("alloc"));
+                    }
+                    alloc += a.elapsed();
+                    for p in pages.drain(..) {
+                        z.free_pages(p.as_ptr(), 0).expect("free");
+                    }
+                }
+                let n = (rounds * 1024) as f64;
+                println!(
+                    "cache {}: {:.2} ns a page allocated, {:.2} a page allocated and freed",
+                    if on { "on" } else { "off" },
+                    alloc.as_nanos() as f64 / n,
+                    t.elapsed().as_nanos() as f64 / n
+                );
+            });
+        }
+    });
+    for (p, o) in held {
+        z.free_pages(p, o).expect("free");
+    }
+}
