@@ -2,9 +2,10 @@
 //! `valgrind --tool=callgrind`): 28 nodes, every CPU on node 0, every zone of node 0's
 //! zonelist but the last held down to its `min` watermark, and threads allocating order-0
 //! frames past them in rounds of 1024, then freeing them.
-//! `cargo run --release -p zonal --example zlc_hog -- [ROUNDS] [on|off] [THREADS]`
-//! (20 000 rounds, the zonelist cache on, one thread by default). Prints each thread's ns
-//! a page: the allocations alone and the whole round.
+//! `cargo run --release -p zonal --example zlc_hog -- [ROUNDS] [on|off] [THREADS] [touch]`
+//! (20 000 rounds, the zonelist cache on, one thread by default; `touch` writes a word of
+//! each frame between the allocations and the frees, as the seed's hog and `bench zlc` do).
+//! Prints each thread's ns a page: the allocations alone and the whole round.
 
 use std::time::{Duration, Instant};
 use zonal::{Config, Gfp, NodeId, Topology, Zonal};
@@ -14,6 +15,7 @@ fn main() {
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(20_000);
     let on = args.next().is_none_or(|a| a != "off");
     let threads: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
+    let touch = args.next().is_some_and(|a| a == "touch");
     let nodes = 28;
     let ncpu = zonal::cpu::nr_cpus_online();
     let spec = format!("nodes={nodes},size=256M,cpus=0-{}{}", ncpu - 1, ":".repeat(nodes - 1));
@@ -42,6 +44,12 @@ fn main() {
                         pages.push(z.alloc_pages(Gfp::KERNEL, 0).expect("alloc"));
                     }
                     alloc += a.elapsed();
+                    if touch {
+                        for p in &pages {
+                            // SAFETY: a frame zonal handed out, writable and ours until freed.
+                            unsafe { std::ptr::write_volatile(p.as_ptr().cast::<u64>(), 0x5a5a) };
+                        }
+                    }
                     for p in pages.drain(..) {
                         z.free_pages(p.as_ptr(), 0).expect("free");
                     }

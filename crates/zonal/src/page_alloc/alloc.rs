@@ -199,6 +199,8 @@ impl Zonal {
         // The entries below 64 to skip, taken once the cache is set up.
         let mut skip = 0u64;
         let n = ctx.zonelist.len();
+        // What the zones' `above_low` levels say of this demand (`Zone::walk_ok`).
+        let levels = zone::WalkLevels::of(level, ctx.high, order);
         for pass in 0..2 {
             let mut next = 0;
             while next < n {
@@ -223,7 +225,7 @@ impl Zonal {
                 if ctx.nodemask.is_some_and(|m| !m.contains(z.node)) {
                     continue;
                 }
-                let fits = level == Level::None || z.watermark_ok_fast(order, z.watermark_of(level), ctx.high);
+                let fits = z.walk_ok(order, level, ctx.high, levels);
                 if fits {
                     if let Some(p) = self.rmqueue(ctx.cpu, z, order) {
                         if skipped > 0 {
