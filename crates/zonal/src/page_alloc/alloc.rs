@@ -35,16 +35,21 @@ impl Zonal {
                 return Ok(p);
             }
         }
+        // The CPU and the policy, read once for the locked fast path and the walk after it.
+        let cpu = self.current_cpu();
+        if mempolicy::thread_has_policy(self.id) {
+            let local = self.topo.cpu_to_node(CpuId(cpu as u32));
+            return mempolicy::with_thread_policy(self.id, local, |r| self.alloc_resolved(cpu, gfp, order, r));
+        }
         // Order 0 too: without rseq (or when its cache ran dry) its block comes from the
-        // lists under their lock, past the policy, the walk and the zonelist cache.
+        // lists under their lock, past the walk and the zonelist cache.
         if pcp::pcp_allowed(order) {
-            if let Some(p) = self.alloc_pcp_fast(order) {
+            if let Some(p) = self.alloc_pcp_fast(cpu, order) {
                 return Ok(p);
             }
         }
-        let cpu = self.current_cpu();
         let local = self.topo.cpu_to_node(CpuId(cpu as u32));
-        mempolicy::with_thread_policy(self.id, local, |r| self.alloc_resolved(cpu, gfp, order, r))
+        self.alloc_resolved(cpu, gfp, order, Resolved::Node(local))
     }
 
     /// Allocates a block preferring node `nid` (`alloc_pages_node`); with [`Gfp::THISNODE`]

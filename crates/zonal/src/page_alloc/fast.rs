@@ -86,12 +86,13 @@ impl Zonal {
     /// or the zone out of blocks) returns `None` and the general path runs with its
     /// semantics. Order 0 came here on 2026-11-27 (before, it walked the zonelist): see
     /// DESIGN.md, the eleventh sitting, for what it saved.
+    /// The caller has found the thread without a policy for this handle and this thread on
+    /// `cpu`, which the general path goes on with when this returns `None`.
     #[inline]
-    pub(super) fn alloc_pcp_fast(&self, order: Order) -> Option<NonNull<u8>> {
-        if !self.cpus.pcp_enabled || mempolicy::thread_has_policy(self.id) {
+    pub(super) fn alloc_pcp_fast(&self, cpu: usize, order: Order) -> Option<NonNull<u8>> {
+        if !self.cpus.pcp_enabled {
             return None;
         }
-        let cpu = self.current_cpu();
         let z = self.mem.zones.get(*self.cpus.local_zone.get(cpu)? as usize)?;
         // The watermark test is the lists' gate (on their line, which the try-lock takes
         // next): the zone's `above_low` level, which every zone-lock holder that changes the
