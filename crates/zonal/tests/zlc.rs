@@ -88,6 +88,55 @@ fn full_zones_are_marked_then_skipped() {
     free_all(&z, held, 0);
 }
 
+/// Seed 003's hog in its steady state: allocations past full zones, from the cache those
+/// frames were freed to (the step `Zonal::alloc_past_full` takes in one, with rseq). Every
+/// frame comes from the first zone with room, and the counts are the walk's: three zones
+/// skipped an allocation (the first zone is tested, not skipped), one `pgalloc`, no new
+/// mark, and a miss there, foreign on node 0 and other-node there, never a hit.
+#[test]
+fn the_hogs_steady_state_counts_as_the_walk_does() {
+    use zonal::vmstat::NumaStat;
+    let (z, _) = zonal(6, "4M");
+    z.set_numa_stats_mode("strict").unwrap();
+    let order = order(&z);
+    let held: Vec<_> = order[..4].iter().flat_map(|&n| fill(&z, n)).collect();
+    // The first allocation sets the cache up and marks the four full zones.
+    let (n, p) = alloc_node(&z, Gfp::KERNEL, 0);
+    assert_eq!(n, order[4]);
+    z.free_pages(p, 0).unwrap();
+    let zone = |n: NodeId| z.node_zones(n).unwrap()[0];
+    let (there, home) = (zone(order[4]), zone(NodeId(0)));
+    let counts = || {
+        (
+            [VmEvent::ZlcSkipped, VmEvent::PgallocNormal, VmEvent::ZlcFullMarks].map(|e| z.event(e)),
+            [
+                z.numa_stat(there, NumaStat::NumaMiss),
+                z.numa_stat(there, NumaStat::NumaOther),
+                z.numa_stat(home, NumaStat::NumaForeign),
+                z.numa_stat(there, NumaStat::NumaHit) + z.numa_stat(home, NumaStat::NumaHit),
+            ],
+        )
+    };
+    let before = counts();
+    let (rounds, per) = (4, 64u64);
+    for _ in 0..rounds {
+        let ps: Vec<_> = (0..per).map(|_| alloc_node(&z, Gfp::KERNEL, 0)).collect();
+        for (n, p) in ps {
+            assert_eq!(n, order[4]);
+            z.free_pages(p, 0).unwrap();
+        }
+    }
+    let allocs = rounds * per;
+    let after = counts();
+    let events: Vec<u64> = (0..3).map(|k| after.0[k] - before.0[k]).collect();
+    assert_eq!(events, [3 * allocs, allocs, 0], "skipped, pgalloc, full marks");
+    let numa: Vec<u64> = (0..4).map(|k| after.1[k] - before.1[k]).collect();
+    assert_eq!(numa, [allocs, allocs, allocs, 0], "miss, other-node, foreign, hits");
+    free_all(&z, held, 0);
+    z.drain_all_pages();
+    assert_eq!(z.check_invariants(), Ok(0));
+}
+
 #[test]
 fn the_zap_comes_after_the_interval() {
     let (z, clock) = zonal(4, "4M");
