@@ -898,8 +898,8 @@ mod tests {
     }
 
     /// `walk_ok` (the walk's test) answers as `watermark_ok_fast` at every mark, halved or
-    /// not (and passes with none), for every order, at every count from all free to none: across each `above_low`
-    /// level's edge, and for orders whose margin no level covers.
+    /// not (and passes with none), for every order, at every count from all free to none:
+    /// across each `above_low` level's edge, and for orders whose margin no level covers.
     #[test]
     fn walk_ok_answers_as_the_count_does() {
         use crate::zlc::Level;
