@@ -258,6 +258,8 @@ int zonal_alloc_pages_node(const zonal_t *z, int nid, uint32_t gfp, uint32_t ord
  - -EALREADY: the block is already free (a double free);
  - -ERANGE: the block was allocated with another order;
  - -ENOTBLK: addr is inside an allocated block but is not its first frame;
+ - -EBUSY: a layer built on zonal holds the block (NUMA balancing's reserves and the
+   frames behind its pages): only that layer frees it, and nothing changes;
  - -EDOM: order is above the handle's max_order.
 
  Two frees of one block at the same time in two threads are a data race in the program,
@@ -448,7 +450,7 @@ int zonal_alloc_pages_bulk_list(const zonal_t *z, uint32_t gfp, size_t nr, void 
 
  Returns 0, or a negative errno:
  - the error zonal_free_pages gives for the first bad entry (-EFAULT, -EINVAL, -EALREADY,
-   -ERANGE or -ENOTBLK), whose index is stored in *bad_index when bad_index is not NULL;
+   -ERANGE, -ENOTBLK or -EBUSY), whose index is stored in *bad_index when bad_index is not NULL;
  - -EINVAL: z is NULL, or pages is NULL while len is not 0 (nothing is freed and
    *bad_index is not written).
 

@@ -26,6 +26,15 @@ pub enum Error {
     OrderMismatch { pfn: Pfn, allocated: Order, freed: Order },
     /// The address is inside an allocated block but is not its first frame.
     InteriorFrame { pfn: Pfn, block: Pfn, order: Order },
+    /// A layer holds the block (`Zonal::hold`): only its `Zonal::free_held` frees it, and a
+    /// plain free changes nothing.
+    Held { pfn: Pfn },
+    /// `Zonal::free_held` or `Zonal::unhold` of a live block that is not held: the holder's
+    /// bookkeeping is wrong; nothing changed.
+    NotHeld { pfn: Pfn },
+    /// The handle was inherited through `fork()`: its frames stayed with the process that
+    /// created it (`creator`), and no call of the child may allocate, free or move them.
+    Forked { creator: u32 },
     /// A configuration, topology spec or policy that cannot be used; the message says where.
     InvalidConfig(String),
     /// The operating system refused a call zonal needs (mapping memory, reading sysfs).
@@ -47,6 +56,13 @@ impl Error {
             Error::DoubleFree { .. } => libc::EALREADY,
             Error::OrderMismatch { .. } => libc::ERANGE,
             Error::InteriorFrame { .. } => libc::ENOTBLK,
+            // The block is in use by its holder, as a mounted device is busy.
+            Error::Held { .. } => libc::EBUSY,
+            Error::NotHeld { .. } => libc::EINVAL,
+            // POSIX's EPERM: an operation limited to "the owner of a file or other
+            // resource", and the handle's owner is the process that created it. No other
+            // error of an allocation or free is EPERM, so a C caller can tell it by the code.
+            Error::Forked { .. } => libc::EPERM,
             Error::InvalidConfig(_) => libc::EINVAL,
             Error::Live(_) => libc::EPROTO,
             Error::Os { errno, .. } => *errno,
@@ -84,6 +100,17 @@ impl fmt::Display for Error {
             Error::InteriorFrame { pfn, block, order } => {
                 write!(f, "{pfn} is inside the allocated block at {block} ({order}), not its first frame")
             }
+            Error::Held { pfn } => {
+                write!(f, "the block at {pfn} is held by a layer built on zonal: only that layer frees it")
+            }
+            Error::NotHeld { pfn } => write!(f, "the block at {pfn} is allocated but not held"),
+            Error::Forked { creator } => write!(
+                f,
+                "this zonal handle was created by process {creator}; a forked child (process {}) cannot use its \
+                 frames: the arena is not inherited (MADV_DONTFORK) and its metadata is the parent's. Create a \
+                 new handle in the child",
+                std::process::id()
+            ),
             Error::InvalidConfig(msg) | Error::Live(msg) => f.write_str(msg),
             Error::Os { call, errno } => {
                 write!(f, "{call} failed: {}", std::io::Error::from_raw_os_error(*errno))

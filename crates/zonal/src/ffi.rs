@@ -4,7 +4,7 @@
 //! Conventions: every function is `zonal_`-prefixed; results are `0` or a negated errno
 //! (`-ENOMEM` out of memory, `-ENODEV` invalid node, `-EDOM` invalid order, `-EFAULT` not
 //! owned, `-EINVAL` misaligned or invalid argument, `-EALREADY` double free, `-ERANGE` order
-//! mismatch, `-ENOTBLK` interior frame); the message of the last error on this thread is
+//! mismatch, `-ENOTBLK` interior frame, `-EBUSY` a block a layer holds); the message of the last error on this thread is
 //! available from [`zonal_last_error`] and, as `errno`, stays until the next failure. Reports
 //! are written into the caller's buffer like `snprintf`: the return value is the full length,
 //! the text is truncated to fit and always NUL-terminated. No panic crosses this boundary:
@@ -339,6 +339,8 @@ pub unsafe extern "C" fn zonal_alloc_pages_node(
 /// - -EALREADY: the block is already free (a double free);
 /// - -ERANGE: the block was allocated with another order;
 /// - -ENOTBLK: addr is inside an allocated block but is not its first frame;
+/// - -EBUSY: a layer built on zonal holds the block (NUMA balancing's reserves and the
+///   frames behind its pages): only that layer frees it, and nothing changes;
 /// - -EDOM: order is above the handle's max_order.
 ///
 /// Two frees of one block at the same time in two threads are a data race in the program,
@@ -673,7 +675,7 @@ pub unsafe extern "C" fn zonal_alloc_pages_bulk_list(
 ///
 /// Returns 0, or a negative errno:
 /// - the error zonal_free_pages gives for the first bad entry (-EFAULT, -EINVAL, -EALREADY,
-///   -ERANGE or -ENOTBLK), whose index is stored in *bad_index when bad_index is not NULL;
+///   -ERANGE, -ENOTBLK or -EBUSY), whose index is stored in *bad_index when bad_index is not NULL;
 /// - -EINVAL: z is NULL, or pages is NULL while len is not 0 (nothing is freed and
 ///   *bad_index is not written).
 ///

@@ -20,6 +20,10 @@
 //! - `BUDDY|o`: first frame of a free block of order `o` on `free_area[o]` (`PageBuddy`);
 //! - `ALLOCATED|o`: first frame of a block of order `o` handed out;
 //! - `PCP|o`: first frame of a block on a per-CPU list or cache (not mergeable, like Linux);
+//! - `ALLOCATED|HELD|o`: an allocated block a layer holds ([`hold`]): allocated for every
+//!   reader ([`decode`] masks the bit away), but no plain free claims it, since every claim
+//!   compares the whole byte with `ALLOCATED|o`; only the holder's free ([`claim_held`])
+//!   does;
 //! - `NONE`: any other frame (inside a block, or a block in transit under a lock).
 //!
 //! Locking: the state is an atomic outside every lock, because a free *claims* its block
@@ -45,8 +49,13 @@ pub const BUDDY: u8 = 0x40;
 pub const ALLOCATED: u8 = 0x80;
 /// Tag of the head of a block on a per-CPU list.
 pub const PCP: u8 = 0xC0;
+/// Flag of an allocated block's head that a layer holds (`ALLOCATED|HELD|o`), in a bit that
+/// neither the tag (0xC0) nor the order (0x0F) uses.
+pub(crate) const HELD: u8 = 0x10;
 const TAG: u8 = 0xC0;
 const ORDER_MASK: u8 = 0x0F;
+
+const _: () = assert!(HELD & (TAG | ORDER_MASK) == 0);
 
 /// Builds a state byte.
 #[inline]
@@ -54,7 +63,8 @@ pub const fn state(tag: u8, order: Order) -> u8 {
     tag | order.0
 }
 
-/// Splits a state byte into its tag and order.
+/// Splits a state byte into its tag and order. A held block's head decodes as
+/// `ALLOCATED` (the `HELD` flag is masked away): every report and walk counts it allocated.
 #[inline]
 pub const fn decode(s: u8) -> (u8, Order) {
     (s & TAG, Order(s & ORDER_MASK))
@@ -158,19 +168,81 @@ pub(crate) fn claim(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
 /// Splits a live block of `order` into `2^order` live order-0 frames (`split_page`): the
 /// head's tag goes `ALLOCATED|order -> ALLOCATED|0` with a CAS (so a racing free of the
 /// block, or a second split, fails with its reason), then every tail is tagged
-/// `ALLOCATED|0`. Nothing else changes: the frames were allocated and stay so.
+/// `ALLOCATED|0`. Nothing else changes: the frames were allocated and stay so. A held block
+/// splits into held frames (`ALLOCATED|HELD|0` each): splitting frees nothing, and the
+/// holder still holds every frame, which no plain free can then claim either.
 pub(crate) fn split(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
     let head = zone.state(pfn);
-    if let Err(s) =
-        head.compare_exchange(state(ALLOCATED, order), state(ALLOCATED, Order(0)), Ordering::AcqRel, Ordering::Relaxed)
-    {
-        return Err(classify_bad_free(zone, pfn, order, s));
-    }
+    let mut seen = head.load(Ordering::Relaxed);
+    // The held flag as the head has it; again when a hold or unhold changed it meanwhile.
+    let flag = loop {
+        let flag = seen & HELD;
+        let live = state(ALLOCATED | flag, order);
+        match head.compare_exchange(live, state(ALLOCATED | flag, Order(0)), Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => break flag,
+            Err(s) if s & !HELD == state(ALLOCATED, order) => seen = s,
+            // Held or not, the reason is the block's: `s` without the flag.
+            Err(s) => return Err(classify_bad_free(zone, pfn, order, s & !HELD)),
+        }
+    };
     for i in 1..order.pages() {
         // Release: pairs with the Acquire of a later free's claim of this frame.
-        zone.state(Pfn(pfn.0 + i)).store(state(ALLOCATED, Order(0)), Ordering::Release);
+        zone.state(Pfn(pfn.0 + i)).store(state(ALLOCATED | flag, Order(0)), Ordering::Release);
     }
     Ok(())
+}
+
+/// Marks a live block held (`ALLOCATED|order -> ALLOCATED|HELD|order`, a CAS): from then on
+/// every plain free of it fails its claim and reports [`Error::Held`], and only
+/// [`claim_held`] frees it. Anything else is refused with the reason a free would give (a
+/// block already held: [`Error::Held`]); nothing changes then.
+pub(crate) fn hold(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
+    match zone.state(pfn).compare_exchange(
+        state(ALLOCATED, order),
+        state(ALLOCATED | HELD, order),
+        Ordering::AcqRel,
+        Ordering::Relaxed,
+    ) {
+        Ok(_) => Ok(()),
+        Err(s) => Err(classify_bad_free(zone, pfn, order, s)),
+    }
+}
+
+/// Takes a held block back to plain allocated (`ALLOCATED|HELD|order -> ALLOCATED|order`).
+/// A block that is not held is refused: [`Error::NotHeld`] for a live one, else the reason
+/// a free would give.
+pub(crate) fn unhold(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
+    match zone.state(pfn).compare_exchange(
+        state(ALLOCATED | HELD, order),
+        state(ALLOCATED, order),
+        Ordering::AcqRel,
+        Ordering::Relaxed,
+    ) {
+        Ok(_) => Ok(()),
+        Err(s) => Err(classify_bad_held(zone, pfn, order, s)),
+    }
+}
+
+/// [`claim`] for the holder's free: `ALLOCATED|HELD|order -> NONE`, which exactly one of
+/// racing frees wins. A live block that is not held is refused ([`Error::NotHeld`]: the
+/// holder's bookkeeping is wrong, and nothing changes), every other bad free as [`claim`]
+/// refuses it (a second free of the block: [`Error::DoubleFree`]).
+pub(crate) fn claim_held(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
+    match zone.state(pfn).compare_exchange(state(ALLOCATED | HELD, order), NONE, Ordering::Acquire, Ordering::Relaxed) {
+        Ok(_) => Ok(()),
+        Err(s) => Err(classify_bad_held(zone, pfn, order, s)),
+    }
+}
+
+/// Why the holder's free (or unhold) of `order` at `pfn` was refused, given the head's
+/// state `s`.
+#[cold]
+fn classify_bad_held(z: &Zone, pfn: Pfn, order: Order, s: u8) -> Error {
+    match (s & HELD != 0, decode(s)) {
+        (false, (ALLOCATED, o)) if o == order => Error::NotHeld { pfn },
+        (true, (_, o)) => Error::OrderMismatch { pfn, allocated: o, freed: order },
+        _ => classify_bad_free(z, pfn, order, s),
+    }
 }
 
 /// Claims an order-0 frame for a free as `free_check` says, leaving its head state `to`
@@ -310,6 +382,10 @@ impl MapRef {
 /// frames' states without a lock: this only chooses the error, it changes nothing.
 #[cold]
 pub(crate) fn classify_bad_free(z: &Zone, pfn: Pfn, order: Order, s: u8) -> Error {
+    if s & HELD != 0 {
+        // A layer holds the block: no plain free may claim it, whatever order it names.
+        return Error::Held { pfn };
+    }
     let (tag, o) = decode(s);
     match tag {
         ALLOCATED => return Error::OrderMismatch { pfn, allocated: o, freed: order },

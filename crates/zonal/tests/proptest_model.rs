@@ -49,7 +49,11 @@ impl Pol {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Alloc { order: u8, gfp: u32, place: Place },
+    Alloc {
+        order: u8,
+        gfp: u32,
+        place: Place,
+    },
     Free(usize),
     DoubleFree(usize),
     WrongOrder(usize, u8),
@@ -59,6 +63,10 @@ enum Op {
     Bulk(usize, bool),
     BulkFree(usize),
     Drain,
+    /// Hold a live block (`Zonal::hold`): plain frees of it are then refused.
+    Hold(usize),
+    /// Free a held block through its holder (`Zonal::free_held`).
+    FreeHeld(usize),
 }
 
 fn pol() -> impl Strategy<Value = Pol> {
@@ -85,11 +93,15 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..12, any::<bool>()).prop_map(|(n, a)| Op::Bulk(n, a)),
         1 => (0usize..12).prop_map(Op::BulkFree),
         1 => Just(Op::Drain),
+        1 => any::<usize>().prop_map(Op::Hold),
+        1 => any::<usize>().prop_map(Op::FreeHeld),
     ]
 }
 
 struct Live {
     blocks: BTreeMap<usize, (u8, u16)>,
+    /// The blocks of `blocks` this test holds.
+    held: std::collections::BTreeSet<usize>,
 }
 
 fn zonal(pcp: bool) -> Zonal {
@@ -135,7 +147,7 @@ fn pick(live: &Live, i: usize) -> Option<(usize, u8, u16)> {
 fn run(ops: Vec<Op>, pcp: bool) -> Result<(), TestCaseError> {
     let z = zonal(pcp);
     let initial = z.buddyinfo();
-    let mut live = Live { blocks: BTreeMap::new() };
+    let mut live = Live { blocks: BTreeMap::new(), held: Default::default() };
     let mut thread_pol = Pol::Local;
     for op in ops {
         match op {
@@ -196,12 +208,43 @@ fn run(ops: Vec<Op>, pcp: bool) -> Result<(), TestCaseError> {
             }
             Op::Free(i) => {
                 if let Some((a, o, _)) = pick(&live, i) {
-                    prop_assert_eq!(z.free_pages(a as *mut u8, o as u32), Ok(()));
-                    live.blocks.remove(&a);
+                    let r = z.free_pages(a as *mut u8, o as u32);
+                    if live.held.contains(&a) {
+                        // Refused, and nothing changed (`check` below).
+                        prop_assert!(matches!(r, Err(Error::Held { .. })), "{r:?}");
+                    } else {
+                        prop_assert_eq!(r, Ok(()));
+                        live.blocks.remove(&a);
+                    }
+                }
+            }
+            Op::Hold(i) => {
+                if let Some((a, o, _)) = pick(&live, i) {
+                    let r = z.hold(a as *mut u8, o as u32);
+                    if live.held.insert(a) {
+                        prop_assert_eq!(r, Ok(()));
+                    } else {
+                        prop_assert!(matches!(r, Err(Error::Held { .. })), "{r:?}");
+                    }
+                }
+            }
+            Op::FreeHeld(i) => {
+                if let Some((a, o, _)) = pick(&live, i) {
+                    // SAFETY: this test holds the blocks in `live.held`, and frees each once.
+                    let r = unsafe { z.free_held(a as *mut u8, o as u32) };
+                    if live.held.remove(&a) {
+                        prop_assert_eq!(r, Ok(()));
+                        live.blocks.remove(&a);
+                        // SAFETY: as above; a second free of the hold is refused.
+                        let again = unsafe { z.free_held(a as *mut u8, o as u32) };
+                        prop_assert!(matches!(again, Err(Error::DoubleFree { .. })), "{again:?}");
+                    } else {
+                        prop_assert!(matches!(r, Err(Error::NotHeld { .. })), "{r:?}");
+                    }
                 }
             }
             Op::DoubleFree(i) => {
-                if let Some((a, o, _)) = pick(&live, i) {
+                if let Some((a, o, _)) = pick(&live, i).filter(|(a, _, _)| !live.held.contains(a)) {
                     prop_assert_eq!(z.free_pages(a as *mut u8, o as u32), Ok(()));
                     live.blocks.remove(&a);
                     let r = z.free_pages(a as *mut u8, o as u32);
@@ -213,7 +256,9 @@ fn run(ops: Vec<Op>, pcp: bool) -> Result<(), TestCaseError> {
                     if w != o {
                         let r = z.free_pages(a as *mut u8, w as u32);
                         let aligned = z.addr_to_pfn(a as *const u8).unwrap().is_aligned(zonal::Order::new(w).unwrap());
-                        if aligned {
+                        if aligned && live.held.contains(&a) {
+                            prop_assert!(matches!(r, Err(Error::Held { .. })), "{r:?}");
+                        } else if aligned {
                             prop_assert!(matches!(r, Err(Error::OrderMismatch { .. })), "{r:?}");
                         } else {
                             prop_assert!(matches!(r, Err(Error::Misaligned { .. })), "{r:?}");
@@ -265,8 +310,13 @@ fn run(ops: Vec<Op>, pcp: bool) -> Result<(), TestCaseError> {
                 }
             }
             Op::BulkFree(n) => {
-                let zeros: Vec<usize> =
-                    live.blocks.iter().filter(|(_, (o, _))| *o == 0).map(|(a, _)| *a).take(n).collect();
+                let zeros: Vec<usize> = live
+                    .blocks
+                    .iter()
+                    .filter(|(a, (o, _))| *o == 0 && !live.held.contains(a))
+                    .map(|(a, _)| *a)
+                    .take(n)
+                    .collect();
                 let ptrs: Vec<*mut u8> = zeros.iter().map(|&a| a as *mut u8).collect();
                 prop_assert_eq!(z.free_pages_bulk(&ptrs), Ok(ptrs.len()));
                 for a in zeros {
@@ -283,7 +333,12 @@ fn run(ops: Vec<Op>, pcp: bool) -> Result<(), TestCaseError> {
         check(&z, &live)?;
     }
     for (&a, &(o, _)) in &live.blocks {
-        prop_assert_eq!(z.free_pages(a as *mut u8, o as u32), Ok(()));
+        if live.held.contains(&a) {
+            // SAFETY: this test holds the block.
+            prop_assert_eq!(unsafe { z.free_held(a as *mut u8, o as u32) }, Ok(()));
+        } else {
+            prop_assert_eq!(z.free_pages(a as *mut u8, o as u32), Ok(()));
+        }
     }
     z.drain_all_pages();
     prop_assert_eq!(z.check_invariants(), Ok(0));

@@ -38,6 +38,60 @@ impl Zonal {
         mem_map::split(zone, pfn, order)
     }
 
+    /// Marks the allocated block of `order` at `addr` held: from now on no plain free
+    /// ([`Zonal::free_pages`], [`Zonal::free_pages_bulk`], C's `zonal_free_pages`) frees it;
+    /// each is refused with [`Error::Held`] and changes nothing, and only
+    /// [`Zonal::free_held`] (unsafe: its caller is the holder) frees it. For a layer built on
+    /// zonal whose own unsafe code relies on frames it keeps (reserves, free stacks linked
+    /// through the frames, the frames behind its pages): safe code given the handle can no
+    /// longer free them under it. Reports, [`Zonal::check_invariants`] and
+    /// [`Zonal::split_pages`] treat a held block as allocated (a split keeps every frame
+    /// held). The same checks as [`Zonal::free_pages`], whose errors a block that is not a
+    /// live block of this order gets; a block already held gets [`Error::Held`].
+    ///
+    /// A hold is a CAS on the block's head, which the fast free's claim, under the default
+    /// `free_check = sequential` a load and a store, does not exclude: a free of the block
+    /// racing with its hold (a free by code that does not own the block, at the instant its
+    /// owner holds it: the caller's data race, as a racing double free is) can still pass.
+    /// Under `free_check = atomic` every claim is a CAS and exactly one of them wins.
+    pub fn hold(&self, addr: *mut u8, order: u32) -> Result<()> {
+        let order = self.check_order(order)?;
+        let (zone, pfn) = self.addr_to_zone(addr as usize, order)?;
+        mem_map::hold(zone, pfn, order)
+    }
+
+    /// Takes back a hold ([`Zonal::hold`]): the block is a plain allocated block again,
+    /// which any free may free. [`Error::NotHeld`] for a live block that is not held, the
+    /// errors of [`Zonal::free_pages`] for anything else; nothing changes then.
+    ///
+    /// # Safety
+    /// The caller is the layer that holds the block, and nothing else relies on its staying
+    /// held (the hold protects that layer's own unsafe code from safe frees).
+    pub unsafe fn unhold(&self, addr: *mut u8, order: u32) -> Result<()> {
+        let order = self.check_order(order)?;
+        let (zone, pfn) = self.addr_to_zone(addr as usize, order)?;
+        mem_map::unhold(zone, pfn, order)
+    }
+
+    /// Frees a held block of `order` at `addr` ([`Zonal::hold`]), as [`Zonal::free_pages`]
+    /// frees a live one: the claim (`ALLOCATED|HELD|order -> NONE`, a CAS that one of racing
+    /// frees wins), then this CPU's lists or the buddy, on the locked path. A second free of
+    /// it is [`Error::DoubleFree`]; a live block that is not held, [`Error::NotHeld`]; any
+    /// other bad free, the error [`Zonal::free_pages`] gives. A failure changes nothing.
+    ///
+    /// # Safety
+    /// The caller is the layer that held the block, and frees each hold once: a hold exists
+    /// so that no other code frees the block while that layer's code relies on it.
+    pub unsafe fn free_held(&self, addr: *mut u8, order: u32) -> Result<()> {
+        let order = self.check_order(order)?;
+        let (zone, pfn) = self.addr_to_zone(addr as usize, order)?;
+        mem_map::claim_held(zone, pfn, order)?;
+        let cpu = self.current_cpu();
+        self.free_claimed(cpu, zone, &[pfn], order);
+        self.count_event(cpu, VmEvent::Pgfree, order.pages() as u64);
+        Ok(())
+    }
+
     /// [`Zonal::free_pages`] past the restartable sequences (and where they give way): the
     /// locked path, out of line, so that its prologue's saved registers stay off theirs.
     #[inline(never)]
