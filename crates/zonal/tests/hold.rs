@@ -1,7 +1,10 @@
 //! Held blocks (`Zonal::hold`, `free_held`, `unhold`): a block a layer holds cannot be freed
 //! by safe code, through any free path (the restartable sequences of orders 0-3 and 9, the
-//! locked path, the bulk free, the C ABI); the holder's free frees it.
+//! locked path, the bulk free, the C ABI); the holder's free frees it. And the test hooks a
+//! layer's lock-freedom tests need: `hold_every_lock`, `nr_free_pages_approx`.
 
+use std::sync::mpsc;
+use std::time::Duration;
 use zonal::{Config, Error, Gfp, NodeId, Topology, Zonal};
 
 const PAGE: usize = 4096;
@@ -133,5 +136,53 @@ fn a_held_block_splits_into_held_frames() {
     z.split_pages(q, 1).unwrap();
     z.free_pages(q, 0).unwrap();
     z.free_pages(q.wrapping_add(PAGE), 0).unwrap();
+    all_free(&z);
+}
+
+/// Runs `f` on another thread and waits for it: `None` if it did not return within a minute,
+/// a bound for a test that must not hang, not a measure of speed.
+fn on_another_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(60)).ok()
+}
+
+#[test]
+fn the_approximate_free_count_takes_no_lock() {
+    let z = std::sync::Arc::new(zonal("nodes=2,size=16M"));
+    let held: Vec<_> = (0..100).map(|_| z.alloc_pages_node(NodeId(1), Gfp::THISNODE, 0).unwrap()).collect();
+    z.drain_all_pages();
+    let exact = z.nr_free_pages(NodeId(1)).unwrap();
+    assert_eq!(z.nr_free_pages_approx(NodeId(1)), Ok(exact), "quiescent, the two agree");
+    assert_eq!(z.nr_free_pages_approx(NodeId(2)), Err(Error::InvalidNode { node: NodeId(2), nr_nodes: 2 }));
+    let (z2, z3) = (std::sync::Arc::clone(&z), std::sync::Arc::clone(&z));
+    // The exact count waits for the housekeeping pass the hook holds: started inside the
+    // hook, it has not returned when the hook's closure ends, and returns after.
+    let (exact_tx, exact_rx) = mpsc::channel();
+    let approx = z.hold_every_lock(|| {
+        std::thread::spawn(move || {
+            let _ = exact_tx.send(z3.nr_free_pages(NodeId(1)).unwrap());
+        });
+        let approx = on_another_thread(move || z2.nr_free_pages_approx(NodeId(1)).unwrap());
+        assert!(exact_rx.try_recv().is_err(), "nr_free_pages returned while the pass was held");
+        approx
+    });
+    assert_eq!(approx, Some(exact), "nr_free_pages_approx waited for a lock");
+    assert_eq!(exact_rx.recv().unwrap(), exact);
+    for p in held {
+        z.free_pages(p.as_ptr(), 0).unwrap();
+    }
+    all_free(&z);
+}
+
+#[test]
+fn every_lock_is_released_after_the_hook() {
+    let z = zonal("nodes=2,size=16M");
+    let n = z.hold_every_lock(|| 7);
+    assert_eq!(n, 7);
+    let p = z.alloc_pages(Gfp::KERNEL, 0).unwrap();
+    z.free_pages(p.as_ptr(), 0).unwrap();
     all_free(&z);
 }

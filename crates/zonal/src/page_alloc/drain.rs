@@ -90,6 +90,37 @@ impl Zonal {
     pub(crate) fn settled(&self) -> std::sync::RwLockReadGuard<'_, ()> {
         self.pass.read().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+
+    /// A test hook: runs `f` while this thread holds every lock of the handle that an
+    /// allocation, a free, a drain or a report may wait for, taken in the allocator's lock
+    /// order: the housekeeping pass (for writing, as a pass holds it; [`Zonal::settled`]'s
+    /// readers wait), every CPU's lists of every zone (pcp before zone; `lock_lists`, which
+    /// neither flushes nor fences a cache: the lock byte is what the sections test), then
+    /// every zone lock, then every zone's transfer list (taken only under a pcp lock, and
+    /// never nested with the zone lock elsewhere, so taking it here cannot deadlock).
+    /// Released in reverse order after `f` returns (or unwinds).
+    ///
+    /// For tests that prove a path takes no zonal lock (a signal handler's): run the path
+    /// from another thread inside `f`, and have `f` wait for it with a bound. Anything in `f`
+    /// on this thread that needs one of the locks waits forever: the restartable sequences
+    /// give way (their lists read as locked), and the locked paths block.
+    #[doc(hidden)]
+    pub fn hold_every_lock<R>(&self, f: impl FnOnce() -> R) -> R {
+        let pass = self.pass();
+        let zones = &self.mem.zones;
+        let pcps: Vec<_> = (0..self.cpus.nr_cpus)
+            .flat_map(|c| zones.iter().map(move |z| (c, z)))
+            .map(|(c, z)| self.pcp(c, z.id).lock_lists(z))
+            .collect();
+        let locked: Vec<_> = zones.iter().map(|z| z.lock()).collect();
+        let transfers: Vec<_> = zones.iter().map(|z| z.transfer().lock()).collect();
+        let r = f();
+        drop(transfers);
+        drop(locked);
+        drop(pcps);
+        drop(pass);
+        r
+    }
 }
 
 /// `decay_pcp_high` over every CPU's lists, skipping those a decay would not change (a

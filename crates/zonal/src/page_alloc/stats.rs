@@ -40,6 +40,19 @@ impl Zonal {
         Ok(zones.iter().map(|z| self.mem.zones[z.0 as usize].page_state_snapshot(ZoneStatItem::NrFreePages)).sum())
     }
 
+    /// Free frames of a node in its buddy lists, read without any lock (Linux's
+    /// `zone_page_state` is the same idea: a read of a shared counter, nothing waited for):
+    /// each zone's exact free count as of the last release of its zone lock, one relaxed
+    /// load per zone. It allocates nothing, takes no lock and never waits for a housekeeping
+    /// pass, so a signal handler may call it (where [`Zonal::nr_free_pages`], which holds off
+    /// the passes for an exact sum of the per-CPU diffs, may wait). Behind the truth by the
+    /// frees and allocations under a zone lock at the moment of the read; equal to
+    /// [`Zonal::nr_free_pages`] once allocation stops.
+    pub fn nr_free_pages_approx(&self, nid: NodeId) -> Result<usize> {
+        let zones = self.node_zones(nid)?;
+        Ok(zones.iter().map(|z| self.mem.zones[z.0 as usize].nr_free_exact()).sum())
+    }
+
     /// A zone counter as folded (`zone_page_state`): what the fast paths read, behind the
     /// truth by at most `nr_cpus * stat_threshold` (and, for the pages on per-CPU lists, the
     /// caches' churn since their last lock).
