@@ -147,9 +147,10 @@ int zonal_region_page_to_nid(const struct zonal_region_t *r, const void *addr);
 
 /*
  Gives the bytes offset to offset + len of the region frames now and makes them
- accessible, so that system calls (read, write, I/O) can use them. Returns 0, or a
- negative errno: -EFAULT for a range past the region's end, -EINVAL for NULL, -ENOMEM
- when no node has a free frame.
+ accessible. The scanner may hide them again at its next pass: buffers the kernel reads
+ or writes need zonal_region_pin. Returns 0, or a negative errno: -EFAULT for a range past
+ the region's end, -EINVAL for NULL or len 0, -ENOMEM when no node has a free frame,
+ -EPERM in a child of fork() (regions are not inherited).
 
  Safety
  ------
@@ -158,13 +159,47 @@ int zonal_region_page_to_nid(const struct zonal_region_t *r, const void *addr);
 int zonal_region_prefault(const struct zonal_region_t *r, size_t offset, size_t len);
 
 /*
+ Pins the bytes offset to offset + len of the region: each page gets a frame now if it has
+ none, is made accessible, and stays where it is (never hidden by the scanner, never
+ migrated or collapsed) until as many zonal_region_unpin calls have covered it. Pins nest.
+
+ Required for memory the kernel keeps using past a system call, which it reaches through
+ the frame and not the mapping: io_uring registered (fixed) buffers, O_DIRECT and AIO
+ buffers, vmsplice'd pages, RDMA registrations; pin before registering, unpin after the
+ kernel lets go. Plain read/write/recv buffers need a pin under the mprotect and
+ userfaultfd backends too (a system call touching a hidden page gets EFAULT there).
+
+ Returns 0, or a negative errno with nothing pinned: -EFAULT for a range past the
+ region's end, -EINVAL for NULL or len 0, -ENOMEM when no node has a free frame, -EPERM
+ in a child of fork().
+
+ Safety
+ ------
+ r is NULL or a live region.
+ */
+int zonal_region_pin(const struct zonal_region_t *r, size_t offset, size_t len);
+
+/*
+ Drops one pin from each page of offset to offset + len (see zonal_region_pin). Returns
+ 0, or a negative errno with nothing changed: -EINVAL for NULL, len 0 or a page that holds
+ no pin, -EFAULT for a range past the region's end, -EPERM in a child of fork().
+
+ Safety
+ ------
+ r is NULL or a live region.
+ */
+int zonal_region_unpin(const struct zonal_region_t *r, size_t offset, size_t len);
+
+/*
  Destroys a region: every frame goes back to the allocator and the range is unmapped (a
  later access faults as any unmapped address does). NULL is ignored.
 
  Safety
  ------
  r is NULL or a live region, destroyed once, with no call on it running in another
- thread and no thread accessing its memory.
+ thread, no thread accessing its memory and no pin the kernel still uses (an io_uring
+ buffer still registered, an O_DIRECT read in flight). In a child of fork() an inherited
+ region is let go without freeing anything.
  */
 void zonal_region_destroy(struct zonal_region_t *r);
 

@@ -11,6 +11,7 @@
 //! the window's mappings become one. Windows that hold pages of several nodes, or a page
 //! without a frame, are tried half by half down to order 1, so what can merge does.
 //!
+//! A window with a pinned page is never collapsed (its frames may be held by the kernel).
 //! A window is left alone while a page of it looks misplaced (its last hint fault came from
 //! another node than its frame's): the balancer is about to move it, and a collapse would
 //! copy it for nothing.
@@ -132,7 +133,7 @@ fn look(bal: &Shared, r: &RegionShared, c: usize, n: usize) -> Look {
     for (j, e) in r.entries[c..c + n].iter().enumerate() {
         let f = e.frame.load(Ordering::Relaxed);
         let s = e.state.load(Ordering::Relaxed);
-        if f == 0 || (s != PRESENT && s != HINT) {
+        if f == 0 || (s != PRESENT && s != HINT) || e.pinned() {
             return Look::Halves;
         }
         let Ok(nid) = z.page_to_nid(f as *const u8).map(|n| n.0) else { return Look::Halves };
@@ -197,9 +198,11 @@ fn collapse(bal: &Shared, r: &RegionShared, c: usize, order: u32, nid: u16) -> R
         }
         was[k] = s;
     }
-    // The look read without claims: check again, now that nothing can change.
-    let frames_ok =
-        entries.iter().all(|e| z.page_to_nid(e.frame.load(Ordering::Relaxed) as *const u8).is_ok_and(|x| x.0 == nid));
+    // The look read without claims: check again, now that nothing can change (a pin, read
+    // after the claim, ends the attempt: see `table`).
+    let frames_ok = entries
+        .iter()
+        .all(|e| !e.pinned() && z.page_to_nid(e.frame.load(Ordering::Relaxed) as *const u8).is_ok_and(|x| x.0 == nid));
     if !frames_ok {
         for (e, &s) in entries.iter().zip(&was) {
             e.release(s);

@@ -1,21 +1,31 @@
 //! The fault handler: first touch and NUMA hint faults on region pages, taken in the faulting
 //! thread from `SIGSEGV` (first touch, and hints of the mprotect backend) or `SIGBUS`
 //! (userfaultfd MINOR faults on zapped pages), and chained to the handler that was there
-//! before for every other fault.
+//! before for every other fault and every signal that is not a fault.
 //!
 //! Kernel counterpart: `do_numa_page` (mm/memory.c) with the seed's delayed mapping, and
 //! `do_anonymous_page`/`do_shared_fault` for the first touch.
 //!
-//! Signal safety: the handler takes no lock and touches no heap. It finds its region in a
-//! fixed table of atomic slots (a slot's users count keeps the region alive while a handler
-//! is inside it), takes frames from the per-node reserves, pushes frames to free onto a
-//! lock-free stack, reads zonal's tables through `&Zonal` methods that read atomics only, and
-//! makes raw system calls (`mmap`, `mprotect`, `sched_yield`, `futex`, `gettid`).
+//! Signal safety: the handler takes no lock (zonal's included) and touches no heap. It finds
+//! its region in a fixed table of atomic slots (a slot's users count keeps the region alive
+//! while a handler is inside it), takes frames from the per-node reserves, pushes frames to
+//! free onto a lock-free stack, reads zonal's tables through `&Zonal` methods that read
+//! atomics only, and makes raw system calls (`mmap`, `mprotect`, `madvise`, `ioctl`,
+//! `sched_yield`, `futex`, `gettid`, `write`). It runs with every signal blocked, so a
+//! user's asynchronous handler never runs on a thread that holds a page `BUSY`.
+//!
+//! What is a fault: only `SIGSEGV` with `SEGV_MAPERR`/`SEGV_ACCERR` and `SIGBUS` with
+//! `BUS_ADRERR` carry the faulting address. Anything else (`kill`, `tgkill`, `sigqueue`, a
+//! memory error's `BUS_MCEERR_*`) goes to the previous handler untouched, or takes the
+//! default action. A fault the balancer cannot resolve (no frame on any node, a mapping the
+//! kernel refuses, a forked child touching a region) is written to stderr and becomes the
+//! fault it is: the previous handler's, or the default action. None is retried forever.
 
 use crate::os::{self, PAGE};
 use crate::table::{should_migrate, Cpupid, PageEntry, BUSY, HINT, PRESENT, UNMAPPED};
 use crate::{MigrateMode, RegionShared};
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// Regions registered at once, process-wide.
@@ -37,8 +47,64 @@ static HIGH_WATER: AtomicUsize = AtomicUsize::new(0);
 static PREVIOUS_SEGV: OnceLock<libc::sigaction> = OnceLock::new();
 static PREVIOUS_BUS: OnceLock<libc::sigaction> = OnceLock::new();
 
+/// Set in a child of `fork()` (the `pthread_atfork` child hook): the regions it inherited are
+/// not its own (see [`in_child`]).
+static FORKED: AtomicBool = AtomicBool::new(false);
+static ATFORK: OnceLock<i32> = OnceLock::new();
+
+/// `si_code`s of a fault (include/uapi/asm-generic/siginfo.h), which the libc crate lacks.
+const SEGV_MAPERR: i32 = 1;
+const SEGV_ACCERR: i32 = 2;
+
+/// Faults on one page the same thread takes in a row, each finding it mapped, before the
+/// fault is taken for what it is (see [`RegionShared::repair`]).
+const REPAIR_LIMIT: u32 = 64;
+
+thread_local! {
+    /// The page of this thread's last fault that found its page mapped, and how many in a
+    /// row. `const` and without a destructor: a plain TLS slot, safe in a signal handler.
+    static REPAIRS: Cell<(usize, u32)> = const { Cell::new((0, 0)) };
+}
+
+/// Why a fault on a region page was not resolved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unresolved {
+    /// No node the policy allows has a frame.
+    NoFrame,
+    /// The kernel refused a mapping (out of mappings: `vm.max_map_count`).
+    Map,
+    /// The page is mapped, and mapping it again does not end its faults (a protection or
+    /// mapping the program changed itself).
+    Repair,
+    /// A child of `fork()` touched a region it inherited.
+    Forked,
+}
+
+impl Unresolved {
+    fn message(self) -> &'static [u8] {
+        match self {
+            Unresolved::NoFrame => b"zonal-numab: no frame for a first touch on any node the policy allows (out of memory)\n",
+            Unresolved::Map => b"zonal-numab: the kernel refused to map a region page (vm.max_map_count reached?)\n",
+            Unresolved::Repair => {
+                b"zonal-numab: a region page keeps faulting while mapped (its protection or mapping was changed outside the balancer)\n"
+            }
+            Unresolved::Forked => {
+                b"zonal-numab: a forked child touched a region of its parent (regions are not inherited across fork)\n"
+            }
+        }
+    }
+}
+
+/// What became of a fault on a region page.
+pub(crate) type Outcome = Result<(), Unresolved>;
+
+/// Whether this process is a child of `fork()` that inherited the balancer's state.
+pub(crate) fn forked() -> bool {
+    FORKED.load(Ordering::Relaxed)
+}
+
 /// Installs the handler for both signals once per process (keeping the previous ones to
-/// chain to).
+/// chain to), and the fork hook.
 pub fn install() -> Result<(), i32> {
     for (sig, prev) in [(libc::SIGSEGV, &PREVIOUS_SEGV), (libc::SIGBUS, &PREVIOUS_BUS)] {
         let mut err = 0;
@@ -49,7 +115,9 @@ pub fn install() -> Result<(), i32> {
                 let mut act: libc::sigaction = std::mem::zeroed();
                 act.sa_sigaction = on_fault as *const () as usize;
                 act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-                libc::sigemptyset(&mut act.sa_mask);
+                // Every signal blocked while the handler runs: a user's handler interrupting
+                // it could touch the page it holds BUSY and wait for itself for ever.
+                libc::sigfillset(&mut act.sa_mask);
                 let mut old: libc::sigaction = std::mem::zeroed();
                 if libc::sigaction(sig, &act, &mut old) != 0 {
                     err = os::errno();
@@ -61,7 +129,33 @@ pub fn install() -> Result<(), i32> {
             return Err(err);
         }
     }
-    Ok(())
+    // SAFETY: `in_child` is an `extern "C" fn()` that lives for the whole process.
+    match *ATFORK.get_or_init(|| unsafe { libc::pthread_atfork(None, None, Some(in_child)) }) {
+        0 => Ok(()),
+        e => Err(e),
+    }
+}
+
+/// The `pthread_atfork` child hook, run in the child before `fork()` returns there: every
+/// region's range becomes an inaccessible reservation of the child's own (one `mmap` each),
+/// so the child shares none of its parent's frames (its mappings were `MAP_SHARED`), no
+/// later mapping of the child lands at the region's addresses, and a touch is a fault the
+/// handler reports. The regions and the balancer the child inherited refuse every call
+/// ([`crate::Error::Forked`]) and do nothing when dropped: their locks may have been held
+/// by parent threads that do not exist here.
+extern "C" fn in_child() {
+    FORKED.store(true, Ordering::SeqCst);
+    let n = HIGH_WATER.load(Ordering::Acquire);
+    for s in &SLOTS[..n] {
+        // SAFETY: a registered region's memory lives until its slot is cleared (`unregister`
+        // precedes its free), and the child's copy of it was taken whole by fork.
+        if let Some(r) = unsafe { s.region.load(Ordering::SeqCst).as_ref() } {
+            // SAFETY: the range is the region's reservation, which only the region's own
+            // mappings occupy; the child has one thread (this one), which holds no reference
+            // into it.
+            unsafe { os::replace_with_reservation(r.start, r.entries.len() * PAGE) };
+        }
+    }
 }
 
 /// Registers a region so that its faults come to it; `None` when every slot is taken.
@@ -92,7 +186,8 @@ fn with_region<R>(addr: usize, f: impl FnOnce(&RegionShared) -> R) -> Option<R> 
     for s in &SLOTS[..n] {
         s.users.fetch_add(1, Ordering::SeqCst);
         let r = s.region.load(Ordering::SeqCst);
-        // SAFETY: as in `on_fault`: `users` held up keeps a registered region alive.
+        // SAFETY: a registered region lives until `unregister` has seen `users` at zero, and
+        // this thread holds `users` up.
         if let Some(r) = unsafe { r.as_ref() }.filter(|r| r.contains(addr)) {
             let out = f(r);
             s.users.fetch_sub(1, Ordering::SeqCst);
@@ -126,9 +221,12 @@ pub(crate) fn serve_thread_fault(bal: &crate::Shared, f: crate::uffd::Fault) {
         loop {
             match e.state.load(Ordering::Acquire) {
                 HINT if e.claim(HINT) => break r.hint_fault(idx, node_of_thread(bal, f.tid), f.tid),
+                // Mapped by the registered range's rules but zapped behind the table's back
+                // (the program's own `MADV_DONTNEED`): map it again.
+                PRESENT if e.claim(PRESENT) => break r.repair(idx),
                 BUSY => os::yield_cpu(),
-                HINT => {}
-                _ => break,
+                UNMAPPED | HINT | PRESENT => {}
+                _ => break Ok(()),
             }
         }
     });
@@ -137,47 +235,66 @@ pub(crate) fn serve_thread_fault(bal: &crate::Shared, f: crate::uffd::Fault) {
     }
 }
 
+/// Whether signal `sig` with `code` is a fault, whose `si_addr` is the address touched.
+fn is_fault(sig: libc::c_int, code: i32) -> bool {
+    match sig {
+        libc::SIGSEGV => code == SEGV_MAPERR || code == SEGV_ACCERR,
+        libc::SIGBUS => code == libc::BUS_ADRERR,
+        _ => false,
+    }
+}
+
 extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: errno is this thread's; the handler restores it so the interrupted code sees
     // no change.
     let saved = unsafe { *libc::__errno_location() };
-    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
-    let addr = unsafe { (*info).si_addr() } as usize;
-    let n = HIGH_WATER.load(Ordering::Acquire);
-    for s in &SLOTS[..n] {
-        s.users.fetch_add(1, Ordering::SeqCst);
-        let r = s.region.load(Ordering::SeqCst);
-        // SAFETY: a registered region lives until `unregister` has seen `users` at zero,
-        // and this handler holds `users` up.
-        if let Some(r) = unsafe { r.as_ref() } {
-            if r.contains(addr) {
-                r.fault(addr);
-                s.users.fetch_sub(1, Ordering::SeqCst);
-                // SAFETY: as above.
-                unsafe { *libc::__errno_location() = saved };
-                return;
-            }
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers; `si_addr` is read
+    // only for a fault, where the kernel set it.
+    let fault = is_fault(sig, unsafe { (*info).si_code });
+    let outcome = if fault {
+        // SAFETY: as above.
+        let addr = unsafe { (*info).si_addr() } as usize;
+        with_region(addr, |r| if forked() { Err(Unresolved::Forked) } else { r.fault(addr) })
+    } else {
+        None
+    };
+    match outcome {
+        Some(Ok(())) => {}
+        Some(Err(why)) => {
+            os::write_stderr(why.message());
+            chain(sig, info, ctx, true);
         }
-        s.users.fetch_sub(1, Ordering::SeqCst);
+        None => chain(sig, info, ctx, fault),
     }
-    chain(sig, info, ctx);
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = saved };
 }
 
-/// Hands a fault that is not a region's to the previous handler; with none, restores the
-/// default action, so returning re-runs the access and the process dies as it would have.
-fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+/// Hands a signal that is not a region's (or a region fault the balancer could not resolve)
+/// to the previous handler. With none, the default action: a fault returns and runs the
+/// access again with the default disposition, so the process dies of it where it happened;
+/// a signal that is not a fault (ignored before us, it stays ignored) is raised again with
+/// the default disposition, pending until this handler returns.
+fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, fault: bool) {
     let prev = if sig == libc::SIGBUS { &PREVIOUS_BUS } else { &PREVIOUS_SEGV };
-    let Some(old) = prev.get() else { return };
-    let h = old.sa_sigaction;
+    let h = prev.get().map_or(libc::SIG_DFL, |o| o.sa_sigaction);
+    if h == libc::SIG_IGN && !fault {
+        return;
+    }
     if h == libc::SIG_DFL || h == libc::SIG_IGN {
-        // SAFETY: a zeroed sigaction with SIG_DFL is valid; sigaction is async-signal-safe.
+        // SAFETY: a zeroed sigaction with SIG_DFL is valid; sigaction and raise are
+        // async-signal-safe.
         unsafe {
             let mut dfl: libc::sigaction = std::mem::zeroed();
             dfl.sa_sigaction = libc::SIG_DFL;
             libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            if !fault {
+                libc::raise(sig);
+            }
         }
         return;
     }
+    let Some(old) = prev.get() else { return };
     if old.sa_flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the previous handler was installed with SA_SIGINFO, so it has this type.
         let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = unsafe { std::mem::transmute(h) };
@@ -191,15 +308,22 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
 
 impl RegionShared {
     /// A fault on a page of this region, in the faulting thread.
-    pub(crate) fn fault(&self, addr: usize) {
+    pub(crate) fn fault(&self, addr: usize) -> Outcome {
         let idx = (addr - self.start) / PAGE;
         let e = &self.entries[idx];
         loop {
             match e.state.load(Ordering::Acquire) {
-                UNMAPPED if e.claim(UNMAPPED) => return self.first_touch(idx),
-                HINT if e.claim(HINT) => return self.hint_fault(idx, self.bal.z.local_node().0, os::gettid()),
-                // Mapped by another thread since this access faulted: run it again.
-                PRESENT => return,
+                UNMAPPED if e.claim(UNMAPPED) => {
+                    REPAIRS.set((0, 0));
+                    return self.first_touch(idx);
+                }
+                HINT if e.claim(HINT) => {
+                    REPAIRS.set((0, 0));
+                    return self.hint_fault(idx, self.bal.z.local_node().0, os::gettid());
+                }
+                // Mapped by another thread since this access faulted, or its mapping taken
+                // away behind the table's back: see `repair`.
+                PRESENT if e.claim(PRESENT) => return self.repair(idx),
                 // Another thread is changing the page: wait for it, then look again. Only
                 // the thread that maps the page counts the fault.
                 BUSY => os::yield_cpu(),
@@ -208,44 +332,131 @@ impl RegionShared {
         }
     }
 
-    /// Maps a frame of the node the policy picks onto a page touched for the first time.
-    fn first_touch(&self, idx: usize) {
+    /// A fault on page `idx`, claimed from `PRESENT`: either another thread mapped it since
+    /// this access faulted (running the access again succeeds), or its mapping was taken
+    /// away behind the table's back (the program's own `MADV_DONTNEED` under userfaultfd, a
+    /// protection a failed call left). The page is mapped again (a no-op in the first case)
+    /// and released `PRESENT`. When the same thread faults on the same page `REPAIR_LIMIT`
+    /// times in a row all the same, the fault is not one the balancer can resolve (the
+    /// program changed the page's protection, say) and is returned as it is.
+    pub(crate) fn repair(&self, idx: usize) -> Outcome {
+        let e = &self.entries[idx];
+        let addr = self.start + idx * PAGE;
+        let (last, n) = REPAIRS.get();
+        let n = if last == addr { n + 1 } else { 1 };
+        REPAIRS.set((addr, n));
+        if n > REPAIR_LIMIT {
+            REPAIRS.set((0, 0));
+            e.release(PRESENT);
+            return Err(Unresolved::Repair);
+        }
+        let frame = e.frame.load(Ordering::Relaxed);
+        // SAFETY: a mapped page of this region, claimed; revealing a page that is mapped
+        // read-write already changes nothing.
+        let ok = unsafe { self.reveal(addr, PAGE) }.is_ok() || unsafe { self.map(addr, frame) }.is_ok();
+        e.release(PRESENT);
+        if ok {
+            Ok(())
+        } else {
+            self.bal.stats.map_fail.fetch_add(1, Ordering::Relaxed);
+            Err(Unresolved::Map)
+        }
+    }
+
+    /// Maps a frame of the node the policy picks onto page `idx` (claimed from `UNMAPPED`),
+    /// touched for the first time: with its whole window when the region touches in
+    /// windows ([`RegionShared::first_touch_window`]), else alone. The frame comes from a
+    /// reserve of the node, or of the nearest allowed node with one when the node has none;
+    /// the fault fails only when no allowed node has a frame.
+    pub(crate) fn first_touch(&self, idx: usize) -> Outcome {
+        if self.first_touch_window(idx) {
+            return Ok(());
+        }
         let e = &self.entries[idx];
         let addr = self.start + idx * PAGE;
         let node = self.place(idx);
         let Some(frame) = self.bal.frame_for(node, &self.fallback[node as usize]) else {
-            os::write_stderr(b"zonal-numab: no frame for a first touch on any allowed node (out of memory)\n");
             e.release(UNMAPPED);
-            // SAFETY: raising a signal is async-signal-safe; SIGBUS is what the kernel sends
-            // for a shared-memory fault it cannot back.
-            unsafe {
-                libc::signal(libc::SIGBUS, libc::SIG_DFL);
-                libc::raise(libc::SIGBUS);
-            }
-            return;
+            return Err(Unresolved::NoFrame);
         };
         // SAFETY: the page is this region's, claimed (BUSY): nothing else maps it now.
-        if let Err(errno) = unsafe { self.map(addr, frame) } {
+        if unsafe { self.map(addr, frame) }.is_err() {
             self.bal.stats.map_fail.fetch_add(1, Ordering::Relaxed);
             self.bal.give_back(frame);
-            os::write_stderr(b"zonal-numab: mmap of a first-touch page failed (vm.max_map_count?)\n");
-            let _ = errno;
             e.release(UNMAPPED);
-            // SAFETY: as above.
-            unsafe {
-                libc::signal(libc::SIGBUS, libc::SIG_DFL);
-                libc::raise(libc::SIGBUS);
-            }
-            return;
+            return Err(Unresolved::Map);
         }
         e.frame.store(frame, Ordering::Relaxed);
         self.bal.stats.first_touch.fetch_add(1, Ordering::Relaxed);
         e.release(PRESENT);
+        Ok(())
+    }
+
+    /// The first touch of page `idx` (claimed) as the first touch of its aligned window of
+    /// `2^ft_order` pages: every other page of the window claimed from `UNMAPPED`, the
+    /// window given consecutive frames of one node and mapped with one `mmap`, so that a
+    /// region touched in any order adds at most one mapping a window (its `ft_order` is
+    /// chosen for the mapping budget, see `Balancer::region`), as a transparent huge page
+    /// does for anonymous memory. `false`, with page `idx` still claimed and every other
+    /// page as it was: the window is not whole (the region's end, a page touched already),
+    /// or no node has a block, and the page is touched alone.
+    fn first_touch_window(&self, idx: usize) -> bool {
+        let k = self.ft_order;
+        if k == 0 {
+            return false;
+        }
+        let n = 1usize << k;
+        let c = idx / n * n;
+        if c + n > self.entries.len() {
+            return false;
+        }
+        let mut claimed = c;
+        while claimed < c + n && (claimed == idx || self.entries[claimed].claim(UNMAPPED)) {
+            claimed += 1;
+        }
+        let release_others = |to: usize| {
+            for j in (c..to).filter(|&j| j != idx) {
+                self.entries[j].release(UNMAPPED);
+            }
+        };
+        if claimed < c + n {
+            release_others(claimed);
+            return false;
+        }
+        let node = self.place(c);
+        let nodes = std::iter::once(node).chain(self.fallback[node as usize].iter().copied());
+        let Some(block) = nodes.into_iter().find_map(|nid| self.carve(nid, n)) else {
+            release_others(c + n);
+            return false;
+        };
+        let addr = self.start + c * PAGE;
+        let z = &self.bal.z;
+        let mapped = z.frame_offset(block as *const u8).ok().and_then(|off| {
+            // SAFETY: the window's pages are this region's and claimed; the frames are ours.
+            unsafe { os::map_frame(addr, n * PAGE, z.frame_file(), off, false) }.ok()
+        });
+        if mapped.is_none() {
+            self.bal.stats.map_fail.fetch_add(1, Ordering::Relaxed);
+            for k in 0..n {
+                self.bal.give_back(block + k * PAGE);
+            }
+            release_others(c + n);
+            return false;
+        }
+        self.mapped_anew(addr, n * PAGE);
+        for (k, e) in self.entries[c..c + n].iter().enumerate() {
+            e.frame.store(block + k * PAGE, Ordering::Relaxed);
+        }
+        self.bal.stats.first_touch.fetch_add(n as u64, Ordering::Relaxed);
+        for e in &self.entries[c..c + n] {
+            e.release(PRESENT);
+        }
+        true
     }
 
     /// A hint fault (`do_numa_page`) on page `idx` (claimed) by thread `tid` on a CPU of node
     /// `here`: counts it, decides, and maps the page back or moves it.
-    fn hint_fault(&self, idx: usize, here: u16, tid: u32) {
+    fn hint_fault(&self, idx: usize, here: u16, tid: u32) -> Outcome {
         let e = &self.entries[idx];
         let addr = self.start + idx * PAGE;
         let st = &self.bal.stats;
@@ -270,6 +481,12 @@ impl RegionShared {
         let Some(dst) = dst.filter(|_| wanted) else {
             return self.map_back(idx);
         };
+        // Pinned while it was hinted (the pinner waits for it): the kernel may hold the
+        // frame, so it stays (Linux refuses to migrate a page with extra references).
+        if e.pinned() {
+            st.fail_pinned.fetch_add(1, Ordering::Relaxed);
+            return self.fail_and_map_back(idx);
+        }
         if !self.bal.has_room(dst) {
             st.fail_room.fetch_add(1, Ordering::Relaxed);
             return self.fail_and_map_back(idx);
@@ -279,8 +496,8 @@ impl RegionShared {
             return self.fail_and_map_back(idx);
         }
         let t0 = os::now_ns();
-        if self.try_chunk(idx, src, dst, Cpupid::new(here, tid), t0) {
-            return;
+        if let Some(outcome) = self.try_chunk(idx, src, dst, Cpupid::new(here, tid), t0) {
+            return outcome;
         }
         let eager = self.bal.mode() == MigrateMode::Eager;
         if eager {
@@ -318,20 +535,21 @@ impl RegionShared {
         st.migrate_ns.fetch_add(os::now_ns().saturating_sub(t0), Ordering::Relaxed);
         self.bal.kick_if_low(dst);
         e.release(PRESENT);
+        Ok(())
     }
 
     /// Moves the whole aligned chunk of `CHUNK_PAGES` pages around page `idx` (claimed) to
     /// `dst` in one step when every other page of it is hinted with its frame on `src`: the
     /// others are claimed one by one (a page another thread claimed first ends the attempt,
     /// and everything claimed is put back), the chunk is copied into consecutive frames and
-    /// mapped with one `mmap`, so its 512 mappings become one. `false`: nothing changed, and
-    /// the single page moves as usual.
-    fn try_chunk(&self, idx: usize, src: u16, dst: u16, this: Cpupid, t0: u64) -> bool {
+    /// mapped with one `mmap`, so its 512 mappings become one. `None`: nothing changed, and
+    /// the single page moves as usual; else what became of page `idx`.
+    fn try_chunk(&self, idx: usize, src: u16, dst: u16, this: Cpupid, t0: u64) -> Option<Outcome> {
         let n = crate::CHUNK_PAGES;
         let c = idx / n * n;
         let z = &self.bal.z;
         if self.bal.chunks[dst as usize].capacity() == 0 || c + n > self.entries.len() {
-            return false;
+            return None;
         }
         let on_src = |j: usize| {
             let f = self.entries[j].frame.load(Ordering::Relaxed);
@@ -341,14 +559,15 @@ impl RegionShared {
         if (c..c + n).any(|j| j != idx && self.entries[j].state.load(Ordering::Relaxed) != HINT)
             || !self.bal.has_room_for(dst, n)
         {
-            return false;
+            return None;
         }
-        let Some(block) = self.bal.chunks[dst as usize].take() else { return false };
+        let Some(block) = self.bal.chunks[dst as usize].take() else { return None };
         let mut claimed = c;
         while claimed < c + n && (claimed == idx || self.entries[claimed].claim(HINT)) {
             claimed += 1;
         }
-        let all = claimed == c + n && (c..c + n).all(on_src);
+        // No page of the chunk pinned (checked after the claims: see `table`).
+        let all = claimed == c + n && (c..c + n).all(on_src) && !(c..c + n).any(|j| self.entries[j].pinned());
         let release = |to: usize| {
             for j in (c..to).filter(|&j| j != idx) {
                 self.entries[j].release(HINT);
@@ -357,7 +576,7 @@ impl RegionShared {
         if !all {
             release(claimed);
             self.bal.give_back_chunk(dst, block);
-            return false;
+            return None;
         }
         let addr = self.start + c * PAGE;
         let eager = self.bal.mode() == MigrateMode::Eager;
@@ -365,10 +584,11 @@ impl RegionShared {
         if eager && (!self.reveal_pages(addr, n) || unsafe { self.hide(addr, n * PAGE) }.is_err()) {
             // Revealed or not, the pages are hidden or mapped as before: map each back.
             for j in (c..c + n).filter(|&j| j != idx) {
-                self.map_back(j);
+                // A page that cannot be mapped back stays hinted: its own fault says so.
+                let _ = self.map_back(j);
             }
             self.bal.give_back_chunk(dst, block);
-            return false;
+            return None;
         }
         for (k, j) in (c..c + n).enumerate() {
             let old = self.entries[j].frame.load(Ordering::Relaxed);
@@ -386,8 +606,9 @@ impl RegionShared {
             self.bal.stats.migrate_fail.fetch_add(1, Ordering::Relaxed);
             self.remap_old(c, n);
             self.bal.give_back_chunk(dst, block);
-            // Page `idx` is mapped back; the caller's single-page path must not run again.
-            return true;
+            // Page `idx` is mapped back (or left hinted, its next access faulting again);
+            // the caller's single-page path must not run again.
+            return Some(Ok(()));
         }
         self.mapped_anew(addr, n * PAGE);
         let st = &self.bal.stats;
@@ -406,7 +627,7 @@ impl RegionShared {
         for j in c..c + n {
             self.entries[j].release(PRESENT);
         }
-        true
+        Some(Ok(()))
     }
 
     /// Reveals `n` pages from `addr`: one call under mprotect, one per page under
@@ -419,8 +640,11 @@ impl RegionShared {
         }
     }
 
-    /// Maps the page back read-write (no migration).
-    fn map_back(&self, idx: usize) {
+    /// Maps the page back read-write (no migration). When neither revealing it nor mapping
+    /// its frame again works (the kernel out of mappings), the page stays hidden and `HINT`
+    /// (the truth: an access faults), and the fault is unresolved: the caller's access would
+    /// only fault again.
+    fn map_back(&self, idx: usize) -> Outcome {
         let addr = self.start + idx * PAGE;
         // SAFETY: a mapped page of this region, claimed.
         if unsafe { self.reveal(addr, PAGE) }.is_err() {
@@ -430,25 +654,30 @@ impl RegionShared {
             // SAFETY: as above.
             if unsafe { self.map(addr, frame) }.is_err() {
                 self.bal.stats.map_fail.fetch_add(1, Ordering::Relaxed);
+                self.entries[idx].release(HINT);
+                return Err(Unresolved::Map);
             }
         }
         self.entries[idx].release(PRESENT);
+        Ok(())
     }
 
-    fn fail_and_map_back(&self, idx: usize) {
+    fn fail_and_map_back(&self, idx: usize) -> Outcome {
         self.bal.stats.migrate_fail.fetch_add(1, Ordering::Relaxed);
         self.bal.window_fail();
-        self.map_back(idx);
+        self.map_back(idx)
     }
 
-    /// A failed eager migration whose page is already accessible.
-    fn fail_done(&self, idx: usize) {
+    /// A failed eager migration whose page is already accessible. Released `PRESENT` even if
+    /// the reveal fails: a fault on it then repairs the mapping (`repair`).
+    fn fail_done(&self, idx: usize) -> Outcome {
         self.bal.stats.migrate_fail.fetch_add(1, Ordering::Relaxed);
         self.bal.window_fail();
         let addr = self.start + idx * PAGE;
         // SAFETY: as in `map_back`; the page may have been hidden again for the copy.
         let _ = unsafe { self.reveal(addr, PAGE) };
         self.entries[idx].release(PRESENT);
+        Ok(())
     }
 
     /// Maps `frame` read-write at `addr`. The new mapping is not registered with the

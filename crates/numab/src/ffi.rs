@@ -248,9 +248,10 @@ pub unsafe extern "C" fn zonal_region_page_to_nid(r: *const ZonalRegion, addr: *
 }
 
 /// Gives the bytes offset to offset + len of the region frames now and makes them
-/// accessible, so that system calls (read, write, I/O) can use them. Returns 0, or a
-/// negative errno: -EFAULT for a range past the region's end, -EINVAL for NULL, -ENOMEM
-/// when no node has a free frame.
+/// accessible. The scanner may hide them again at its next pass: buffers the kernel reads
+/// or writes need zonal_region_pin. Returns 0, or a negative errno: -EFAULT for a range past
+/// the region's end, -EINVAL for NULL or len 0, -ENOMEM when no node has a free frame,
+/// -EPERM in a child of fork() (regions are not inherited).
 ///
 /// Safety
 /// ------
@@ -269,13 +270,67 @@ pub unsafe extern "C" fn zonal_region_prefault(r: *const ZonalRegion, offset: us
     })
 }
 
+/// Pins the bytes offset to offset + len of the region: each page gets a frame now if it has
+/// none, is made accessible, and stays where it is (never hidden by the scanner, never
+/// migrated or collapsed) until as many zonal_region_unpin calls have covered it. Pins nest.
+///
+/// Required for memory the kernel keeps using past a system call, which it reaches through
+/// the frame and not the mapping: io_uring registered (fixed) buffers, O_DIRECT and AIO
+/// buffers, vmsplice'd pages, RDMA registrations; pin before registering, unpin after the
+/// kernel lets go. Plain read/write/recv buffers need a pin under the mprotect and
+/// userfaultfd backends too (a system call touching a hidden page gets EFAULT there).
+///
+/// Returns 0, or a negative errno with nothing pinned: -EFAULT for a range past the
+/// region's end, -EINVAL for NULL or len 0, -ENOMEM when no node has a free frame, -EPERM
+/// in a child of fork().
+///
+/// Safety
+/// ------
+/// r is NULL or a live region.
+#[no_mangle]
+pub unsafe extern "C" fn zonal_region_pin(r: *const ZonalRegion, offset: usize, len: usize) -> c_int {
+    layer::guard(|| {
+        // SAFETY: per this function's contract.
+        let Some(r) = (unsafe { r.as_ref() }) else {
+            return layer::fail("null region".into(), libc::EINVAL);
+        };
+        match r.0.pin_pages(offset, len) {
+            Ok(()) => 0,
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+/// Drops one pin from each page of offset to offset + len (see zonal_region_pin). Returns
+/// 0, or a negative errno with nothing changed: -EINVAL for NULL, len 0 or a page that holds
+/// no pin, -EFAULT for a range past the region's end, -EPERM in a child of fork().
+///
+/// Safety
+/// ------
+/// r is NULL or a live region.
+#[no_mangle]
+pub unsafe extern "C" fn zonal_region_unpin(r: *const ZonalRegion, offset: usize, len: usize) -> c_int {
+    layer::guard(|| {
+        // SAFETY: per this function's contract.
+        let Some(r) = (unsafe { r.as_ref() }) else {
+            return layer::fail("null region".into(), libc::EINVAL);
+        };
+        match r.0.unpin(offset, len) {
+            Ok(()) => 0,
+            Err(e) => fail(&e),
+        }
+    })
+}
+
 /// Destroys a region: every frame goes back to the allocator and the range is unmapped (a
 /// later access faults as any unmapped address does). NULL is ignored.
 ///
 /// Safety
 /// ------
 /// r is NULL or a live region, destroyed once, with no call on it running in another
-/// thread and no thread accessing its memory.
+/// thread, no thread accessing its memory and no pin the kernel still uses (an io_uring
+/// buffer still registered, an O_DIRECT read in flight). In a child of fork() an inherited
+/// region is let go without freeing anything.
 #[no_mangle]
 pub unsafe extern "C" fn zonal_region_destroy(r: *mut ZonalRegion) {
     if !r.is_null() {

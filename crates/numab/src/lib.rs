@@ -63,13 +63,19 @@ pub enum Error {
     OutOfRange { addr: usize },
     /// A config or policy string that does not parse.
     InvalidConfig(String),
+    /// An unpin of a page that holds no pin.
+    NotPinned { addr: usize },
+    /// A call on a balancer or region this process inherited across `fork()`: the child has
+    /// no balancer thread and none of its parent's frames (see the crate's docs).
+    Forked,
 }
 
 impl Error {
     /// The errno the C ABI returns negated for this error.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::InvalidSize { .. } | Error::InvalidConfig(_) => libc::EINVAL,
+            Error::InvalidSize { .. } | Error::InvalidConfig(_) | Error::NotPinned { .. } => libc::EINVAL,
+            Error::Forked => libc::EPERM,
             Error::Zonal(e) => e.errno(),
             Error::Os { errno, .. } => *errno,
             Error::TooManyRegions => libc::EMFILE,
@@ -89,6 +95,11 @@ impl std::fmt::Display for Error {
             Error::TooManyRegions => write!(f, "too many regions (at most {} at once)", fault::MAX_REGIONS),
             Error::OutOfRange { addr } => write!(f, "address {addr:#x} is not in the region"),
             Error::InvalidConfig(m) => write!(f, "{m}"),
+            Error::NotPinned { addr } => write!(f, "unpin of {addr:#x}: the page holds no pin"),
+            Error::Forked => write!(
+                f,
+                "this balancer or region belongs to the parent process: a child of fork() inherits none of its memory"
+            ),
         }
     }
 }
@@ -299,6 +310,7 @@ pub(crate) struct Counters {
     pub(crate) migrate_fail: AtomicU64,
     pub(crate) fail_reserve: AtomicU64,
     pub(crate) fail_room: AtomicU64,
+    pub(crate) fail_pinned: AtomicU64,
     pub(crate) map_fail: AtomicU64,
     pub(crate) scan_fail: AtomicU64,
     pub(crate) register_fail: AtomicU64,
@@ -335,6 +347,8 @@ pub struct Stats {
     pub pgmigrate_fail_reserve: u64,
     /// ... because the destination node was below its high watermark.
     pub pgmigrate_fail_room: u64,
+    /// ... because the page was pinned while it was hinted (`Region::pin`).
+    pub pgmigrate_fail_pinned: u64,
     /// `mmap` of a page failed (out of VMAs).
     pub map_fail: u64,
     /// Scanner runs that could not be protected (out of VMAs) and were left mapped.
@@ -388,6 +402,7 @@ impl Stats {
             ("pgmigrate_fail", self.pgmigrate_fail),
             ("pgmigrate_fail_reserve", self.pgmigrate_fail_reserve),
             ("pgmigrate_fail_room", self.pgmigrate_fail_room),
+            ("pgmigrate_fail_pinned", self.pgmigrate_fail_pinned),
             ("numab_map_fail", self.map_fail),
             ("numab_scan_fail", self.scan_fail),
             ("pgmigrate_fail_vma", self.pgmigrate_fail_vma),
@@ -421,6 +436,16 @@ pub(crate) struct Shared {
     /// Per node: blocks of `CHUNK_PAGES` consecutive frames (order 9, split) for chunk
     /// migrations, by first frame; empty when chunk migration is off.
     pub(crate) chunks: Vec<Reserve>,
+    /// Per node: blocks of `CHUNK_PAGES` consecutive frames (split) that regions carve their
+    /// first-touch windows from, filled while a region touches in windows.
+    pub(crate) blocks: Vec<Reserve>,
+    /// Per node: whether its last refill found no free block of that order.
+    pub(crate) blocks_out: Vec<AtomicBool>,
+    /// Live regions that touch in windows.
+    ft_regions: AtomicUsize,
+    /// Refill passes ended: a handler waiting for frames sleeps on it (`FUTEX_WAIT`), and
+    /// gives up only once a pass that started after it asked found no frame anywhere.
+    refills: AtomicU32,
     /// Frames to free (old frames of migrated pages, frames a handler could not use).
     pub(crate) to_free: FreeStack,
     /// Regions to scan, in registration order.
@@ -497,9 +522,16 @@ impl Shared {
         self.has_room_for(nid, 1)
     }
 
-    /// Whether node `nid` has room for `pages` more above its high watermark.
+    /// Whether node `nid` has room for `pages` more above its high watermark, by its zones'
+    /// folded free counts (`zone_page_state`, as Linux's `migrate_balanced_pgdat` reads
+    /// them): atomics only, no lock, so the signal handler may ask.
     pub(crate) fn has_room_for(&self, nid: u16, pages: usize) -> bool {
-        self.z.nr_free_pages(NodeId(nid)).is_ok_and(|f| f > self.high[nid as usize] + pages)
+        let free: usize = self
+            .z
+            .node_zones(NodeId(nid))
+            .map(|ids| ids.iter().map(|id| self.z.zones()[id.0 as usize].nr_free()).sum())
+            .unwrap_or(0);
+        free > self.high[nid as usize] + pages
     }
 
     /// Returns a chunk a handler took but could not use (to its queue, or frame by frame to
@@ -515,26 +547,57 @@ impl Shared {
     }
 
     /// A frame for node `nid`, or the nearest node that has one in reserve, waiting for the
-    /// balancer's thread to refill when every reserve is empty. `None` only when it cannot
-    /// (no memory on any of these nodes).
+    /// balancer's thread to refill when every reserve is empty (however long that takes).
+    /// `None` only when a refill pass that started after the first look found none of these
+    /// nodes with a free frame: out of memory. Async-signal-safe (a futex wait).
     pub(crate) fn frame_for(&self, nid: u16, fallback: &[u16]) -> Option<usize> {
-        for _round in 0..100_000 {
+        let asked = self.refills.load(Ordering::Acquire);
+        loop {
             // The node's own reserve; the others only once the node itself has run out (an
             // empty reserve is only a refill behind), as a first touch falls back by distance
             // when the node is full.
+            let mut all_out = true;
             for &n in std::iter::once(&nid).chain(fallback) {
                 if let Some(f) = self.reserves[n as usize].take(self.z.current_cpu()) {
                     self.kick_if_low(n);
                     return Some(f);
                 }
-                if !self.node_out[n as usize].load(Ordering::Relaxed) {
+                if !self.node_out[n as usize].load(Ordering::Acquire) {
+                    all_out = false;
                     break;
                 }
             }
-            self.kick();
-            os::yield_cpu();
+            let seen = self.refills.load(Ordering::Acquire);
+            // Two ends past the first look: a whole pass ran after it.
+            if all_out && seen.wrapping_sub(asked) >= 2 {
+                return None;
+            }
+            self.wait_refill(seen);
         }
-        None
+    }
+
+    /// Wakes the balancer's thread and sleeps until its next refill pass ends (at most
+    /// 10 ms, then the caller looks again). Async-signal-safe.
+    fn wait_refill(&self, seen: u32) {
+        self.kick();
+        os::futex_wait(&self.refills, seen, Duration::from_millis(10));
+    }
+
+    /// A block of `CHUNK_PAGES` consecutive frames of node `nid` (split, zeroed) for
+    /// first-touch windows, waiting for a refill when the node's reserve is behind; `None`
+    /// when the node's last refill found no free block of that order. Async-signal-safe.
+    pub(crate) fn block_for(&self, nid: u16) -> Option<usize> {
+        let r = self.blocks.get(nid as usize)?;
+        loop {
+            if let Some(b) = r.take() {
+                self.kick();
+                return Some(b);
+            }
+            if r.capacity() == 0 || self.blocks_out[nid as usize].load(Ordering::Acquire) {
+                return None;
+            }
+            self.wait_refill(self.refills.load(Ordering::Acquire));
+        }
     }
 
     /// Returns a frame a handler took but could not use.
@@ -557,6 +620,7 @@ impl Shared {
             pgmigrate_fail: l(&s.migrate_fail),
             pgmigrate_fail_reserve: l(&s.fail_reserve),
             pgmigrate_fail_room: l(&s.fail_room),
+            pgmigrate_fail_pinned: l(&s.fail_pinned),
             map_fail: l(&s.map_fail),
             scan_fail: l(&s.scan_fail),
             register_fail: l(&s.register_fail),
@@ -580,6 +644,37 @@ impl Shared {
     /// Frees the frames handlers left, and tops the reserves up (zeroed frames, as a first
     /// touch of anonymous memory reads zeros). Returns whether any reserve is still empty.
     fn housekeep(&self) -> bool {
+        let short = self.refill();
+        // The pass's end, for the handlers waiting on it (`frame_for`, `block_for`).
+        self.refills.fetch_add(1, Ordering::Release);
+        os::futex_wake(&self.refills);
+        short
+    }
+
+    /// A split block of `CHUNK_PAGES` frames of node `nid`, zeroed when `zero`, or `None`
+    /// when the node has no free block of that order.
+    fn alloc_block(&self, nid: usize, zero: bool) -> Option<usize> {
+        let b = self.z.alloc_pages_node(NodeId(nid as u16), Gfp::THISNODE, 9).ok()?.as_ptr();
+        if self.z.split_pages(b, 9).is_err() {
+            let _ = self.z.free_pages(b, 9);
+            return None;
+        }
+        if zero {
+            // SAFETY: a block zonal just handed out, 512 frames, ours.
+            unsafe { std::ptr::write_bytes(b, 0, CHUNK_PAGES * PAGE) };
+        }
+        Some(b as usize)
+    }
+
+    /// Frees a split block's frames `from..CHUNK_PAGES`.
+    fn free_block_from(&self, block: usize, from: usize) {
+        for i in from..CHUNK_PAGES {
+            let _ = self.z.free_pages((block + i * PAGE) as *mut u8, 0);
+        }
+    }
+
+    /// [`Shared::housekeep`]'s work: frees, then fills every reserve.
+    fn refill(&self) -> bool {
         self.check_mappings(false);
         for f in self.to_free.take_all() {
             // A frame is put on the stack only once, allocated: the free cannot fail.
@@ -587,15 +682,23 @@ impl Shared {
         }
         for (nid, c) in self.chunks.iter().enumerate() {
             while c.len() < c.capacity() {
-                let Ok(b) = self.z.alloc_pages_node(NodeId(nid as u16), Gfp::THISNODE, 9) else { break };
-                if self.z.split_pages(b.as_ptr(), 9).is_err() {
-                    let _ = self.z.free_pages(b.as_ptr(), 9);
-                    break;
+                let Some(b) = self.alloc_block(nid, false) else { break };
+                if c.put(b).is_err() {
+                    self.free_block_from(b, 0);
                 }
-                if c.put(b.as_ptr() as usize).is_err() {
-                    for i in 0..CHUNK_PAGES {
-                        let _ = self.z.free_pages(b.as_ptr().wrapping_add(i * PAGE), 0);
-                    }
+            }
+        }
+        // Blocks for first-touch windows, while a region touches in windows.
+        let windows = self.ft_regions.load(Ordering::Acquire) > 0;
+        for (nid, r) in self.blocks.iter().enumerate() {
+            while windows && r.len() < r.capacity() {
+                let Some(b) = self.alloc_block(nid, true) else {
+                    self.blocks_out[nid].store(true, Ordering::Release);
+                    break;
+                };
+                self.blocks_out[nid].store(false, Ordering::Release);
+                if r.put(b).is_err() {
+                    self.free_block_from(b, 0);
                 }
             }
         }
@@ -679,6 +782,10 @@ impl Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        // In a child of fork(): nothing here is the child's to free (see `fault::in_child`).
+        if fault::forked() {
+            return;
+        }
         if let Some(&id) = self.source.get() {
             self.z.remove_counter_source(id);
         }
@@ -690,11 +797,9 @@ impl Drop for Shared {
                 let _ = self.z.free_pages(f as *mut u8, 0);
             }
         }
-        for c in &self.chunks {
+        for c in self.chunks.iter().chain(&self.blocks) {
             while let Some(b) = c.take() {
-                for i in 0..CHUNK_PAGES {
-                    let _ = self.z.free_pages((b + i * PAGE) as *mut u8, 0);
-                }
+                self.free_block_from(b, 0);
             }
         }
     }
@@ -745,6 +850,10 @@ impl Balancer {
             stats: Counters::default(),
             reserves: (0..nodes).map(|_| NodeReserve::new(cfg.reserve_pages.max(1), z.topology().nr_cpus())).collect(),
             chunks: (0..nodes).map(|_| Reserve::new(if cfg.chunk_migration { 2 } else { 0 })).collect(),
+            blocks: (0..nodes).map(|_| Reserve::new(2)).collect(),
+            blocks_out: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
+            ft_regions: AtomicUsize::new(0),
+            refills: AtomicU32::new(0),
             node_out: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
             to_free: FreeStack::default(),
             regions: Mutex::new(Vec::new()),
@@ -799,6 +908,9 @@ impl Balancer {
     /// A region of `bytes` (rounded up to pages) under `policy`: no frame until a page is
     /// touched.
     pub fn region(&self, bytes: usize, policy: MemPolicy) -> Result<Region> {
+        if fault::forked() {
+            return Err(Error::Forked);
+        }
         if bytes == 0 || bytes > MAX_REGION_BYTES {
             return Err(Error::InvalidSize { bytes });
         }
@@ -830,8 +942,23 @@ impl Balancer {
                 seen
             })
             .collect();
+        // First touches in windows of 2^ft_order pages, so that the region adds at most a
+        // quarter of the mapping budget however it is touched (a region of up to a quarter
+        // of the budget in pages touches page by page, as before).
+        let share = (self.shared.vma_budget.load(Ordering::Relaxed) / 4).max(1);
+        let mut ft_order = 0;
+        while ft_order < collapse::MAX_ORDER && pages >> ft_order > share {
+            ft_order += 1;
+        }
+        if ft_order > 0 {
+            self.shared.ft_regions.fetch_add(1, Ordering::AcqRel);
+            self.shared.kick();
+        }
         let r = Arc::new(RegionShared {
             start,
+            ft_order,
+            carve: (0..nodes).map(|_| AtomicUsize::new(0)).collect(),
+            dead: AtomicBool::new(false),
             entries: (0..pages).map(|_| PageEntry::default()).collect(),
             policy,
             fallback,
@@ -910,6 +1037,10 @@ impl Balancer {
     /// Runs one scan pass now, from the calling thread, over every region past its scan
     /// delay; returns the pages marked. For tests and benchmarks that drive the scanner.
     pub fn scan_now(&self) -> usize {
+        if fault::forked() {
+            return 0;
+        }
+        let _signals = os::SignalsBlocked::new();
         self.shared.check_mappings(true);
         if self.shared.over_budget.load(Ordering::Relaxed) {
             return 0;
@@ -924,6 +1055,10 @@ impl Balancer {
     /// Runs one collapse pass now, from the calling thread, copying at most `max_pages`
     /// (see [`Config::collapse_mb`]); returns the pages copied. For tests and benchmarks.
     pub fn collapse_now(&self, max_pages: usize) -> usize {
+        if fault::forked() {
+            return 0;
+        }
+        let _signals = os::SignalsBlocked::new();
         let n = self.shared.collapse(max_pages);
         self.shared.check_mappings(true);
         n
@@ -932,6 +1067,9 @@ impl Balancer {
     /// Frees what handlers left, refills the reserves and counts the process's mappings
     /// now, from the calling thread.
     pub fn housekeep(&self) {
+        if fault::forked() {
+            return;
+        }
         self.shared.check_mappings(true);
         self.shared.housekeep();
     }
@@ -950,6 +1088,13 @@ impl Balancer {
 
 impl Drop for Balancer {
     fn drop(&mut self) {
+        // In a child of fork() the threads do not exist (joining or detaching their stale
+        // handles would touch threads of the parent), and nothing is the child's to free.
+        if fault::forked() {
+            std::mem::forget(self.thread.take());
+            std::mem::forget(self.server.take());
+            return;
+        }
         // The thread runs while a region lives (it holds only a weak reference and stops when
         // the last one goes); a balancer dropped before its regions leaves it to them.
         // Without regions it stops the thread and waits for it, so that the reserves are back
@@ -970,6 +1115,8 @@ const COLLAPSE_EVERY: Duration = Duration::from_millis(100);
 /// The balancer's thread: frees and refills, scans every period, and collapses fragmented
 /// windows.
 fn worker(weak: Weak<Shared>) {
+    // The program's asynchronous signals go to its own threads: this one holds pages BUSY.
+    let _signals = os::SignalsBlocked::new();
     let mut cur = scan::Cursor::default();
     let mut next_scan: Option<Instant> = None;
     let mut next_collapse = Instant::now();
@@ -1036,6 +1183,7 @@ fn worker(weak: Weak<Shared>) {
 /// The handler thread of the userfaultfd handler-thread backend: serves faults until the
 /// balancer and its regions are gone.
 fn fault_server(weak: Weak<Shared>) {
+    let _signals = os::SignalsBlocked::new();
     loop {
         let Some(s) = weak.upgrade() else { return };
         if s.stop.load(Ordering::Acquire) {
@@ -1056,6 +1204,13 @@ pub struct Region {
 /// A region's state, shared with the scanner and the fault handler.
 pub struct RegionShared {
     pub(crate) start: usize,
+    /// First touches map aligned windows of `2^ft_order` pages (0: a page at a time).
+    pub(crate) ft_order: u32,
+    /// Per node: the block first-touch windows are being carved from and the frames of it
+    /// taken, in one word (`block | taken`: blocks are 2 MiB-aligned), 0 when none.
+    carve: Box<[AtomicUsize]>,
+    /// Set once, under `scan_lock`, when the region is torn down.
+    dead: AtomicBool,
     pub(crate) entries: Box<[PageEntry]>,
     policy: MemPolicy,
     /// Per node: the other nodes the policy allows, nearest first (first-touch fallback).
@@ -1099,7 +1254,46 @@ impl RegionShared {
         runs
     }
     fn is_dead(&self) -> bool {
-        *self.scan_lock.lock().unwrap_or_else(|p| p.into_inner())
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// `n` consecutive frames (a power of two up to `CHUNK_PAGES`) of node `nid`, zeroed,
+    /// for a first-touch window: carved from the region's current block of that node, or a
+    /// new one from the node's reserve of blocks (whose frames the old block had left go to
+    /// be freed). Lock-free (a CAS on the carve word) and async-signal-safe; `None` when
+    /// the node has no block.
+    pub(crate) fn carve(&self, nid: u16, n: usize) -> Option<usize> {
+        const BLOCK: usize = CHUNK_PAGES * PAGE;
+        let w = &self.carve[nid as usize];
+        loop {
+            let cur = w.load(Ordering::Acquire);
+            let (blk, used) = (cur & !(BLOCK - 1), cur & (BLOCK - 1));
+            if blk != 0 && used + n <= CHUNK_PAGES {
+                if w.compare_exchange(cur, cur + n, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                    return Some(blk + used * PAGE);
+                }
+                continue;
+            }
+            let new = self.bal.block_for(nid)?;
+            if new % BLOCK != 0 {
+                // Not aligned (an arena aligned below 2 MiB): the word cannot hold it.
+                (0..CHUNK_PAGES).for_each(|i| self.bal.give_back(new + i * PAGE));
+                return None;
+            }
+            if w.compare_exchange(cur, new | n, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+                if self.bal.blocks[nid as usize].put(new).is_err() {
+                    (0..CHUNK_PAGES).for_each(|i| self.bal.give_back(new + i * PAGE));
+                }
+                continue;
+            }
+            // The old block's frames nobody took: the CAS made them this thread's.
+            for i in used..CHUNK_PAGES {
+                if blk != 0 {
+                    self.bal.give_back(blk + i * PAGE);
+                }
+            }
+            return Some(new);
+        }
     }
 
     pub(crate) fn contains(&self, addr: usize) -> bool {
@@ -1149,23 +1343,45 @@ impl RegionShared {
     /// (unregistered), no scan of it (the scan lock, and the mark `dead` the scanner checks),
     /// the range unmapped and every frame back with zonal. Idempotent.
     fn teardown(&self) {
-        let mut dead = self.scan_lock.lock().unwrap_or_else(|p| p.into_inner());
-        if *dead {
+        // In a child of fork() nothing here is the child's (see `fault::in_child`).
+        if fault::forked() {
             return;
         }
-        *dead = true;
+        {
+            // Marked dead under the lock, then let go: the scanner and the collapse check
+            // the mark under it, and the work below (an unmap and a free per frame, seconds
+            // for a region of gigabytes) must not hold up the balancer's thread, whose
+            // refills the other regions' first touches wait for.
+            let mut dead = self.scan_lock.lock().unwrap_or_else(|p| p.into_inner());
+            if *dead {
+                return;
+            }
+            *dead = true;
+            self.dead.store(true, Ordering::Release);
+        }
         let slot = self.slot.load(Ordering::Relaxed);
         if slot != usize::MAX {
             fault::unregister(slot);
         }
-        // SAFETY: no handler is inside the region (unregistered), the scanner cannot touch it
-        // (the lock is held and it is marked dead), and its owner gave up its pointer.
+        // SAFETY: no handler is inside the region (unregistered), the scanner and the collapse
+        // cannot touch it (marked dead under the lock they check it under), and its owner
+        // gave up its pointer.
         unsafe { os::unmap(self.start, self.entries.len() * PAGE) };
         for e in self.entries.iter() {
             let f = e.frame.swap(0, Ordering::Relaxed);
             if f != 0 {
                 let _ = self.bal.z.free_pages(f as *mut u8, 0);
             }
+        }
+        for w in self.carve.iter() {
+            let cur = w.swap(0, Ordering::AcqRel);
+            let (blk, used) = (cur & !(CHUNK_PAGES * PAGE - 1), cur & (CHUNK_PAGES * PAGE - 1));
+            if blk != 0 {
+                self.bal.free_block_from(blk, used);
+            }
+        }
+        if self.ft_order > 0 {
+            self.bal.ft_regions.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -1233,31 +1449,88 @@ impl Region {
         v
     }
 
-    /// Gives every page of `offset..offset + len` a frame now and makes it accessible, from
-    /// the calling thread, so that system calls can read and write it (they get `EFAULT` on
-    /// an inaccessible page instead of a fault). The scanner may mark the pages again later.
-    pub fn prefault(&self, offset: usize, len: usize) -> Result<()> {
+    /// The pages `offset..offset + len` covers, checked to lie in the region and not empty.
+    fn pages_of(&self, offset: usize, len: usize) -> Result<std::ops::Range<usize>> {
+        if len == 0 {
+            return Err(Error::InvalidSize { bytes: 0 });
+        }
         let end = offset.checked_add(len).filter(|&e| e <= self.len()).ok_or(Error::OutOfRange { addr: offset })?;
+        Ok(offset / PAGE..end.div_ceil(PAGE))
+    }
+
+    /// Gives every page of `offset..offset + len` a frame now and makes it accessible, from
+    /// the calling thread. The scanner may hide the pages again at its next pass: for memory
+    /// the kernel reads or writes (system call buffers), use [`Region::pin`].
+    pub fn prefault(&self, offset: usize, len: usize) -> Result<()> {
+        if fault::forked() {
+            return Err(Error::Forked);
+        }
+        let pages = self.pages_of(offset, len)?;
+        let _signals = os::SignalsBlocked::new();
+        pages.into_iter().try_for_each(|idx| self.shared.make_present(idx))
+    }
+
+    /// Pins the pages of `offset..offset + len` until the guard is dropped: each is given a
+    /// frame now if it has none, made accessible, and left so (the scanner never hides it,
+    /// no migration or collapse moves it) while any pin on it lasts. Pins nest.
+    ///
+    /// Required for memory the kernel keeps using past a system call, which it reaches
+    /// through the frame and not the mapping: io_uring registered (fixed) buffers, O_DIRECT
+    /// and AIO buffers, `vmsplice`d pages, RDMA memory registrations. Moving such a page
+    /// would leave the kernel writing into the old frame. Plain `read(2)`/`write(2)` buffers
+    /// need a pin (or a stopped scanner) under the `mprotect` and `userfaultfd` backends,
+    /// where a system call touching a hidden page fails with `EFAULT`; the
+    /// `userfaultfd-thread` backend serves such accesses itself.
+    pub fn pin(&self, offset: usize, len: usize) -> Result<Pin<'_>> {
+        self.pin_pages(offset, len)?;
+        Ok(Pin { region: self, offset, len })
+    }
+
+    /// [`Region::pin`] without a guard (the C ABI's `zonal_region_pin`): each call is undone
+    /// by one [`Region::unpin`] of the same range. On an error nothing stays pinned.
+    pub fn pin_pages(&self, offset: usize, len: usize) -> Result<()> {
+        if fault::forked() {
+            return Err(Error::Forked);
+        }
+        let pages = self.pages_of(offset, len)?;
+        let _signals = os::SignalsBlocked::new();
         let r = &self.shared;
-        for idx in offset / PAGE..end.div_ceil(PAGE) {
+        for idx in pages.clone() {
             let e = &r.entries[idx];
-            loop {
-                match e.state.load(Ordering::Acquire) {
-                    PRESENT => break,
-                    UNMAPPED if e.claim(UNMAPPED) => {
-                        r.fault_in_from_thread(idx)?;
-                        break;
-                    }
-                    HINT if e.claim(HINT) => {
-                        // SAFETY: a mapped page of this region, claimed.
-                        let res = unsafe { r.reveal(r.start + idx * PAGE, PAGE) };
-                        e.release(if res.is_ok() { PRESENT } else { HINT });
-                        res.map_err(|errno| Error::Os { call: "mprotect", errno })?;
-                        break;
-                    }
-                    BUSY => std::thread::yield_now(),
-                    _ => {}
+            // The count first, then the state (see `table`): a claimer after this sees it.
+            let raised = e.pins.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_add(1)).is_ok();
+            let res = match raised {
+                true => r.make_present(idx),
+                false => Err(Error::InvalidConfig(format!("page {idx} of the region holds 2^32-1 pins already"))),
+            };
+            if let Err(err) = res {
+                if raised {
+                    e.pins.fetch_sub(1, Ordering::SeqCst);
                 }
+                for j in pages.start..idx {
+                    r.entries[j].pins.fetch_sub(1, Ordering::SeqCst);
+                }
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops one pin from each page of `offset..offset + len`. A page that holds none is an
+    /// error ([`Error::NotPinned`]), and then nothing changes.
+    pub fn unpin(&self, offset: usize, len: usize) -> Result<()> {
+        if fault::forked() {
+            return Err(Error::Forked);
+        }
+        let pages = self.pages_of(offset, len)?;
+        let r = &self.shared;
+        for idx in pages.clone() {
+            let dropped = r.entries[idx].pins.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            if dropped.is_err() {
+                for j in pages.start..idx {
+                    r.entries[j].pins.fetch_add(1, Ordering::SeqCst);
+                }
+                return Err(Error::NotPinned { addr: r.start + idx * PAGE });
             }
         }
         Ok(())
@@ -1268,38 +1541,61 @@ impl Region {
     pub fn vma_runs(&self) -> usize {
         self.shared.vma_runs()
     }
+
+    /// Pages first touched together as one window (`2^order`; 1 when the region touches
+    /// page by page): chosen from the region's size and the mapping budget.
+    pub fn first_touch_pages(&self) -> usize {
+        1 << self.shared.ft_order
+    }
+}
+
+/// Pins on pages of a region ([`Region::pin`]), dropped with the guard.
+#[must_use = "the pages are unpinned when the guard is dropped"]
+pub struct Pin<'a> {
+    region: &'a Region,
+    offset: usize,
+    len: usize,
+}
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        // The guard's own pins: the unpin cannot find a page without one.
+        let _ = self.region.unpin(self.offset, self.len);
+    }
+}
+
+impl From<fault::Unresolved> for Error {
+    fn from(u: fault::Unresolved) -> Error {
+        match u {
+            fault::Unresolved::NoFrame => {
+                Error::Zonal(zonal::Error::OutOfMemory { order: zonal::Order::new(0).expect("order 0") })
+            }
+            fault::Unresolved::Map | fault::Unresolved::Repair => Error::Os { call: "mmap", errno: libc::ENOMEM },
+            fault::Unresolved::Forked => Error::Forked,
+        }
+    }
 }
 
 impl RegionShared {
-    /// A first touch made by `Region::prefault` outside signal context: the frame comes
-    /// from zonal directly (under the policy's node and fallback).
-    fn fault_in_from_thread(&self, idx: usize) -> Result<()> {
+    /// Makes page `idx` `PRESENT`, from a thread (not a signal handler): a first touch when
+    /// it has no frame, its mapping back when it is hidden, a wait while another thread
+    /// changes it.
+    fn make_present(&self, idx: usize) -> Result<()> {
         let e = &self.entries[idx];
-        let node = self.place(idx);
-        let nodes = std::iter::once(node).chain(self.fallback[node as usize].iter().copied());
-        let mut frame = None;
-        for n in nodes {
-            if let Ok(p) = self.bal.z.alloc_pages_node(NodeId(n), Gfp::THISNODE, 0) {
-                frame = Some(p.as_ptr() as usize);
-                break;
+        loop {
+            match e.state.load(Ordering::SeqCst) {
+                PRESENT => return Ok(()),
+                UNMAPPED if e.claim(UNMAPPED) => self.first_touch(idx)?,
+                HINT if e.claim(HINT) => {
+                    // SAFETY: a mapped page of this region, claimed.
+                    let res = unsafe { self.reveal(self.start + idx * PAGE, PAGE) };
+                    e.release(if res.is_ok() { PRESENT } else { HINT });
+                    res.map_err(|errno| Error::Os { call: "mprotect", errno })?;
+                }
+                BUSY => std::thread::yield_now(),
+                _ => {}
             }
         }
-        let Some(frame) = frame else {
-            e.release(UNMAPPED);
-            return Err(Error::Zonal(zonal::Error::OutOfMemory { order: zonal::Order::new(0).expect("order 0") }));
-        };
-        // SAFETY: a frame zonal just handed out, ours.
-        unsafe { std::ptr::write_bytes(frame as *mut u8, 0, PAGE) };
-        // SAFETY: the page is this region's and claimed.
-        if let Err(errno) = unsafe { self.map(self.start + idx * PAGE, frame) } {
-            let _ = self.bal.z.free_pages(frame as *mut u8, 0);
-            e.release(UNMAPPED);
-            return Err(Error::Os { call: "mmap", errno });
-        }
-        e.frame.store(frame, Ordering::Relaxed);
-        self.bal.stats.first_touch.fetch_add(1, Ordering::Relaxed);
-        e.release(PRESENT);
-        Ok(())
     }
 }
 

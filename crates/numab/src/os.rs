@@ -191,3 +191,61 @@ pub fn nr_mappings() -> Option<usize> {
         }
     }
 }
+
+/// Replaces `addr..addr + len` with an inaccessible private reservation backed by nothing
+/// (one `mmap`, `MAP_FIXED`): whatever was mapped there is gone, and nothing else can be
+/// mapped there by the kernel's choice.
+///
+/// # Safety
+/// The range is the caller's (a region's reservation) and no reference points into it.
+pub unsafe fn replace_with_reservation(addr: usize, len: usize) {
+    // SAFETY: per the caller's contract the range is the caller's to replace.
+    unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            -1,
+            0,
+        );
+    }
+}
+
+/// Asynchronous signals blocked on this thread while it lives (`pthread_sigmask`), the
+/// faults' signals left open: a thread holding a page `BUSY` must not run a handler of the
+/// program's that could touch that page and wait for itself. Restores the mask on drop.
+pub struct SignalsBlocked {
+    old: libc::sigset_t,
+}
+
+impl SignalsBlocked {
+    /// Blocks every signal but the synchronous ones a fault raises.
+    pub fn new() -> SignalsBlocked {
+        // SAFETY: the sets are valid for the calls; pthread_sigmask changes this thread's
+        // mask only, and the synchronous signals stay deliverable.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            for s in [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP] {
+                libc::sigdelset(&mut all, s);
+            }
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+            SignalsBlocked { old }
+        }
+    }
+}
+
+impl Default for SignalsBlocked {
+    fn default() -> SignalsBlocked {
+        SignalsBlocked::new()
+    }
+}
+
+impl Drop for SignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask `new` saved, for this thread.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
+    }
+}

@@ -74,7 +74,10 @@ fn mark_from(bal: &Shared, r: &RegionShared, from: usize, want: usize, virt: &mu
     let mut run_start = None;
     while i < r.entries.len() && marked < want && *virt > 0 {
         *virt -= 1;
-        if r.entries[i].claim(PRESENT) {
+        let e = &r.entries[i];
+        // A pinned page is put back at once (the pin is read after the claim: see `table`).
+        let claimed = e.claim(PRESENT) && (!e.pinned() || (e.release(PRESENT), false).1);
+        if claimed {
             run_start.get_or_insert(i);
             marked += 1;
         } else if let Some(s) = run_start.take() {

@@ -10,10 +10,18 @@
 //! - `PRESENT -> HINT`: the scanner, before it makes the page inaccessible.
 //! - `HINT -> BUSY -> PRESENT`: the hint fault (fault handler): it maps the page back, or
 //!   migrates it and maps the new frame.
-//! - `PRESENT -> BUSY -> PRESENT`: `Region::prefault` and migrations outside a fault.
+//! - `PRESENT -> BUSY -> PRESENT`: `Region::prefault`, a pin, the repair of a mapping taken
+//!   away behind the table's back, and collapses.
 //!
 //! Every move out of `UNMAPPED`, `HINT` and `PRESENT` into `BUSY` is a CAS, so exactly one
 //! thread owns a page while it changes; the others see `BUSY` and wait for it to end.
+//!
+//! Pins (`PageEntry::pins`): a pinned page stays `PRESENT` on its frame (the kernel may hold
+//! the frame itself, as io_uring's registered buffers and O_DIRECT do). The pinner raises
+//! the count and then waits for `PRESENT`; whoever would hide or move the page claims it and
+//! then reads the count. Both sides are sequentially consistent, so either the claimer sees
+//! the pin (and puts the page back) or the pinner sees the claim (and waits for it to end,
+//! mapping the page again if it was hidden): no pinned page is ever hidden or copied.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
@@ -39,13 +47,23 @@ pub struct PageEntry {
     /// not registered): the next hide registers it first. Changed only by the page's owner
     /// (`BUSY`).
     pub unregistered: AtomicBool,
+    /// Pins held on the page (`Region::pin`): while non-zero the scanner, migrations and
+    /// collapses leave it alone.
+    pub pins: AtomicU32,
 }
 
 impl PageEntry {
-    /// Claims the page for a change: `from -> BUSY`.
+    /// Claims the page for a change: `from -> BUSY`. Sequentially consistent, against a
+    /// pinner's count (see the module's docs); on x86 the same instruction as Acquire.
     #[inline]
     pub fn claim(&self, from: u8) -> bool {
-        self.state.compare_exchange(from, BUSY, Ordering::Acquire, Ordering::Relaxed).is_ok()
+        self.state.compare_exchange(from, BUSY, Ordering::SeqCst, Ordering::Relaxed).is_ok()
+    }
+
+    /// Whether the page is pinned; read by a claimer after its claim.
+    #[inline]
+    pub fn pinned(&self) -> bool {
+        self.pins.load(Ordering::SeqCst) != 0
     }
 
     /// Ends a change: `BUSY -> to`, publishing the frame written before it.

@@ -1,0 +1,373 @@
+//! The kernel touching region memory while pages migrate: io_uring registered buffers and
+//! O_DIRECT reads (the kernel holds the frame, not the mapping), and plain `read`, `write`,
+//! `send` and `recv` (the kernel copies through the mapping). Buffers are pinned
+//! (`Region::pin`); everything else in the region migrates under two threads that hop
+//! between the nodes' CPUs while the balancer's thread scans every 2 ms and collapses.
+//! Every byte the kernel wrote must be in the region, every byte it read must be what the
+//! region held, and no call may fail with `EFAULT`.
+//!
+//! Without pins these fail: a pinned page that migrated leaves the kernel writing into the
+//! old frame (the region keeps the old bytes), and a hidden buffer page makes a system call
+//! fail with `EFAULT` under the `mprotect` and `userfaultfd` backends.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use zonal::topology::Machine;
+use zonal::{Config, MemPolicy, Topology, Zonal};
+use zonal_numab::{Backend, Balancer, Region, PAGE};
+
+/// Region pages; the first `BUFS` are the pinned buffers.
+const PAGES: usize = 512;
+const BUFS: usize = 16;
+
+/// mprotect and userfaultfd (SIGBUS), the backends whose system calls do not wait for a
+/// hint fault; the handler-thread backend too where the machine allows it.
+fn backends() -> Vec<Backend> {
+    let mut v = vec![Backend::Mprotect];
+    if zonal_numab::userfaultfd_available().is_ok() {
+        v.push(Backend::Userfaultfd);
+    } else {
+        eprintln!("userfaultfd backend not tested: the kernel refuses it here");
+    }
+    v
+}
+
+/// A balancer scanning every 2 ms from the start and collapsing as fast as it can, on two
+/// nodes with CPU 0 on node 0 and CPU 1 on node 1.
+fn setup(backend: Backend) -> (Arc<Zonal>, Balancer) {
+    let t = Topology::parse_for("nodes=2,size=64M,cpus=0:1", Machine { nr_cpus: 2, mem_total: 1 << 30 }).unwrap();
+    let z = Arc::new(Zonal::new(Config::new(t)).unwrap());
+    let cfg = zonal_numab::Config {
+        backend,
+        scan_delay_ms: 0,
+        scan_period_min_ms: 2,
+        scan_period_max_ms: 2,
+        scan_size_mb: 4,
+        reserve_pages: 128,
+        collapse_mb: 1 << 10,
+        ..Default::default()
+    };
+    let b = Balancer::new(z.clone(), cfg).unwrap();
+    (z, b)
+}
+
+/// Sets the movers' stop flag when dropped, so that a failed assertion of the main thread
+/// ends the scope instead of waiting for them for ever.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Two threads, one bound to each CPU in turn, reading every page of the region (the
+/// pinned ones included: their faults, were they hidden, would move them) and writing a
+/// word of each unpinned one, until `stop`. Returns the words written per page.
+fn movers<'s>(
+    s: &'s std::thread::Scope<'s, '_>,
+    base: usize,
+    stop: &'s AtomicBool,
+) -> Vec<std::thread::ScopedJoinHandle<'s, Vec<u64>>> {
+    (0..2u32)
+        .map(|t| {
+            s.spawn(move || {
+                let mut writes = vec![0u64; PAGES];
+                let mut round = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    zonal::cpu::set_affinity((round + t) % 2).expect("bind");
+                    for pg in 0..PAGES {
+                        let w = (base + pg * PAGE + 8 * (1 + t as usize)) as *const AtomicU64;
+                        // SAFETY: a word of a live region page; words 1 and 2 of the unpinned
+                        // pages are these threads' own, atomics.
+                        unsafe {
+                            std::ptr::read_volatile((base + pg * PAGE) as *const u8);
+                            if pg >= BUFS {
+                                (*w).fetch_add(1, Ordering::Relaxed);
+                                writes[pg] += 1;
+                            }
+                        }
+                    }
+                    round += 1;
+                }
+                writes
+            })
+        })
+        .collect()
+}
+
+/// Checks the movers' words: every increment landed.
+fn check_movers(r: &Region, writes: Vec<Vec<u64>>) {
+    for (t, w) in writes.iter().enumerate() {
+        for (pg, &n) in w.iter().enumerate().skip(BUFS) {
+            // SAFETY: a word of a live region page; the movers have stopped.
+            let got = unsafe { ((r.as_ptr() as usize + pg * PAGE + 8 * (1 + t)) as *const u64).read_volatile() };
+            assert_eq!(got, n, "page {pg}: mover {t} lost increments");
+        }
+    }
+}
+
+fn pipe() -> (OwnedFd, OwnedFd) {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is valid for the call.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: fresh descriptors that nothing else owns.
+    unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+}
+
+/// A pattern for I/O number `i`.
+fn pattern(i: usize, buf: &mut [u8]) {
+    for (k, b) in buf.iter_mut().enumerate() {
+        *b = (i.wrapping_mul(31) ^ k.wrapping_mul(7) ^ (k >> 8)) as u8;
+    }
+}
+
+fn write_all(fd: RawFd, buf: &[u8]) {
+    // SAFETY: `buf` is valid for reads of its length.
+    let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+    assert_eq!(n, buf.len() as isize, "write: {}", std::io::Error::last_os_error());
+}
+
+fn read_exact(fd: RawFd, buf: &mut [u8]) {
+    // SAFETY: `buf` is valid for writes of its length.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!(n, buf.len() as isize, "read: {}", std::io::Error::last_os_error());
+}
+
+/// A byte range of the region as a slice, read through the mapping.
+///
+/// # Safety
+/// The range is inside the live region and no thread writes it meanwhile.
+unsafe fn region_bytes(r: &Region, off: usize, len: usize) -> Vec<u8> {
+    // SAFETY: per the caller's contract.
+    (0..len).map(|k| unsafe { std::ptr::read_volatile(r.as_ptr().add(off + k)) }).collect()
+}
+
+/// io_uring `READ_FIXED` from a pipe into pinned region pages and `WRITE_FIXED` from them,
+/// 10,000 of each per backend, while the rest of the region migrates.
+#[test]
+fn io_uring_fixed_buffers_in_pinned_pages_lose_no_write() {
+    for backend in backends() {
+        let (z, b) = setup(backend);
+        let r = b.region(PAGES * PAGE, MemPolicy::Local).unwrap();
+        let pin = r.pin(0, BUFS * PAGE).unwrap();
+        let mut ring = match io_uring::IoUring::new(8) {
+            Ok(ring) => ring,
+            Err(e) => {
+                eprintln!("io_uring not tested: {e}");
+                return;
+            }
+        };
+        let iov: Vec<libc::iovec> = (0..BUFS)
+            .map(|k| libc::iovec { iov_base: r.as_ptr().wrapping_add(k * PAGE).cast(), iov_len: PAGE })
+            .collect();
+        // SAFETY: the buffers are pinned region pages that outlive the registration (it is
+        // dropped with the ring, before the pin).
+        unsafe { ring.submitter().register_buffers(&iov) }.expect("register the pinned pages");
+        let (rd, wr) = pipe();
+        let stop = AtomicBool::new(false);
+        let base = r.as_ptr() as usize;
+        let writes = std::thread::scope(|s| {
+            let hs = movers(s, base, &stop);
+            let _stop = StopOnDrop(&stop);
+            let mut want = vec![0u8; PAGE];
+            let mut got = vec![0u8; PAGE];
+            for i in 0..10_000usize {
+                let k = i % BUFS;
+                let buf = r.as_ptr().wrapping_add(k * PAGE);
+                // The kernel writes the page (READ_FIXED from the pipe).
+                pattern(i, &mut want);
+                write_all(wr.as_raw_fd(), &want);
+                let sqe =
+                    io_uring::opcode::ReadFixed::new(io_uring::types::Fd(rd.as_raw_fd()), buf, PAGE as u32, k as u16)
+                        .offset(u64::MAX)
+                        .build();
+                // SAFETY: the buffer is registered and pinned, alive until the completion.
+                unsafe { ring.submission().push(&sqe).unwrap() };
+                ring.submit_and_wait(1).unwrap();
+                let cqe = ring.completion().next().unwrap();
+                assert_eq!(cqe.result(), PAGE as i32, "{backend:?}: READ_FIXED {i}");
+                // SAFETY: page k of the live region, written by nobody else.
+                assert!(unsafe { region_bytes(&r, k * PAGE, PAGE) } == want, "{backend:?}: READ_FIXED {i} lost");
+                // The kernel reads the page (WRITE_FIXED to the pipe) after a store through
+                // the mapping.
+                pattern(i + 1_000_003, &mut want);
+                // SAFETY: page k of the live region, this thread's alone.
+                unsafe { std::ptr::copy_nonoverlapping(want.as_ptr(), buf, PAGE) };
+                let sqe =
+                    io_uring::opcode::WriteFixed::new(io_uring::types::Fd(wr.as_raw_fd()), buf, PAGE as u32, k as u16)
+                        .offset(u64::MAX)
+                        .build();
+                // SAFETY: as above.
+                unsafe { ring.submission().push(&sqe).unwrap() };
+                ring.submit_and_wait(1).unwrap();
+                let cqe = ring.completion().next().unwrap();
+                assert_eq!(cqe.result(), PAGE as i32, "{backend:?}: WRITE_FIXED {i}");
+                read_exact(rd.as_raw_fd(), &mut got);
+                assert!(got == want, "{backend:?}: WRITE_FIXED {i} sent stale bytes");
+            }
+            stop.store(true, Ordering::Relaxed);
+            hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        });
+        drop(ring);
+        check_movers(&r, writes);
+        let s = b.stats();
+        eprintln!(
+            "{backend:?}: {} pages migrated, {} collapsed, {} refused as pinned",
+            s.numa_pages_migrated, s.collapsed_pages, s.pgmigrate_fail_pinned
+        );
+        assert!(s.numa_pages_migrated >= 100, "{backend:?}: too few migrations to mean anything: {s:?}");
+        drop(pin);
+        drop(r);
+        drop(b);
+        assert_eq!(z.check_invariants().unwrap(), 0, "{backend:?}: frames left allocated");
+    }
+}
+
+/// O_DIRECT reads (the block layer writes the frames the call pinned) into pinned region
+/// pages, where the temporary directory's filesystem supports O_DIRECT.
+#[test]
+fn o_direct_reads_into_pinned_pages_land() {
+    const FILE_PAGES: usize = 64;
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!("zonal-numab-odirect-{}", std::process::id()));
+    let mut data = vec![0u8; FILE_PAGES * PAGE];
+    pattern(7, &mut data);
+    std::fs::write(&path, &data).unwrap();
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECT | libc::O_CLOEXEC) };
+    let _ = std::fs::remove_file(&path);
+    if fd < 0 {
+        eprintln!("O_DIRECT not tested: {} refuses it ({})", dir.display(), std::io::Error::last_os_error());
+        return;
+    }
+    // SAFETY: a fresh descriptor.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    for backend in backends() {
+        let (z, b) = setup(backend);
+        let r = b.region(PAGES * PAGE, MemPolicy::Local).unwrap();
+        let pin = r.pin(0, BUFS * PAGE).unwrap();
+        let stop = AtomicBool::new(false);
+        let base = r.as_ptr() as usize;
+        let writes = std::thread::scope(|s| {
+            let hs = movers(s, base, &stop);
+            let _stop = StopOnDrop(&stop);
+            for i in 0..2_000usize {
+                let pages = 1 + i % 4;
+                let k = (i * 5) % (BUFS - pages + 1);
+                let at = (i * 3) % (FILE_PAGES - pages + 1);
+                // SAFETY: pinned region pages `k..k + pages`, this thread's alone; the
+                // descriptor is open.
+                let n = unsafe {
+                    libc::pread(
+                        fd.as_raw_fd(),
+                        r.as_ptr().add(k * PAGE).cast(),
+                        pages * PAGE,
+                        (at * PAGE) as libc::off_t,
+                    )
+                };
+                assert_eq!(n, (pages * PAGE) as isize, "{backend:?}: pread {i}: {}", std::io::Error::last_os_error());
+                // SAFETY: as above.
+                let got = unsafe { region_bytes(&r, k * PAGE, pages * PAGE) };
+                assert!(got == data[at * PAGE..(at + pages) * PAGE], "{backend:?}: O_DIRECT read {i} lost");
+            }
+            stop.store(true, Ordering::Relaxed);
+            hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        });
+        check_movers(&r, writes);
+        assert!(b.stats().numa_pages_migrated >= 100, "{backend:?}: {:?}", b.stats());
+        drop(pin);
+        drop(r);
+        drop(b);
+        assert_eq!(z.check_invariants().unwrap(), 0);
+    }
+}
+
+/// `write` from and `read` into pinned pages through a pipe, `send` and `recv` through a
+/// socket pair: 100,000 calls per backend, none failing, every byte checked.
+#[test]
+fn system_calls_on_pinned_pages_never_fault() {
+    for backend in backends() {
+        let (z, b) = setup(backend);
+        let r = b.region(PAGES * PAGE, MemPolicy::Local).unwrap();
+        let pin = r.pin(0, BUFS * PAGE).unwrap();
+        let (rd, wr) = pipe();
+        let mut sv = [0; 2];
+        // SAFETY: `sv` is valid for the call.
+        assert_eq!(
+            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) },
+            0
+        );
+        // SAFETY: fresh descriptors.
+        let (sa, sb) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
+        let stop = AtomicBool::new(false);
+        let base = r.as_ptr() as usize;
+        let calls = AtomicU64::new(0);
+        let writes = std::thread::scope(|s| {
+            let hs = movers(s, base, &stop);
+            let _stop = StopOnDrop(&stop);
+            let len = 512;
+            let mut want = vec![0u8; len];
+            let mut i = 0usize;
+            while calls.load(Ordering::Relaxed) < 100_000 {
+                let (src, dst) = (i % BUFS, (i + 1 + i / BUFS) % BUFS);
+                let (src, dst) = (src * PAGE + (i * 64) % (PAGE - len), dst * PAGE + (i * 128) % (PAGE - len));
+                pattern(i, &mut want);
+                // SAFETY: pinned region bytes, this thread's alone; descriptors open.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(want.as_ptr(), r.as_ptr().add(src), len);
+                    let (via_r, via_w) = if i % 2 == 0 { (&rd, &wr) } else { (&sb, &sa) };
+                    let n = if i % 2 == 0 {
+                        libc::write(via_w.as_raw_fd(), r.as_ptr().add(src).cast(), len)
+                    } else {
+                        libc::send(via_w.as_raw_fd(), r.as_ptr().add(src).cast(), len, 0)
+                    };
+                    assert_eq!(n, len as isize, "{backend:?}: call {i}: {}", std::io::Error::last_os_error());
+                    let n = if i % 2 == 0 {
+                        libc::read(via_r.as_raw_fd(), r.as_ptr().add(dst).cast(), len)
+                    } else {
+                        libc::recv(via_r.as_raw_fd(), r.as_ptr().add(dst).cast(), len, libc::MSG_WAITALL)
+                    };
+                    assert_eq!(n, len as isize, "{backend:?}: call {i}: {}", std::io::Error::last_os_error());
+                    assert!(region_bytes(&r, dst, len) == want, "{backend:?}: call {i}: bytes differ");
+                }
+                calls.fetch_add(2, Ordering::Relaxed);
+                i += 1;
+            }
+            stop.store(true, Ordering::Relaxed);
+            hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        });
+        check_movers(&r, writes);
+        assert!(b.stats().numa_pages_migrated >= 100, "{backend:?}: {:?}", b.stats());
+        drop(pin);
+        drop(r);
+        drop(b);
+        assert_eq!(z.check_invariants().unwrap(), 0);
+    }
+}
+
+/// Pins nest, need a live range, and an unpin of a page without one changes nothing.
+#[test]
+fn pins_nest_and_bad_unpins_are_errors() {
+    let (z, b) = setup(Backend::Mprotect);
+    b.set_enabled(false);
+    let r = b.region(8 * PAGE, MemPolicy::Local).unwrap();
+    assert!(matches!(r.pin(0, 0), Err(zonal_numab::Error::InvalidSize { bytes: 0 })));
+    assert!(matches!(r.pin(PAGE, 8 * PAGE), Err(zonal_numab::Error::OutOfRange { .. })));
+    assert!(matches!(r.pin(usize::MAX, 2), Err(zonal_numab::Error::OutOfRange { .. })));
+    r.pin_pages(0, 2 * PAGE).unwrap();
+    {
+        let _inner = r.pin(PAGE, 10).unwrap();
+    }
+    // Page 1 still holds the outer pin; page 2 holds none, so the whole unpin is refused.
+    assert!(matches!(r.unpin(PAGE, 2 * PAGE), Err(zonal_numab::Error::NotPinned { .. })));
+    r.unpin(0, 2 * PAGE).unwrap();
+    assert!(matches!(r.unpin(0, PAGE), Err(zonal_numab::Error::NotPinned { .. })));
+    // A pin gave pages frames: the first two pages were touched by it.
+    assert!(r.page_to_nid(r.as_ptr()).unwrap().is_some());
+    drop(r);
+    drop(b);
+    assert_eq!(z.check_invariants().unwrap(), 0);
+}
