@@ -29,7 +29,6 @@ use crate::{RegionShared, Shared};
 use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use zonal::{Gfp, NodeId};
 
 /// The largest window: 2 MiB (order 9), a scanner run and a chunk migration.
 pub(crate) const MAX_ORDER: u32 = 9;
@@ -170,19 +169,15 @@ fn collapse(bal: &Shared, r: &RegionShared, c: usize, order: u32, nid: u16) -> R
     if !bal.has_room_for(nid, n) {
         return Err(Failed::NoBlock);
     }
-    let block = z.alloc_pages_node(NodeId(nid), Gfp::THISNODE, order).map_err(|_| Failed::NoBlock)?.as_ptr();
+    // Held and split, so that each frame can be freed on its own later (a page of the
+    // window may migrate alone).
+    let block = bal.alloc_held(nid, order).ok_or(Failed::NoBlock)?;
     let free_block = || {
         for k in 0..n {
-            // The block's frames are allocated (split below) and mapped nowhere.
-            let _ = z.free_pages(block.wrapping_add(k * PAGE), 0);
+            // The block's frames are held and mapped nowhere.
+            bal.free_frame(block as usize + k * PAGE);
         }
     };
-    // Split, so that each frame can be freed on its own later (a page of the window may
-    // migrate alone).
-    if z.split_pages(block, order).is_err() {
-        let _ = z.free_pages(block, order);
-        return Err(Failed::NoBlock);
-    }
     let entries = &r.entries[c..c + n];
     // Claim every page, remembering what it was; a page claimed by someone else first ends
     // the attempt and puts back what was claimed.

@@ -651,14 +651,35 @@ impl Shared {
         short
     }
 
-    /// A split block of `CHUNK_PAGES` frames of node `nid`, zeroed when `zero`, or `None`
-    /// when the node has no free block of that order.
-    fn alloc_block(&self, nid: usize, zero: bool) -> Option<usize> {
-        let b = self.z.alloc_pages_node(NodeId(nid as u16), Gfp::THISNODE, 9).ok()?.as_ptr();
-        if self.z.split_pages(b, 9).is_err() {
-            let _ = self.z.free_pages(b, 9);
+    /// A block of `2^order` frames of node `nid`, held ([`Zonal::hold`]: no safe code given
+    /// the handle can free a frame the balancer's unsafe code relies on) and split, each
+    /// frame then freed alone with [`Shared::free_frame`]; `None` when the node has no free
+    /// block of the order.
+    pub(crate) fn alloc_held(&self, nid: u16, order: u32) -> Option<*mut u8> {
+        let b = self.z.alloc_pages_node(NodeId(nid), Gfp::THISNODE, order).ok()?.as_ptr();
+        if self.z.hold(b, order).is_err() {
+            let _ = self.z.free_pages(b, order);
             return None;
         }
+        if order > 0 && self.z.split_pages(b, order).is_err() {
+            // SAFETY: the block was held just above, by this balancer, and is freed once.
+            let _ = unsafe { self.z.free_held(b, order) };
+            return None;
+        }
+        Some(b)
+    }
+
+    /// Frees a frame this balancer holds (from [`Shared::alloc_held`]).
+    pub(crate) fn free_frame(&self, f: usize) {
+        // SAFETY: every frame the balancer frees it holds, and it frees each once (a frame is
+        // in exactly one of: a reserve, the free stack, a region page, a carve block).
+        let _ = unsafe { self.z.free_held(f as *mut u8, 0) };
+    }
+
+    /// A split block of `CHUNK_PAGES` frames of node `nid`, held, zeroed when `zero`, or
+    /// `None` when the node has no free block of that order.
+    fn alloc_block(&self, nid: usize, zero: bool) -> Option<usize> {
+        let b = self.alloc_held(nid as u16, 9)?;
         if zero {
             // SAFETY: a block zonal just handed out, 512 frames, ours.
             unsafe { std::ptr::write_bytes(b, 0, CHUNK_PAGES * PAGE) };
@@ -669,7 +690,7 @@ impl Shared {
     /// Frees a split block's frames `from..CHUNK_PAGES`.
     fn free_block_from(&self, block: usize, from: usize) {
         for i in from..CHUNK_PAGES {
-            let _ = self.z.free_pages((block + i * PAGE) as *mut u8, 0);
+            self.free_frame(block + i * PAGE);
         }
     }
 
@@ -677,8 +698,7 @@ impl Shared {
     fn refill(&self) -> bool {
         self.check_mappings(false);
         for f in self.to_free.take_all() {
-            // A frame is put on the stack only once, allocated: the free cannot fail.
-            let _ = self.z.free_pages(f as *mut u8, 0);
+            self.free_frame(f);
         }
         for (nid, c) in self.chunks.iter().enumerate() {
             while c.len() < c.capacity() {
@@ -713,10 +733,10 @@ impl Shared {
                 let room = r.capacity() - r.len();
                 let mut order = (usize::BITS - 1 - room.leading_zeros()).min(9);
                 let block = loop {
-                    match self.z.alloc_pages_node(NodeId(nid as u16), Gfp::THISNODE, order) {
-                        Ok(p) => break Some(p.as_ptr()),
-                        Err(_) if order > 0 => order -= 1,
-                        Err(_) => break None,
+                    match self.alloc_held(nid as u16, order) {
+                        Some(p) => break Some(p),
+                        None if order > 0 => order -= 1,
+                        None => break None,
                     }
                 };
                 let Some(block) = block else {
@@ -725,16 +745,12 @@ impl Shared {
                     break;
                 };
                 self.node_out[nid].store(false, Ordering::Relaxed);
-                if order > 0 && self.z.split_pages(block, order).is_err() {
-                    let _ = self.z.free_pages(block, order);
-                    break;
-                }
                 // SAFETY: a block zonal just handed out, 2^order frames, ours.
                 unsafe { std::ptr::write_bytes(block, 0, PAGE << order) };
                 for i in 0..1usize << order {
                     let f = block as usize + i * PAGE;
                     if r.put(f).is_err() {
-                        let _ = self.z.free_pages(f as *mut u8, 0);
+                        self.free_frame(f);
                     }
                 }
             }
@@ -790,11 +806,11 @@ impl Drop for Shared {
             self.z.remove_counter_source(id);
         }
         for f in self.to_free.take_all() {
-            let _ = self.z.free_pages(f as *mut u8, 0);
+            self.free_frame(f);
         }
         for r in &self.reserves {
             while let Some(f) = r.take(0) {
-                let _ = self.z.free_pages(f as *mut u8, 0);
+                self.free_frame(f);
             }
         }
         for c in self.chunks.iter().chain(&self.blocks) {
@@ -1370,7 +1386,7 @@ impl RegionShared {
         for e in self.entries.iter() {
             let f = e.frame.swap(0, Ordering::Relaxed);
             if f != 0 {
-                let _ = self.bal.z.free_pages(f as *mut u8, 0);
+                self.bal.free_frame(f);
             }
         }
         for w in self.carve.iter() {

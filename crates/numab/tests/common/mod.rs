@@ -1,5 +1,10 @@
 //! What the region tests share: a thread bound to a CPU, and a balancer whose own thread
-//! neither scans nor collapses (the tests drive both) with room for many migrations at once.
+//! neither scans nor collapses (the tests drive both) with room for many migrations at once;
+//! and cases run in a child process (`child`). Not every test binary uses every helper.
+
+#![allow(dead_code)]
+
+pub mod child;
 
 use std::sync::Arc;
 use zonal::Zonal;
