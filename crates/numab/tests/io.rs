@@ -10,7 +10,10 @@
 //! old frame (the region keeps the old bytes), and a hidden buffer page makes a system call
 //! fail with `EFAULT` under the `mprotect` and `userfaultfd` backends.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+mod common;
+
+use common::io::*;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use zonal::topology::Machine;
@@ -50,16 +53,6 @@ fn setup(backend: Backend) -> (Arc<Zonal>, Balancer) {
     };
     let b = Balancer::new(z.clone(), cfg).unwrap();
     (z, b)
-}
-
-/// Sets the movers' stop flag when dropped, so that a failed assertion of the main thread
-/// ends the scope instead of waiting for them for ever.
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
 }
 
 /// Two threads, one bound to each CPU in turn, reading every page of the region (the
@@ -106,42 +99,6 @@ fn check_movers(r: &Region, writes: Vec<Vec<u64>>) {
             assert_eq!(got, n, "page {pg}: mover {t} lost increments");
         }
     }
-}
-
-fn pipe() -> (OwnedFd, OwnedFd) {
-    let mut fds = [0; 2];
-    // SAFETY: `fds` is valid for the call.
-    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-    // SAFETY: fresh descriptors that nothing else owns.
-    unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
-}
-
-/// A pattern for I/O number `i`.
-fn pattern(i: usize, buf: &mut [u8]) {
-    for (k, b) in buf.iter_mut().enumerate() {
-        *b = (i.wrapping_mul(31) ^ k.wrapping_mul(7) ^ (k >> 8)) as u8;
-    }
-}
-
-fn write_all(fd: RawFd, buf: &[u8]) {
-    // SAFETY: `buf` is valid for reads of its length.
-    let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
-    assert_eq!(n, buf.len() as isize, "write: {}", std::io::Error::last_os_error());
-}
-
-fn read_exact(fd: RawFd, buf: &mut [u8]) {
-    // SAFETY: `buf` is valid for writes of its length.
-    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-    assert_eq!(n, buf.len() as isize, "read: {}", std::io::Error::last_os_error());
-}
-
-/// A byte range of the region as a slice, read through the mapping.
-///
-/// # Safety
-/// The range is inside the live region and no thread writes it meanwhile.
-unsafe fn region_bytes(r: &Region, off: usize, len: usize) -> Vec<u8> {
-    // SAFETY: per the caller's contract.
-    (0..len).map(|k| unsafe { std::ptr::read_volatile(r.as_ptr().add(off + k)) }).collect()
 }
 
 /// io_uring `READ_FIXED` from a pipe into pinned region pages and `WRITE_FIXED` from them,

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod child;
+pub mod io;
 
 use std::sync::Arc;
 use zonal::Zonal;
