@@ -15,14 +15,25 @@
 //!
 //! Backend: `mprotect` + `SIGSEGV`, handled in the faulting thread. A system call that reads
 //! or writes an inaccessible region page (a `read(2)` into it) gets `EFAULT` instead of a
-//! fault: [`Region::prefault`] maps pages first for such buffers, and [`Balancer::set_enabled`]
-//! stops the scanner. The userfaultfd backends (MINOR faults delivered as `SIGBUS` to the
-//! faulting thread, or read by a handler thread, which also serves faults taken inside
-//! system calls) hide a page by zapping it, which splits no mapping.
+//! fault. The userfaultfd backends (MINOR faults delivered as `SIGBUS` to the faulting
+//! thread, where a system call gets `EFAULT` too, or read by a handler thread, which also
+//! serves faults taken inside system calls) hide a page by zapping it, which splits no
+//! mapping.
+//!
+//! The kernel and the program (see the README's rules): memory the kernel keeps using past
+//! a system call (io_uring fixed buffers, O_DIRECT, `vmsplice`, RDMA), and system-call
+//! buffers under the first two backends, are pinned ([`Region::pin`]): never hidden, moved
+//! or collapsed while pinned. A child of `fork()` gets none of the regions' frames
+//! (`fault::in_child`) and every call on what it inherited is [`Error::Forked`]. Signals
+//! that are not faults, and faults outside regions, go to the handler installed before.
+//! Every frame the balancer owns is held in zonal (`Zonal::hold`), so safe code cannot free
+//! one under it.
 //!
 //! Mappings: a page migrated alone maps a frame that does not follow its neighbours', so
 //! the balancer's thread collapses fragmented windows of 2 to 512 pages back into one block
-//! of consecutive frames and one mapping each (`collapse`, khugepaged's counterpart).
+//! of consecutive frames and one mapping each (`collapse`, khugepaged's counterpart). A
+//! region large for the mapping budget is first-touched in aligned windows, carved from 2
+//! MiB blocks (`RegionShared::carve`), so a random first touch adds a mapping per window.
 //!
 //! Kernel counterparts: `task_numa_work` and `change_prot_numa` (`scan`), `do_numa_page`
 //! and `migrate_misplaced_folio` (`fault`), `collapse_huge_page` (`collapse`), `should_numa_migrate_memory` and the page's
