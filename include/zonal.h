@@ -177,6 +177,18 @@ extern "C" {
  start at their defaults. An environment variable named ZONAL_ and the tunable's name in
  capitals (ZONAL_STAT_INTERVAL=250) sets that tunable at creation, after the string.
 
+ Fork: a child made by fork() shares no frame with its parent. The handle's memory is
+ not inherited (MADV_DONTFORK, as DPDK marks its memory) and inaccessible memory is
+ mapped over its range in the child, so a pointer the parent got from zonal faults
+ (SIGSEGV) when the child touches it, and the parent's data stays the parent's. In the
+ child every call that allocates or frees through the inherited handle (zonal_alloc_*,
+ zonal_free_*, zonal_drain_all_pages) fails with -EPERM (the message names the creating
+ process), before it takes any lock: a lock a parent's thread held at the fork stays
+ held in the child. Reports may still be read; zonal_destroy releases the child's copy.
+ A child that needs pages creates a handle of its own. (-EPERM: POSIX's "an operation
+ limited to the owner of a resource", and the handle's owner is the creating process;
+ no other failure of these calls is -EPERM.)
+
  Returns 0, or a negative errno with nothing created and *out not written:
  - -EINVAL: config or out is NULL, config is not UTF-8, an item is not key=value, a key
    is unknown, topology is missing, or a value is malformed or out of bounds (the message
@@ -216,6 +228,8 @@ void zonal_destroy(zonal_t *z);
 
  Returns 0, or a negative errno with nothing allocated and *out not written:
  - -ENOMEM: no node the policy and gfp allow has a free block of this order;
+ - -EPERM: this process is a child made by fork() from the process that created z (see
+   zonal_create);
  - -EDOM: order is above the handle's max_order;
  - -EINVAL: z or out is NULL, or gfp has a bit that is not a ZONAL_GFP_ flag.
 
@@ -237,6 +251,7 @@ int zonal_alloc_pages(const zonal_t *z, uint32_t gfp, uint32_t order, void **out
    names nid);
  - -ENOMEM: no node allowed has a free block of this order (with ZONAL_GFP_THISNODE:
    node nid has none);
+ - -EPERM: this process is a child made by fork() from the process that created z;
  - -EDOM: order is above the handle's max_order;
  - -EINVAL: z or out is NULL, or gfp has a bit that is not a ZONAL_GFP_ flag.
 
@@ -260,6 +275,7 @@ int zonal_alloc_pages_node(const zonal_t *z, int nid, uint32_t gfp, uint32_t ord
  - -ENOTBLK: addr is inside an allocated block but is not its first frame;
  - -EBUSY: a layer built on zonal holds the block (NUMA balancing's reserves and the
    frames behind its pages): only that layer frees it, and nothing changes;
+ - -EPERM: this process is a child made by fork() from the process that created z;
  - -EDOM: order is above the handle's max_order.
 
  Two frees of one block at the same time in two threads are a data race in the program,
@@ -417,7 +433,8 @@ uint32_t zonal_abi_version(void);
 
  Returns that number, or a negative errno with array untouched:
  - -EINVAL: z is NULL, array is NULL while len is not 0, or gfp has a bit that is not a
-   ZONAL_GFP_ flag.
+   ZONAL_GFP_ flag;
+ - -EPERM: this process is a child made by fork() from the process that created z.
 
  Safety
  ------
@@ -435,7 +452,8 @@ int zonal_alloc_pages_bulk_array(const zonal_t *z, uint32_t gfp, void **array, s
 
  Returns that number, or a negative errno with out untouched:
  - -EINVAL: z is NULL, out is NULL while nr is not 0, or gfp has a bit that is not a
-   ZONAL_GFP_ flag.
+   ZONAL_GFP_ flag;
+ - -EPERM: this process is a child made by fork() from the process that created z.
 
  Safety
  ------
@@ -450,7 +468,7 @@ int zonal_alloc_pages_bulk_list(const zonal_t *z, uint32_t gfp, size_t nr, void 
 
  Returns 0, or a negative errno:
  - the error zonal_free_pages gives for the first bad entry (-EFAULT, -EINVAL, -EALREADY,
-   -ERANGE, -ENOTBLK or -EBUSY), whose index is stored in *bad_index when bad_index is not NULL;
+   -ERANGE, -ENOTBLK, -EBUSY or -EPERM), whose index is stored in *bad_index when bad_index is not NULL;
  - -EINVAL: z is NULL, or pages is NULL while len is not 0 (nothing is freed and
    *bad_index is not written).
 
@@ -460,13 +478,17 @@ int zonal_alloc_pages_bulk_list(const zonal_t *z, uint32_t gfp, size_t nr, void 
  points to len readable pointers, each of which may be any value (checked, never
  dereferenced); bad_index is NULL or points to storage for one size_t.
  */
-int zonal_free_pages_bulk(const zonal_t *z, void *const *pages, size_t len, size_t *bad_index);
+int zonal_free_pages_bulk(const zonal_t *z,
+                          void *const *pages,
+                          size_t len,
+                          size_t *bad_index);
 
 /*
  Returns the frames held on every CPU's per-CPU lists to the buddy lists (Linux's
  drain_all_pages), so that zonal_nr_free_pages counts them.
 
- Returns the number of frames moved, or -EINVAL when z is NULL.
+ Returns the number of frames moved, or -EINVAL when z is NULL, or -EPERM when this
+ process is a child made by fork() from the process that created z.
 
  Safety
  ------

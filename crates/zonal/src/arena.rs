@@ -15,12 +15,18 @@
 //! node's range of the file is bound to its node with `mbind`, which records the policy per
 //! file offset. [`Arena::fd`] and [`Arena::offset_of`] are what that needs.
 //!
+//! Fork: every node range is `MADV_DONTFORK` (as DPDK marks its memory), so a child made by
+//! `fork()` shares no frame with its parent, and the arena is registered with
+//! [`crate::fork`], whose child handler maps `PROT_NONE` over the whole reservation in the
+//! child and makes the inherited handle refuse every frame-moving call.
+//!
 //! On a real topology each node's range is bound to its node with `mbind(MPOL_BIND)` before
 //! anything touches it; on a fake topology nodes are ranges of whatever memory the machine
 //! gives. The allocator never reads or writes a frame's contents: frame metadata lives in
 //! the zones' `mem_map`, outside the frames.
 
 use crate::error::Result;
+use crate::fork::Registration;
 use crate::sys;
 use crate::topology::Topology;
 use crate::types::{Order, Pfn, PAGE_SHIFT};
@@ -58,6 +64,9 @@ pub struct Arena {
     /// The file behind every frame: frame `pfn` at offset `pfn << PAGE_SHIFT` (the gaps
     /// between nodes are holes that are never mapped or written).
     fd: OwnedFd,
+    /// The reservation's place in the fork registry, from just after it is made to just
+    /// before it is unmapped.
+    fork: Registration,
 }
 
 impl Arena {
@@ -72,23 +81,35 @@ impl Arena {
             span_pages += pages.div_ceil(block_pages) * block_pages;
         }
         let (base, raw, raw_len) = sys::reserve(span_pages << PAGE_SHIFT, max_order.bytes())?;
-        let name = CString::new("zonal-arena").expect("no NUL in a literal");
-        // A failure below unmaps the reservation (`Arena`'s drop) and closes the file.
-        let fd = match sys::memfd(&name, span_pages << PAGE_SHIFT) {
-            Ok(fd) => fd,
+        let fork = match Registration::new(raw, raw_len) {
+            Ok(r) => r,
             Err(e) => {
                 // SAFETY: the reservation was just made and nothing uses it.
                 unsafe { sys::unmap(raw, raw_len) };
                 return Err(e);
             }
         };
-        let mut arena = Arena { base, span_pages, raw, raw_len, nodes: Vec::new(), fd };
+        let name = CString::new("zonal-arena").expect("no NUL in a literal");
+        // A failure below unmaps the reservation (`Arena`'s drop) and closes the file.
+        let fd = match sys::memfd(&name, span_pages << PAGE_SHIFT) {
+            Ok(fd) => fd,
+            Err(e) => {
+                // Out of the fork registry before the range is given back.
+                drop(fork);
+                // SAFETY: the reservation was just made and nothing uses it.
+                unsafe { sys::unmap(raw, raw_len) };
+                return Err(e);
+            }
+        };
+        let mut arena = Arena { base, span_pages, raw, raw_len, nodes: Vec::new(), fd, fork };
         for (n, &start) in topo.nodes().iter().zip(&starts) {
             let len = n.mem_bytes as usize;
             let addr = base + (start << PAGE_SHIFT);
             // SAFETY: addr..addr+len lies inside the reservation made above, which nothing
             // else uses; the arena is not yet shared, so no reference points into it.
             unsafe { sys::map_shared_fixed(addr, len, &arena.fd, start << PAGE_SHIFT, false)? };
+            // Before anything is handed out: a fork from here on leaves the range behind.
+            sys::madvise_dontfork(addr, len)?;
             if let (false, Some(os)) = (topo.is_fake(), n.os_node) {
                 sys::mbind_node(addr, len, os)?;
             }
@@ -152,10 +173,19 @@ impl Arena {
     pub fn base(&self) -> usize {
         self.base
     }
+
+    /// The arena's place in the fork registry: whether this process is a forked child of
+    /// the one that built it, and the handle's table for the child handler.
+    #[inline]
+    pub(crate) fn fork(&self) -> &Registration {
+        &self.fork
+    }
 }
 
 impl Drop for Arena {
     fn drop(&mut self) {
+        // Out of the fork registry first: once unmapped, the range may become anything's.
+        self.fork.retire();
         // SAFETY: the reservation is ours; the allocator that owned the arena is being dropped,
         // so no frame is handed out through it any more (callers' pointers dangle, as with any
         // allocator that is torn down).

@@ -4,7 +4,8 @@
 //! Conventions: every function is `zonal_`-prefixed; results are `0` or a negated errno
 //! (`-ENOMEM` out of memory, `-ENODEV` invalid node, `-EDOM` invalid order, `-EFAULT` not
 //! owned, `-EINVAL` misaligned or invalid argument, `-EALREADY` double free, `-ERANGE` order
-//! mismatch, `-ENOTBLK` interior frame, `-EBUSY` a block a layer holds); the message of the last error on this thread is
+//! mismatch, `-ENOTBLK` interior frame, `-EBUSY` a block a layer holds, `-EPERM` a handle
+//! inherited through `fork()`); the message of the last error on this thread is
 //! available from [`zonal_last_error`] and, as `errno`, stays until the next failure. Reports
 //! are written into the caller's buffer like `snprintf`: the return value is the full length,
 //! the text is truncated to fit and always NUL-terminated. No panic crosses this boundary:
@@ -204,6 +205,18 @@ unsafe fn write_out(text: &str, buf: *mut c_char, len: usize) -> c_int {
 /// start at their defaults. An environment variable named ZONAL_ and the tunable's name in
 /// capitals (ZONAL_STAT_INTERVAL=250) sets that tunable at creation, after the string.
 ///
+/// Fork: a child made by fork() shares no frame with its parent. The handle's memory is
+/// not inherited (MADV_DONTFORK, as DPDK marks its memory) and inaccessible memory is
+/// mapped over its range in the child, so a pointer the parent got from zonal faults
+/// (SIGSEGV) when the child touches it, and the parent's data stays the parent's. In the
+/// child every call that allocates or frees through the inherited handle (zonal_alloc_*,
+/// zonal_free_*, zonal_drain_all_pages) fails with -EPERM (the message names the creating
+/// process), before it takes any lock: a lock a parent's thread held at the fork stays
+/// held in the child. Reports may still be read; zonal_destroy releases the child's copy.
+/// A child that needs pages creates a handle of its own. (-EPERM: POSIX's "an operation
+/// limited to the owner of a resource", and the handle's owner is the creating process;
+/// no other failure of these calls is -EPERM.)
+///
 /// Returns 0, or a negative errno with nothing created and *out not written:
 /// - -EINVAL: config or out is NULL, config is not UTF-8, an item is not key=value, a key
 ///   is unknown, topology is missing, or a value is malformed or out of bounds (the message
@@ -270,6 +283,8 @@ pub unsafe extern "C" fn zonal_destroy(z: *mut Zonal) {
 ///
 /// Returns 0, or a negative errno with nothing allocated and *out not written:
 /// - -ENOMEM: no node the policy and gfp allow has a free block of this order;
+/// - -EPERM: this process is a child made by fork() from the process that created z (see
+///   zonal_create);
 /// - -EDOM: order is above the handle's max_order;
 /// - -EINVAL: z or out is NULL, or gfp has a bit that is not a ZONAL_GFP_ flag.
 ///
@@ -301,6 +316,7 @@ pub unsafe extern "C" fn zonal_alloc_pages(z: *const Zonal, gfp: u32, order: u32
 ///   names nid);
 /// - -ENOMEM: no node allowed has a free block of this order (with ZONAL_GFP_THISNODE:
 ///   node nid has none);
+/// - -EPERM: this process is a child made by fork() from the process that created z;
 /// - -EDOM: order is above the handle's max_order;
 /// - -EINVAL: z or out is NULL, or gfp has a bit that is not a ZONAL_GFP_ flag.
 ///
@@ -341,6 +357,7 @@ pub unsafe extern "C" fn zonal_alloc_pages_node(
 /// - -ENOTBLK: addr is inside an allocated block but is not its first frame;
 /// - -EBUSY: a layer built on zonal holds the block (NUMA balancing's reserves and the
 ///   frames behind its pages): only that layer frees it, and nothing changes;
+/// - -EPERM: this process is a child made by fork() from the process that created z;
 /// - -EDOM: order is above the handle's max_order.
 ///
 /// Two frees of one block at the same time in two threads are a data race in the program,
@@ -598,7 +615,8 @@ pub extern "C" fn zonal_abi_version() -> u32 {
 ///
 /// Returns that number, or a negative errno with array untouched:
 /// - -EINVAL: z is NULL, array is NULL while len is not 0, or gfp has a bit that is not a
-///   ZONAL_GFP_ flag.
+///   ZONAL_GFP_ flag;
+/// - -EPERM: this process is a child made by fork() from the process that created z.
 ///
 /// Safety
 /// ------
@@ -619,6 +637,8 @@ pub unsafe extern "C" fn zonal_alloc_pages_bulk_array(
         if array.is_null() && len > 0 {
             return invalid("null array");
         }
+        // The Rust call returns a count, 0 in a forked child: the error is told here.
+        or_return!(z.check_not_forked().map_err(|e| fail(&e)));
         if len == 0 {
             return 0;
         }
@@ -636,7 +656,8 @@ pub unsafe extern "C" fn zonal_alloc_pages_bulk_array(
 ///
 /// Returns that number, or a negative errno with out untouched:
 /// - -EINVAL: z is NULL, out is NULL while nr is not 0, or gfp has a bit that is not a
-///   ZONAL_GFP_ flag.
+///   ZONAL_GFP_ flag;
+/// - -EPERM: this process is a child made by fork() from the process that created z.
 ///
 /// Safety
 /// ------
@@ -656,6 +677,7 @@ pub unsafe extern "C" fn zonal_alloc_pages_bulk_list(
         if out.is_null() && nr > 0 {
             return invalid("null out array");
         }
+        or_return!(z.check_not_forked().map_err(|e| fail(&e)));
         if nr == 0 {
             return 0;
         }
@@ -675,7 +697,7 @@ pub unsafe extern "C" fn zonal_alloc_pages_bulk_list(
 ///
 /// Returns 0, or a negative errno:
 /// - the error zonal_free_pages gives for the first bad entry (-EFAULT, -EINVAL, -EALREADY,
-///   -ERANGE, -ENOTBLK or -EBUSY), whose index is stored in *bad_index when bad_index is not NULL;
+///   -ERANGE, -ENOTBLK, -EBUSY or -EPERM), whose index is stored in *bad_index when bad_index is not NULL;
 /// - -EINVAL: z is NULL, or pages is NULL while len is not 0 (nothing is freed and
 ///   *bad_index is not written).
 ///
@@ -719,7 +741,8 @@ pub unsafe extern "C" fn zonal_free_pages_bulk(
 /// Returns the frames held on every CPU's per-CPU lists to the buddy lists (Linux's
 /// drain_all_pages), so that zonal_nr_free_pages counts them.
 ///
-/// Returns the number of frames moved, or -EINVAL when z is NULL.
+/// Returns the number of frames moved, or -EINVAL when z is NULL, or -EPERM when this
+/// process is a child made by fork() from the process that created z.
 ///
 /// Safety
 /// ------
@@ -729,7 +752,10 @@ pub unsafe extern "C" fn zonal_drain_all_pages(z: *const Zonal) -> c_int {
     guard(|| {
         // SAFETY: per this function's contract.
         match unsafe { handle(z) } {
-            Ok(z) => c_int::try_from(z.drain_all_pages()).unwrap_or(c_int::MAX),
+            Ok(z) => match z.check_not_forked() {
+                Ok(()) => c_int::try_from(z.drain_all_pages()).unwrap_or(c_int::MAX),
+                Err(e) => fail(&e),
+            },
             Err(e) => e,
         }
     })

@@ -28,6 +28,7 @@ pub mod config;
 pub mod cpu;
 pub mod error;
 pub mod ffi;
+mod fork;
 pub mod gfp;
 pub mod live;
 mod mem_map;

@@ -301,6 +301,17 @@ pub(crate) fn unpush_block(z: &Zone, pfn: Pfn, order: Order) -> bool {
     z.state(pfn).compare_exchange(pcp, NONE, Ordering::Relaxed, Ordering::Relaxed).is_ok()
 }
 
+/// Undoes a fast free's claim to the cache's tag (`PCP|order -> ALLOCATED|order`, a CAS)
+/// for a free that is refused after its push gave way (the handle was inherited by a
+/// forked child): the block is live again, as before the free. `false`: a racer's copy
+/// moved it on meanwhile.
+#[cold]
+pub(crate) fn unclaim_cached(z: &Zone, pfn: Pfn, order: Order) -> bool {
+    z.state(pfn)
+        .compare_exchange(state(PCP, order), state(ALLOCATED, order), Ordering::Relaxed, Ordering::Relaxed)
+        .is_ok()
+}
+
 /// Claims a block of `order` leaving a per-CPU list (or the zone's transfer list) for the
 /// buddy: `PCP -> NONE` with a CAS, which exactly one copy wins when two racing frees under
 /// `free_check = sequential` left copies on two lists. `false`: the copy lost (the other

@@ -87,6 +87,52 @@ pub unsafe fn map_shared_fixed(addr: usize, len: usize, fd: &OwnedFd, offset: us
     Ok(())
 }
 
+/// Marks a mapped range `MADV_DONTFORK` (as DPDK marks its memory): a child made by
+/// `fork()` does not inherit it, so it shares none of these pages with the parent (the
+/// range is a hole in the child until something maps it).
+pub fn madvise_dontfork(addr: usize, len: usize) -> Result<()> {
+    // SAFETY: MADV_DONTFORK changes only what a later fork copies; it never changes this
+    // process's view of the range.
+    if unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTFORK) } != 0 {
+        return Err(os_err("madvise"));
+    }
+    Ok(())
+}
+
+/// Registers `child` to run in the child of every later `fork()` (`pthread_atfork`, no
+/// prepare or parent handler). The handler must be async-signal-safe: the child of a
+/// multi-threaded process may run nothing else before `exec`.
+pub fn atfork_child(child: unsafe extern "C" fn()) -> Result<()> {
+    // SAFETY: registering a handler has no precondition; the handler's own contract is the
+    // caller's (above).
+    match unsafe { libc::pthread_atfork(None, None, Some(child)) } {
+        0 => Ok(()),
+        errno => Err(Error::Os { call: "pthread_atfork", errno }),
+    }
+}
+
+/// Maps private anonymous `PROT_NONE` memory over `addr..addr + len` (`MAP_FIXED`), so that
+/// no later mapping can land there and every access faults; `false` if the kernel refused.
+/// Async-signal-safe (one `mmap`, no allocation): for the child handler of `fork()`.
+///
+/// # Safety
+/// Nothing may use the range's current contents afterwards: they are gone.
+pub unsafe fn map_none_fixed(addr: usize, len: usize) -> bool {
+    // SAFETY: the caller gives up the range (see # Safety); MAP_FIXED replaces whatever is
+    // mapped there with inaccessible memory.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    p != libc::MAP_FAILED
+}
+
 /// Unmaps a range made by [`reserve`].
 ///
 /// # Safety

@@ -35,6 +35,8 @@ impl Zonal {
                 return Ok(p);
             }
         }
+        // Past the restartable sequences (which give way in a forked child), before any lock.
+        self.check_forked()?;
         // The CPU and the policy, read once for the locked fast path and the walk after it.
         let cpu = self.current_cpu();
         if mempolicy::thread_has_policy(self.id) {
@@ -114,6 +116,7 @@ impl Zonal {
     /// only from that node.
     #[inline]
     pub fn alloc_pages_node(&self, nid: NodeId, gfp: Gfp, order: u32) -> Result<NonNull<u8>> {
+        self.check_forked()?;
         let order = self.check_order(order)?;
         self.check_node(nid)?;
         self.alloc_resolved(self.current_cpu(), gfp, order, Resolved::Node(nid))
@@ -122,6 +125,7 @@ impl Zonal {
     /// Allocates a block under `policy` for this call only. A per-call interleave advances
     /// this thread's interleave cursor for this handle, like the thread policy's.
     pub fn alloc_pages_policy(&self, gfp: Gfp, order: u32, policy: &MemPolicy) -> Result<NonNull<u8>> {
+        self.check_forked()?;
         let order = self.check_order(order)?;
         policy.validate(self.topo.nr_nodes())?;
         let cpu = self.current_cpu();

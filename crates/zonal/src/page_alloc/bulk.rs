@@ -110,6 +110,10 @@ impl Zonal {
     /// [`Zonal::alloc_bulk`] past the single fast path: `nr` frames, the call counted
     /// (`alloc_bulk`) unless `counted`, the fast path not tried again for one frame.
     fn alloc_bulk_rest(&self, gfp: Gfp, nr: usize, counted: bool, mut put: impl FnMut(NonNull<u8>)) -> usize {
+        // In a forked child: nothing, before any lock (`Zonal::check_not_forked` says why).
+        if self.inherited() {
+            return 0;
+        }
         let cpu = self.current_cpu();
         if !counted {
             self.count_event(cpu, VmEvent::AllocBulk, 1);
@@ -267,6 +271,12 @@ impl Zonal {
 
     /// [`Zonal::free_pages_bulk`] of more than one page.
     fn free_pages_bulk_many<P: BulkPage>(&self, pages: &[P]) -> std::result::Result<usize, (usize, Error)> {
+        // In a forked child every entry is refused: the first is reported. The refusal out
+        // of line, so that the loop below keeps its registers (with the error built here,
+        // inlined into the caller, 128-page bulk rounds measured 18% slower).
+        if self.inherited() {
+            return self.free_bulk_forked(pages);
+        }
         let cpu = self.current_cpu();
         let rseq = self.rseq_off();
         // Frames bound for the rseq cache are claimed straight to its tag.
@@ -325,6 +335,13 @@ impl Zonal {
             None => Ok(freed),
             Some(e) => Err(e),
         }
+    }
+
+    /// [`Zonal::free_pages_bulk`] in a forked child: nothing freed, the first entry reported.
+    #[cold]
+    #[inline(never)]
+    fn free_bulk_forked<P: BulkPage>(&self, pages: &[P]) -> std::result::Result<usize, (usize, Error)> {
+        Err((pages.iter().position(|p| p.page_addr().is_some()).unwrap_or(0), self.forked_error()))
     }
 
     /// Frees claimed order-0 frames of one zone: as many as fit onto this CPU's rseq cache in

@@ -11,6 +11,11 @@ impl Zonal {
     /// Returns one CPU's lists, for every zone, to the buddy lists (`drain_local_pages` of that
     /// CPU). Returns the frames moved.
     pub fn drain_cpu_pages(&self, cpu: usize) -> usize {
+        // Every drain, decay and fold does nothing in a forked child (a lock a parent's
+        // thread held at the fork stays held there; `Zonal::check_not_forked`).
+        if self.inherited() {
+            return 0;
+        }
         let _settled = self.settled();
         self.drain_cpu(cpu)
     }
@@ -40,6 +45,9 @@ impl Zonal {
     /// Returns every CPU's lists, and every zone's transfer list, to the buddy lists
     /// (`drain_all_pages`). Returns the frames moved.
     pub fn drain_all_pages(&self) -> usize {
+        if self.inherited() {
+            return 0;
+        }
         // Under `settled`, as `drain_cpu_pages`: the allocation's slow path, which drains,
         // may then wait for a housekeeping pass, as Linux's waits for its drain work.
         let _settled = self.settled();
@@ -60,6 +68,9 @@ impl Zonal {
     /// Runs one `decay_pcp_high` pass over every CPU's lists (the background worker does this
     /// every `stat_interval`). Returns the frames drained.
     pub fn decay_pcp_high(&self) -> usize {
+        if self.inherited() {
+            return 0;
+        }
         let _pass = self.pass();
         decay_all(&self.mem.zones, &self.cpus.pcps)
     }
@@ -67,6 +78,9 @@ impl Zonal {
     /// `vm.stat_refresh`: folds every CPU's zone-counter diffs now (the worker does it every
     /// `stat_interval`), so the folded counters equal the snapshots once allocation stops.
     pub fn refresh_vm_stats(&self) {
+        if self.inherited() {
+            return;
+        }
         let _pass = self.pass();
         fold_all(&self.mem.zones, &self.cpus.pcps);
     }

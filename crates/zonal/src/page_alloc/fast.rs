@@ -321,9 +321,15 @@ impl Zonal {
     #[cold]
     #[inline(never)]
     fn free_unpushed_block(&self, pfn: Pfn, order: Order) -> Result<()> {
-        let cpu = self.current_cpu();
         // The block was claimed from `ALLOCATED`, which only a zone's blocks are.
         let zone = self.zone_of(pfn);
+        if let Err(e) = self.check_forked() {
+            // In a forked child every push gives way (its table's stand-ins): the claim
+            // undone, so the refused free changes nothing.
+            mem_map::unclaim_cached(zone, pfn, order);
+            return Err(e);
+        }
+        let cpu = self.current_cpu();
         if mem_map::unpush_block(zone, pfn, order) {
             self.free_claimed(cpu, zone, &[pfn], order);
         }

@@ -33,6 +33,7 @@ impl Zonal {
     /// its frames one by one (NUMA balancing's contiguous reserves). The same checks as
     /// [`Zonal::free_pages`]; a failure changes nothing.
     pub fn split_pages(&self, addr: *mut u8, order: u32) -> Result<()> {
+        self.check_forked()?;
         let order = self.check_order(order)?;
         let (zone, pfn) = self.addr_to_zone(addr as usize, order)?;
         mem_map::split(zone, pfn, order)
@@ -55,6 +56,7 @@ impl Zonal {
     /// owner holds it: the caller's data race, as a racing double free is) can still pass.
     /// Under `free_check = atomic` every claim is a CAS and exactly one of them wins.
     pub fn hold(&self, addr: *mut u8, order: u32) -> Result<()> {
+        self.check_forked()?;
         let order = self.check_order(order)?;
         let (zone, pfn) = self.addr_to_zone(addr as usize, order)?;
         mem_map::hold(zone, pfn, order)
@@ -68,6 +70,7 @@ impl Zonal {
     /// The caller is the layer that holds the block, and nothing else relies on its staying
     /// held (the hold protects that layer's own unsafe code from safe frees).
     pub unsafe fn unhold(&self, addr: *mut u8, order: u32) -> Result<()> {
+        self.check_forked()?;
         let order = self.check_order(order)?;
         let (zone, pfn) = self.addr_to_zone(addr as usize, order)?;
         mem_map::unhold(zone, pfn, order)
@@ -83,6 +86,7 @@ impl Zonal {
     /// The caller is the layer that held the block, and frees each hold once: a hold exists
     /// so that no other code frees the block while that layer's code relies on it.
     pub unsafe fn free_held(&self, addr: *mut u8, order: u32) -> Result<()> {
+        self.check_forked()?;
         let order = self.check_order(order)?;
         let (zone, pfn) = self.addr_to_zone(addr as usize, order)?;
         mem_map::claim_held(zone, pfn, order)?;
@@ -104,6 +108,7 @@ impl Zonal {
     /// way).
     #[inline(always)]
     pub(super) fn free_pages_locked(&self, addr: *mut u8, order: u32) -> Result<()> {
+        self.check_forked()?;
         let order = self.check_order(order)?;
         let (zone, pfn) = self.addr_to_zone(addr as usize, order)?;
         claim(zone, pfn, order)?;

@@ -177,6 +177,8 @@ impl Zonal {
             pass,
             live: std::sync::Mutex::new(None),
         };
+        // The fork registry's child handler points the sections' table at stand-ins.
+        let z = z.registered_for_fork();
         mempolicy::register_handle(z.id);
         z.sysctl_from_env()?;
         Ok(z)

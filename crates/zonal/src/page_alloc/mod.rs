@@ -543,10 +543,73 @@ impl Zonal {
     fn zone(&self, zone: ZoneId) -> Result<&Zone> {
         self.mem.zones.get(zone.0 as usize).ok_or(Error::InvalidZone { zone, nr_zones: self.mem.zones.len() })
     }
+
+    /// `Ok` in the process that built this handle; [`Error::Forked`] in a child made from
+    /// it by `fork()`, where the handle has no frames: the arena is not inherited
+    /// (`MADV_DONTFORK`, and inaccessible memory mapped over its range in the child), and
+    /// every call that would allocate, free, hold, split or move frames (`alloc_pages*`,
+    /// `free_pages*`, `split_pages`, `hold`, `free_held`, `unhold`) refuses with this
+    /// error before it takes any lock; the calls that return a count (the bulk
+    /// allocations, the drains) do nothing and return 0. Reports keep reading the child's
+    /// copy of the counters. A child that needs pages builds a handle of its own.
+    pub fn check_not_forked(&self) -> Result<()> {
+        self.check_forked()
+    }
+
+    /// [`Zonal::check_not_forked`] for the general and locked paths: before any lock (a lock
+    /// a parent's thread held at the fork stays held in the child). The restartable
+    /// sequences need no test: in the child every entry of their table is a locked
+    /// stand-in (see `crate::fork`).
+    #[inline(always)]
+    fn check_forked(&self) -> Result<()> {
+        if self.inherited() {
+            return Err(self.forked_error());
+        }
+        Ok(())
+    }
+
+    /// Whether this process is a forked child of the one that built the handle, for the
+    /// calls that answer with a count (0) rather than an error.
+    #[inline(always)]
+    fn inherited(&self) -> bool {
+        self.mem.arena.fork().forked()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn forked_error(&self) -> Error {
+        Error::Forked { creator: self.mem.arena.fork().creator() }
+    }
+
+    /// Names this handle's local table (the restartable sequences' `local_pcp`) to the fork
+    /// registry, whose child handler points every entry at [`pcp::rseq::ABSENT_STANDIN`]:
+    /// lists that read as locked and whose span holds every frame, so that every allocation
+    /// and free section gives way in the child. Called once, at the end of the build.
+    pub(super) fn registered_for_fork(mut self) -> Zonal {
+        let standin = std::ptr::from_ref(&pcp::rseq::ABSENT_STANDIN) as usize;
+        // From the exclusive borrow: the handler writes through this pointer. The table's
+        // heap buffer stays in place when the handle moves, until `drop` clears it here.
+        let table = &mut self.cpus.local_pcp;
+        let (ptr, len) = (table.as_mut_ptr(), table.len());
+        self.mem.arena.fork().set_table(ptr, len, standin);
+        self
+    }
 }
 
 impl Drop for Zonal {
     fn drop(&mut self) {
+        // Before the table is freed (the fields drop after this).
+        self.mem.arena.fork().clear_table();
+        if self.mem.arena.fork().forked() {
+            // A child's copy: the worker's and the live server's threads were the parent's
+            // (joining them would wait forever), and a lock a parent's thread held at the
+            // fork stays held; so leave them, and the process-wide policy list, alone.
+            if let Ok(mut live) = self.live.try_lock() {
+                std::mem::forget(live.take());
+            }
+            std::mem::forget(self.worker.take());
+            return;
+        }
         // The server first: its socket must not outlive the handle it answers for.
         self.live_slot().take();
         self.worker.take();
