@@ -561,7 +561,7 @@ impl RegionShared {
         {
             return None;
         }
-        let Some(block) = self.bal.chunks[dst as usize].take() else { return None };
+        let block = self.bal.chunks[dst as usize].take()?;
         let mut claimed = c;
         while claimed < c + n && (claimed == idx || self.entries[claimed].claim(HINT)) {
             claimed += 1;

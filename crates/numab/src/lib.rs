@@ -533,16 +533,11 @@ impl Shared {
         self.has_room_for(nid, 1)
     }
 
-    /// Whether node `nid` has room for `pages` more above its high watermark, by its zones'
-    /// folded free counts (`zone_page_state`, as Linux's `migrate_balanced_pgdat` reads
-    /// them): atomics only, no lock, so the signal handler may ask.
+    /// Whether node `nid` has room for `pages` more above its high watermark, by
+    /// [`Zonal::nr_free_pages_approx`] (as Linux's `migrate_balanced_pgdat` reads
+    /// `zone_page_state`): atomics only, no lock, so the signal handler may ask.
     pub(crate) fn has_room_for(&self, nid: u16, pages: usize) -> bool {
-        let free: usize = self
-            .z
-            .node_zones(NodeId(nid))
-            .map(|ids| ids.iter().map(|id| self.z.zones()[id.0 as usize].nr_free()).sum())
-            .unwrap_or(0);
-        free > self.high[nid as usize] + pages
+        self.z.nr_free_pages_approx(NodeId(nid)).is_ok_and(|free| free > self.high[nid as usize] + pages)
     }
 
     /// Returns a chunk a handler took but could not use (to its queue, or frame by frame to

@@ -46,14 +46,14 @@ fn stamped(p: usize, i: usize) -> bool {
 fn a_random_first_touch_of_more_pages_than_mappings_stays_in_budget() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let pages = (max_map_count() + 1).next_power_of_two();
-    let z = zonal(&format!("{}M", pages * PAGE * 2 >> 20));
+    let z = zonal(&format!("{}M", (pages * PAGE * 2) >> 20));
     let cfg = zonal_numab::Config { enabled: false, ..Default::default() };
     let b = Balancer::new(z.clone(), cfg).unwrap();
     let r = b.region(pages * PAGE, MemPolicy::Local).unwrap();
     assert!(r.first_touch_pages() > 1, "a region this large touches in windows");
     let p = r.as_ptr() as usize;
     // A permutation of the pages: an odd stride times a large prime, modulo a power of two.
-    let stride = 2_654_435_761usize % pages | 1;
+    let stride = (2_654_435_761usize % pages) | 1;
     for k in 0..pages {
         stamp(p, k.wrapping_mul(stride) % pages);
     }

@@ -12,11 +12,9 @@ mod common;
 use common::io::*;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zonal::topology::Machine;
-use zonal::{Config, MemPolicy, Topology, Zonal};
-use zonal_numab::{Backend, Balancer, PAGE};
+use zonal::MemPolicy;
+use zonal_numab::{Backend, PAGE};
 
 const PAGES: usize = 1024;
 /// Pinned pages: io_uring's buffers, then the system calls'.
@@ -59,19 +57,7 @@ fn everything_at_once_for_a_bounded_time() {
 }
 
 fn run(backend: Backend, time: Duration) {
-    let t = Topology::parse_for("nodes=2,size=256M,cpus=0:1", Machine { nr_cpus: 2, mem_total: 4 << 30 }).unwrap();
-    let z = Arc::new(Zonal::new(Config::new(t)).unwrap());
-    let cfg = zonal_numab::Config {
-        backend,
-        scan_delay_ms: 0,
-        scan_period_min_ms: 2,
-        scan_period_max_ms: 2,
-        scan_size_mb: 8,
-        reserve_pages: 128,
-        collapse_mb: 1 << 10,
-        ..Default::default()
-    };
-    let b = Balancer::new(z.clone(), cfg).unwrap();
+    let (z, b) = scanning_balancer(backend, "256M");
     let r = b.region(PAGES * PAGE, MemPolicy::Local).unwrap();
     let pin = r.pin(0, PINNED * PAGE).unwrap();
     let base = r.as_ptr() as usize;

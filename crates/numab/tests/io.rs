@@ -15,10 +15,8 @@ mod common;
 use common::io::*;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use zonal::topology::Machine;
-use zonal::{Config, MemPolicy, Topology, Zonal};
-use zonal_numab::{Backend, Balancer, Region, PAGE};
+use zonal::MemPolicy;
+use zonal_numab::{Backend, Region, PAGE};
 
 /// Region pages; the first `BUFS` are the pinned buffers.
 const PAGES: usize = 512;
@@ -36,25 +34,6 @@ fn backends() -> Vec<Backend> {
     v
 }
 
-/// A balancer scanning every 2 ms from the start and collapsing as fast as it can, on two
-/// nodes with CPU 0 on node 0 and CPU 1 on node 1.
-fn setup(backend: Backend) -> (Arc<Zonal>, Balancer) {
-    let t = Topology::parse_for("nodes=2,size=64M,cpus=0:1", Machine { nr_cpus: 2, mem_total: 1 << 30 }).unwrap();
-    let z = Arc::new(Zonal::new(Config::new(t)).unwrap());
-    let cfg = zonal_numab::Config {
-        backend,
-        scan_delay_ms: 0,
-        scan_period_min_ms: 2,
-        scan_period_max_ms: 2,
-        scan_size_mb: 4,
-        reserve_pages: 128,
-        collapse_mb: 1 << 10,
-        ..Default::default()
-    };
-    let b = Balancer::new(z.clone(), cfg).unwrap();
-    (z, b)
-}
-
 /// Two threads, one bound to each CPU in turn, reading every page of the region (the
 /// pinned ones included: their faults, were they hidden, would move them) and writing a
 /// word of each unpinned one, until `stop`. Returns the words written per page.
@@ -70,7 +49,7 @@ fn movers<'s>(
                 let mut round = 0u32;
                 while !stop.load(Ordering::Relaxed) {
                     zonal::cpu::set_affinity((round + t) % 2).expect("bind");
-                    for pg in 0..PAGES {
+                    for (pg, count) in writes.iter_mut().enumerate() {
                         let w = (base + pg * PAGE + 8 * (1 + t as usize)) as *const AtomicU64;
                         // SAFETY: a word of a live region page; words 1 and 2 of the unpinned
                         // pages are these threads' own, atomics.
@@ -78,7 +57,7 @@ fn movers<'s>(
                             std::ptr::read_volatile((base + pg * PAGE) as *const u8);
                             if pg >= BUFS {
                                 (*w).fetch_add(1, Ordering::Relaxed);
-                                writes[pg] += 1;
+                                *count += 1;
                             }
                         }
                     }
@@ -101,33 +80,52 @@ fn check_movers(r: &Region, writes: Vec<Vec<u64>>) {
     }
 }
 
+/// Runs `io` on the pinned first `BUFS` pages of a region while movers migrate the rest
+/// under a scanner every 2 ms and collapses, then checks every increment, that enough
+/// migrated to mean anything, and that every frame is back.
+fn under_migration(backend: Backend, io: impl FnOnce(&Region) + Send) {
+    let (z, b) = scanning_balancer(backend, "64M");
+    let r = b.region(PAGES * PAGE, MemPolicy::Local).unwrap();
+    let pin = r.pin(0, BUFS * PAGE).unwrap();
+    let stop = AtomicBool::new(false);
+    let writes = std::thread::scope(|s| {
+        let hs = movers(s, r.as_ptr() as usize, &stop);
+        let _stop = StopOnDrop(&stop);
+        io(&r);
+        stop.store(true, Ordering::Relaxed);
+        hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+    });
+    check_movers(&r, writes);
+    let s = b.stats();
+    eprintln!(
+        "{backend:?}: {} pages migrated, {} collapsed, {} refused as pinned",
+        s.numa_pages_migrated, s.collapsed_pages, s.pgmigrate_fail_pinned
+    );
+    assert!(s.numa_pages_migrated >= 100, "{backend:?}: too few migrations to mean anything: {s:?}");
+    drop(pin);
+    drop(r);
+    drop(b);
+    assert_eq!(z.check_invariants().unwrap(), 0, "{backend:?}: frames left allocated");
+}
+
 /// io_uring `READ_FIXED` from a pipe into pinned region pages and `WRITE_FIXED` from them,
 /// 10,000 of each per backend, while the rest of the region migrates.
 #[test]
 fn io_uring_fixed_buffers_in_pinned_pages_lose_no_write() {
+    if let Err(e) = io_uring::IoUring::new(8) {
+        eprintln!("io_uring not tested: {e}");
+        return;
+    }
     for backend in backends() {
-        let (z, b) = setup(backend);
-        let r = b.region(PAGES * PAGE, MemPolicy::Local).unwrap();
-        let pin = r.pin(0, BUFS * PAGE).unwrap();
-        let mut ring = match io_uring::IoUring::new(8) {
-            Ok(ring) => ring,
-            Err(e) => {
-                eprintln!("io_uring not tested: {e}");
-                return;
-            }
-        };
-        let iov: Vec<libc::iovec> = (0..BUFS)
-            .map(|k| libc::iovec { iov_base: r.as_ptr().wrapping_add(k * PAGE).cast(), iov_len: PAGE })
-            .collect();
-        // SAFETY: the buffers are pinned region pages that outlive the registration (it is
-        // dropped with the ring, before the pin).
-        unsafe { ring.submitter().register_buffers(&iov) }.expect("register the pinned pages");
-        let (rd, wr) = pipe();
-        let stop = AtomicBool::new(false);
-        let base = r.as_ptr() as usize;
-        let writes = std::thread::scope(|s| {
-            let hs = movers(s, base, &stop);
-            let _stop = StopOnDrop(&stop);
+        under_migration(backend, |r| {
+            let mut ring = io_uring::IoUring::new(8).unwrap();
+            let iov: Vec<libc::iovec> = (0..BUFS)
+                .map(|k| libc::iovec { iov_base: r.as_ptr().wrapping_add(k * PAGE).cast(), iov_len: PAGE })
+                .collect();
+            // SAFETY: the buffers are pinned region pages that outlive the registration (it
+            // is dropped with the ring, before the pin).
+            unsafe { ring.submitter().register_buffers(&iov) }.expect("register the pinned pages");
+            let (rd, wr) = pipe();
             let mut want = vec![0u8; PAGE];
             let mut got = vec![0u8; PAGE];
             for i in 0..10_000usize {
@@ -146,7 +144,7 @@ fn io_uring_fixed_buffers_in_pinned_pages_lose_no_write() {
                 let cqe = ring.completion().next().unwrap();
                 assert_eq!(cqe.result(), PAGE as i32, "{backend:?}: READ_FIXED {i}");
                 // SAFETY: page k of the live region, written by nobody else.
-                assert!(unsafe { region_bytes(&r, k * PAGE, PAGE) } == want, "{backend:?}: READ_FIXED {i} lost");
+                assert!(unsafe { region_bytes(r, k * PAGE, PAGE) } == want, "{backend:?}: READ_FIXED {i} lost");
                 // The kernel reads the page (WRITE_FIXED to the pipe) after a store through
                 // the mapping.
                 pattern(i + 1_000_003, &mut want);
@@ -164,21 +162,7 @@ fn io_uring_fixed_buffers_in_pinned_pages_lose_no_write() {
                 read_exact(rd.as_raw_fd(), &mut got);
                 assert!(got == want, "{backend:?}: WRITE_FIXED {i} sent stale bytes");
             }
-            stop.store(true, Ordering::Relaxed);
-            hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
         });
-        drop(ring);
-        check_movers(&r, writes);
-        let s = b.stats();
-        eprintln!(
-            "{backend:?}: {} pages migrated, {} collapsed, {} refused as pinned",
-            s.numa_pages_migrated, s.collapsed_pages, s.pgmigrate_fail_pinned
-        );
-        assert!(s.numa_pages_migrated >= 100, "{backend:?}: too few migrations to mean anything: {s:?}");
-        drop(pin);
-        drop(r);
-        drop(b);
-        assert_eq!(z.check_invariants().unwrap(), 0, "{backend:?}: frames left allocated");
     }
 }
 
@@ -203,14 +187,7 @@ fn o_direct_reads_into_pinned_pages_land() {
     // SAFETY: a fresh descriptor.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     for backend in backends() {
-        let (z, b) = setup(backend);
-        let r = b.region(PAGES * PAGE, MemPolicy::Local).unwrap();
-        let pin = r.pin(0, BUFS * PAGE).unwrap();
-        let stop = AtomicBool::new(false);
-        let base = r.as_ptr() as usize;
-        let writes = std::thread::scope(|s| {
-            let hs = movers(s, base, &stop);
-            let _stop = StopOnDrop(&stop);
+        under_migration(backend, |r| {
             for i in 0..2_000usize {
                 let pages = 1 + i % 4;
                 let k = (i * 5) % (BUFS - pages + 1);
@@ -227,18 +204,10 @@ fn o_direct_reads_into_pinned_pages_land() {
                 };
                 assert_eq!(n, (pages * PAGE) as isize, "{backend:?}: pread {i}: {}", std::io::Error::last_os_error());
                 // SAFETY: as above.
-                let got = unsafe { region_bytes(&r, k * PAGE, pages * PAGE) };
+                let got = unsafe { region_bytes(r, k * PAGE, pages * PAGE) };
                 assert!(got == data[at * PAGE..(at + pages) * PAGE], "{backend:?}: O_DIRECT read {i} lost");
             }
-            stop.store(true, Ordering::Relaxed);
-            hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
         });
-        check_movers(&r, writes);
-        assert!(b.stats().numa_pages_migrated >= 100, "{backend:?}: {:?}", b.stats());
-        drop(pin);
-        drop(r);
-        drop(b);
-        assert_eq!(z.check_invariants().unwrap(), 0);
     }
 }
 
@@ -247,28 +216,21 @@ fn o_direct_reads_into_pinned_pages_land() {
 #[test]
 fn system_calls_on_pinned_pages_never_fault() {
     for backend in backends() {
-        let (z, b) = setup(backend);
-        let r = b.region(PAGES * PAGE, MemPolicy::Local).unwrap();
-        let pin = r.pin(0, BUFS * PAGE).unwrap();
-        let (rd, wr) = pipe();
-        let mut sv = [0; 2];
-        // SAFETY: `sv` is valid for the call.
-        assert_eq!(
-            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) },
-            0
-        );
-        // SAFETY: fresh descriptors.
-        let (sa, sb) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
-        let stop = AtomicBool::new(false);
-        let base = r.as_ptr() as usize;
-        let calls = AtomicU64::new(0);
-        let writes = std::thread::scope(|s| {
-            let hs = movers(s, base, &stop);
-            let _stop = StopOnDrop(&stop);
+        under_migration(backend, |r| {
+            let (rd, wr) = pipe();
+            let mut sv = [0; 2];
+            // SAFETY: `sv` is valid for the call.
+            assert_eq!(
+                unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) },
+                0
+            );
+            // SAFETY: fresh descriptors.
+            let (sa, sb) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
+            let mut calls = 0;
             let len = 512;
             let mut want = vec![0u8; len];
             let mut i = 0usize;
-            while calls.load(Ordering::Relaxed) < 100_000 {
+            while calls < 100_000 {
                 let (src, dst) = (i % BUFS, (i + 1 + i / BUFS) % BUFS);
                 let (src, dst) = (src * PAGE + (i * 64) % (PAGE - len), dst * PAGE + (i * 128) % (PAGE - len));
                 pattern(i, &mut want);
@@ -288,27 +250,19 @@ fn system_calls_on_pinned_pages_never_fault() {
                         libc::recv(via_r.as_raw_fd(), r.as_ptr().add(dst).cast(), len, libc::MSG_WAITALL)
                     };
                     assert_eq!(n, len as isize, "{backend:?}: call {i}: {}", std::io::Error::last_os_error());
-                    assert!(region_bytes(&r, dst, len) == want, "{backend:?}: call {i}: bytes differ");
+                    assert!(region_bytes(r, dst, len) == want, "{backend:?}: call {i}: bytes differ");
                 }
-                calls.fetch_add(2, Ordering::Relaxed);
+                calls += 2;
                 i += 1;
             }
-            stop.store(true, Ordering::Relaxed);
-            hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
         });
-        check_movers(&r, writes);
-        assert!(b.stats().numa_pages_migrated >= 100, "{backend:?}: {:?}", b.stats());
-        drop(pin);
-        drop(r);
-        drop(b);
-        assert_eq!(z.check_invariants().unwrap(), 0);
     }
 }
 
 /// Pins nest, need a live range, and an unpin of a page without one changes nothing.
 #[test]
 fn pins_nest_and_bad_unpins_are_errors() {
-    let (z, b) = setup(Backend::Mprotect);
+    let (z, b) = scanning_balancer(Backend::Mprotect, "64M");
     b.set_enabled(false);
     let r = b.region(8 * PAGE, MemPolicy::Local).unwrap();
     assert!(matches!(r.pin(0, 0), Err(zonal_numab::Error::InvalidSize { bytes: 0 })));

@@ -2,7 +2,10 @@
 
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use zonal_numab::Region;
+use std::sync::Arc;
+use zonal::topology::Machine;
+use zonal::{Config, Topology, Zonal};
+use zonal_numab::{Backend, Balancer, Region};
 
 /// Sets the movers' stop flag when dropped, so that a failed assertion of the main thread
 /// ends the scope instead of waiting for them for ever.
@@ -57,4 +60,24 @@ pub unsafe fn region_bytes(r: &Region, off: usize, len: usize) -> Vec<u8> {
 pub unsafe fn region_bytes_at(addr: usize, len: usize) -> Vec<u8> {
     // SAFETY: per the caller's contract.
     (0..len).map(|k| unsafe { std::ptr::read_volatile((addr + k) as *const u8) }).collect()
+}
+
+/// A balancer scanning every 2 ms from the start and collapsing as fast as it can, on two
+/// nodes with CPU 0 on node 0 and CPU 1 on node 1.
+pub fn scanning_balancer(backend: Backend, node_size: &str) -> (Arc<Zonal>, Balancer) {
+    let spec = format!("nodes=2,size={node_size},cpus=0:1");
+    let t = Topology::parse_for(&spec, Machine { nr_cpus: 2, mem_total: 4 << 30 }).unwrap();
+    let z = Arc::new(Zonal::new(Config::new(t)).unwrap());
+    let cfg = zonal_numab::Config {
+        backend,
+        scan_delay_ms: 0,
+        scan_period_min_ms: 2,
+        scan_period_max_ms: 2,
+        scan_size_mb: 8,
+        reserve_pages: 128,
+        collapse_mb: 1 << 10,
+        ..Default::default()
+    };
+    let b = Balancer::new(z.clone(), cfg).unwrap();
+    (z, b)
 }
