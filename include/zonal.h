@@ -572,5 +572,7 @@ int zonal_unpublish(const zonal_t *z);
 #endif  /* ZONAL_H */
 
 /* Balanced regions (NUMA balancing, seed 004): zonal_numab_create, zonal_region_create,
-   zonal_region_page_to_nid, ... Link libzonal_numab.so or .a to use them. */
+   zonal_region_page_to_nid, ... Link libzonal_numab.so or .a to use them. Buffers the kernel
+   uses (io_uring, O_DIRECT, read/write under the mprotect and userfaultfd backends) must be
+   pinned in a region (zonal_region_pin): see the rules at the top of zonal_numab.h. */
 #include "zonal_numab.h"

@@ -1,5 +1,21 @@
 /* zonal NUMA balancing: regions that follow the threads using them. C ABI, append-only.
-   In libzonal_numab.so/.a, which carry zonal's whole C ABI (zonal.h) too. */
+   In libzonal_numab.so/.a, which carry zonal's whole C ABI (zonal.h) too.
+
+   Rules for I/O, fork and signals:
+   - Memory the kernel keeps using past a system call (io_uring registered buffers, O_DIRECT
+     and AIO buffers, vmsplice'd pages, RDMA registrations) must be pinned with
+     zonal_region_pin before the kernel gets it, and unpinned after it lets go: the kernel
+     writes such memory through the frame, so a page moved under it would lose the write.
+   - Plain read/write/recv/send buffers: under the mprotect and userfaultfd backends a system
+     call touching a page the scanner hid fails with EFAULT; pin them too. The
+     userfaultfd-thread backend serves such accesses itself.
+   - fork(): the child shares no frame. Touching an inherited region kills it with SIGSEGV
+     (and a message); every call on an inherited balancer or region returns -EPERM, and
+     destroying them frees nothing.
+   - Signals: region faults (SIGSEGV, SIGBUS) are handled in the faulting thread with every
+     signal blocked; other faults and signals that are not faults (kill, tgkill, sigqueue,
+     memory errors) go to the handler installed before the first zonal_numab_create, or take
+     the default action. Do not mprotect or mmap over region pages yourself. */
 
 #ifndef ZONAL_NUMAB_H
 #define ZONAL_NUMAB_H
