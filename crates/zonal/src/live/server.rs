@@ -5,17 +5,22 @@
 //! can delay other clients by at most the timeout and never the process: the allocation
 //! paths never wait for this thread.
 
-use super::{live_err, protocol, MAX_REQUEST};
+use super::{live_err, protocol, sock, MAX_REQUEST};
 use crate::error::Result;
 use crate::page_alloc::Zonal;
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
+
+/// Connections waiting to be accepted: the server serves one at a time, each within its
+/// timeout, so a longer queue only makes its last clients wait longer; past it a client's
+/// connect waits (within its own deadline) or, for a probe, finds the server busy.
+const BACKLOG: i32 = 64;
 
 /// A running server; dropping it stops the thread and removes the socket.
 pub(crate) struct Server {
@@ -35,20 +40,38 @@ pub(crate) struct ServerStats {
 impl Server {
     /// Binds `path` (replacing a stale socket there) and starts serving.
     pub(crate) fn start(z: Weak<Zonal>, path: PathBuf, timeout: Duration) -> Result<Server> {
-        if path.exists() {
-            // The name holds this process's pid: whatever is there was left by a process that
-            // had this pid before, or by this one for a handle since dropped.
-            if UnixStream::connect(&path).is_ok() {
-                return Err(live_err(format!("{} is in use by a running server", path.display())));
+        // The name holds this process's pid: whatever is there was left by a process that had
+        // this pid before, by this one for a handle since dropped, or is a live server of a
+        // process with this pid in another pid namespace sharing the directory. Only a socket
+        // nothing listens on is removed; the probe does not wait (a stopped server's full
+        // queue counts as in use).
+        match sock::connect(&path, None) {
+            Ok(_) => return Err(live_err(format!("{} is in use by a running server", path.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(live_err(format!("{} is in use by a running server (its queue is full)", path.display())))
             }
-            std::fs::remove_file(&path)
-                .map_err(|e| live_err(format!("cannot remove the stale socket {}: {e}", path.display())))?;
+            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
+                let is_socket = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket());
+                if !is_socket {
+                    return Err(live_err(format!(
+                        "{} exists and is not a socket: refusing to replace it",
+                        path.display()
+                    )));
+                }
+                std::fs::remove_file(&path)
+                    .map_err(|e| live_err(format!("cannot remove the stale socket {}: {e}", path.display())))?;
+            }
+            Err(_) if std::fs::symlink_metadata(&path).is_ok() => {
+                return Err(live_err(format!("{} exists and is not a socket: refusing to replace it", path.display())))
+            }
+            Err(_) => {}
         }
         let listener =
             UnixListener::bind(&path).map_err(|e| live_err(format!("cannot bind {}: {e}", path.display())))?;
         // The directory is 0700 already; the socket is 0600 too, so that moving it or
         // loosening the directory does not open it.
         let setup = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .and_then(|_| sock::set_backlog(listener.as_fd(), BACKLOG))
             .and_then(|_| listener.set_nonblocking(true));
         if let Err(e) = setup {
             let _ = std::fs::remove_file(&path);
@@ -225,14 +248,13 @@ fn discard_input(mut conn: &UnixStream) {
     }
 }
 
-/// Writes the status line and the body, giving up at `deadline`.
+/// Writes the status line and the body, giving up at `deadline`: the whole reply, not each
+/// send, is bounded, so a client that takes a byte now and then is dropped all the same.
 fn reply(conn: &UnixStream, deadline: Instant, answer: Result<String, String>) -> std::io::Result<()> {
-    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-    conn.set_write_timeout(Some(left))?;
     let text = match answer {
         Ok(body) => format!("ok\n{body}"),
         // One line: the status line carries the whole error.
         Err(why) => format!("error {}\n", why.replace('\n', " ")),
     };
-    crate::sys::send_all(conn.as_fd(), text.as_bytes())
+    sock::send_until(conn, text.as_bytes(), deadline.max(Instant::now() + Duration::from_millis(1)))
 }

@@ -8,6 +8,11 @@ use super::*;
 
 impl Zonal {
     /// Builds an allocator: maps each node's memory and puts it all on the free lists.
+    ///
+    /// A handle built here cannot publish itself (its server shares it: see
+    /// [`Zonal::shared`]); asked to, by the config key `publish=1` or by `ZONAL_PUBLISH=1`
+    /// in the environment, it refuses with an error naming what asked, rather than ignore
+    /// either (the two routes agree: [`Zonal::shared`] publishes on either).
     pub fn new(config: Config) -> Result<Zonal> {
         config.validate()?;
         if config.publish {
@@ -17,6 +22,20 @@ impl Zonal {
                     .into(),
             ));
         }
+        if crate::live::publish_from_env()? {
+            return Err(Error::InvalidConfig(
+                "ZONAL_PUBLISH=1 asks to publish this handle, but a handle built by Zonal::new cannot publish \
+                 (its server shares it): build it with Zonal::shared, which publishes it, or unset ZONAL_PUBLISH"
+                    .into(),
+            ));
+        }
+        Zonal::build(config)
+    }
+
+    /// [`Zonal::new`] without its publishing checks: the body [`Zonal::shared`] builds with
+    /// before it publishes.
+    pub(crate) fn build(config: Config) -> Result<Zonal> {
+        config.validate()?;
         let max_order = Order(config.max_order);
         let topo = config.topology;
         let arena = Arena::new(&topo, max_order, config.arena)?;
