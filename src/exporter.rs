@@ -3,8 +3,9 @@
 //! Each scrape asks every handle in the directory for its exposition (`vmstat prometheus`),
 //! adds `pid` and `handle` labels to its samples and merges the handles' families, so that
 //! each metric has one `# HELP`/`# TYPE` and all its samples together, as the text format
-//! requires. `zonal_up{pid,handle}` says which handles answered; a handle that does not
-//! answer costs the scrape at most the timeout and is reported down, never an error.
+//! requires. `zonal_up{pid,handle}` says which handles answered; the handles are asked all at
+//! once under one deadline, so a scrape answers within the timeout whatever they do, and a
+//! handle that does not answer (stopped, wedged) is reported down, never an error.
 
 use std::path::Path;
 use std::time::Duration;
@@ -73,11 +74,23 @@ impl Families {
 /// The body of one scrape of `dir`.
 pub fn scrape(dir: &Path) -> String {
     let mut fams = Families::default();
-    let handles = live::list(dir).unwrap_or_default();
+    // A directory refused (someone else's, a link, open to others) is said on every scrape,
+    // on stderr and in the body, and read as holding nothing.
+    let (handles, refused) = match live::list(dir) {
+        Ok(h) => (h, None),
+        Err(e) => {
+            eprintln!("zonal exporter: {e}");
+            (Vec::new(), Some(e.to_string()))
+        }
+    };
+    // Every handle at once under one deadline: the scrape answers within HANDLE_TIMEOUT
+    // whatever the handles do, a stopped one included.
+    let answers = live::request_all(&handles, "vmstat prometheus", HANDLE_TIMEOUT);
     let mut up = Vec::new();
-    for p in &handles {
+    for (p, answer) in handles.iter().zip(answers) {
+        // The pid is the kernel's word for the server (SO_PEERCRED), not the socket's name.
         let labels = format!("pid=\"{}\",handle=\"{}\"", p.pid, p.handle);
-        match live::request(&p.path, "vmstat prometheus", HANDLE_TIMEOUT) {
+        match answer {
             Ok(text) => {
                 fams.add(&text, &labels);
                 up.push(format!("zonal_up{{{labels}}} 1"));
@@ -96,12 +109,17 @@ pub fn scrape(dir: &Path) -> String {
          zonal_exporter_handles {}\n",
         handles.len()
     ));
+    if let Some(e) = refused {
+        s.push_str(&format!("# zonal exporter: {}\n", e.replace('\n', " ")));
+    }
     s + &fams.render()
 }
 
 /// Serves `/metrics` on `listen` until the process is stopped; prints the address it bound
 /// (a port of 0 picks a free one) as the first line on stdout.
 pub fn run(listen: &str, dir: &Path) -> Result<(), String> {
+    // A directory that is there but refused is an error at once, not a silent empty scrape.
+    live::list(dir).map_err(|e| e.to_string())?;
     let server = tiny_http::Server::http(listen).map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let addr = server.server_addr().to_ip().map(|a| a.to_string()).unwrap_or_else(|| listen.to_string());
     println!("zonal exporter: serving http://{addr}/metrics for the handles published in {}", dir.display());

@@ -19,27 +19,47 @@ pub fn target(dir: &Path, pid: i32, handle: Option<u64>) -> Result<Published, St
     live::find(dir, pid, handle).map_err(|e| e.to_string())
 }
 
-/// Sends one request and returns the reply body.
+/// Sends one request and returns the reply body; the whole exchange takes at most
+/// [`TIMEOUT`], whatever the process does (stopped, its queue full).
 pub fn ask(p: &Published, line: &str) -> Result<String, String> {
-    live::request(&p.path, line, TIMEOUT).map_err(|e| format!("process {} handle {}: {e}", p.pid, p.handle))
+    p.request(line, TIMEOUT).map_err(|e| format!("process {} handle {}: {e}", p.pid, p.handle))
 }
 
-/// `zonal ps`: the user's published handles.
+/// Where a listed handle's pid comes from, for `ps --json`.
+fn pid_source(p: &Published) -> &'static str {
+    match p.probe {
+        live::Probe::Accepted => "peer",
+        live::Probe::Hidden | live::Probe::Busy => "name",
+    }
+}
+
+/// `zonal ps`: the user's published handles. Every handle is asked at once, so the command
+/// takes at most [`TIMEOUT`] however many of them are stopped.
 pub fn ps(dir: &Path, json: bool) -> Result<String, String> {
     let all = live::list(dir).map_err(|e| e.to_string())?;
+    let answers = live::request_all(&all, "info", TIMEOUT);
     let infos: Vec<(Published, Result<serde_json::Value, String>)> = all
         .into_iter()
-        .map(|p| {
-            let info = ask(&p, "info").and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()));
+        .zip(answers)
+        .map(|(p, a)| {
+            let info = a
+                .map_err(|e| format!("process {} handle {}: {e}", p.pid, p.handle))
+                .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()));
             (p, info)
         })
         .collect();
     if json {
         let v: Vec<serde_json::Value> = infos
             .iter()
-            .map(|(p, i)| match i {
-                Ok(info) => serde_json::json!({ "pid": p.pid, "handle": p.handle, "socket": p.path, "info": info }),
-                Err(e) => serde_json::json!({ "pid": p.pid, "handle": p.handle, "socket": p.path, "error": e }),
+            .map(|(p, i)| {
+                let mut o = serde_json::json!({
+                    "pid": p.pid, "pid_from": pid_source(p), "handle": p.handle, "socket": p.path,
+                });
+                match i {
+                    Ok(info) => o["info"] = info.clone(),
+                    Err(e) => o["error"] = e.clone().into(),
+                }
+                o
             })
             .collect();
         return serde_json::to_string_pretty(&v).map(|s| s + "\n").map_err(|e| e.to_string());

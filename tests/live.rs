@@ -175,6 +175,21 @@ fn the_exporter_serves_every_handle_to_a_prometheus_scrape() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Not a test of its own: the client of another uid that the test below runs this binary
+/// as, with `ZONAL_TEST_RAW_SOCKET` set. Sends a request on a raw connection (no reader's
+/// checks: the server's own check is what is tested) and prints the reply.
+#[test]
+fn child_raw_client() {
+    let Some(sock) = std::env::var_os("ZONAL_TEST_RAW_SOCKET") else { return };
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.write_all(b"vmstat\n");
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    println!("reply: {reply}");
+}
+
 #[test]
 fn a_peer_of_another_uid_is_refused() {
     // Needs a uid to switch to: only root can.
@@ -190,6 +205,7 @@ fn a_peer_of_another_uid_is_refused() {
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
     use std::os::unix::process::CommandExt;
+    // The command as that user does not read root's directory at all.
     let o = Command::new(env!("CARGO_BIN_EXE_zonal"))
         .arg("--dir")
         .arg(&dir)
@@ -199,10 +215,20 @@ fn a_peer_of_another_uid_is_refused() {
         .output()
         .unwrap();
     let e = err(&o);
-    assert!(e.contains("permission denied") && e.contains("uid 65534"), "{e}");
+    assert!(e.contains("belongs to uid 0") && e.contains(dir.to_str().unwrap()), "{e}");
+    // A raw client of that uid reaches the server, which refuses it.
+    let o = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_raw_client", "--nocapture", "--test-threads=1"])
+        .env("ZONAL_TEST_RAW_SOCKET", &sock)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("reply: error permission denied") && out.contains("uid 65534"), "{out}");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     let info: serde_json::Value =
         serde_json::from_str(&zonal::live::request(&sock, "info", Duration::from_secs(10)).unwrap()).unwrap();
-    // The client's liveness probe of the socket is refused too, before its request.
     assert!(info["requests_refused"].as_u64().unwrap() >= 1, "{info}");
     // (This request is counted once answered.)
     assert_eq!(info["requests_served"], 0, "nothing was served to the refused peer: {info}");
@@ -224,5 +250,193 @@ fn top_shows_balancing_rates_once_regions_are_balanced() {
     let out = ok(&zonal(&dir, &["--pid", &pid, "top", "--count", "2", "--interval", "0.1"]));
     assert!(!out.contains("balancing:"), "{out}");
     drop(z);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---- Issue 37: the commands as root, and a stopped process ----
+
+/// A pid no process has: a child's, once it has been waited for.
+fn dead_pid() -> i32 {
+    let mut child = Command::new("true").spawn().unwrap();
+    let pid = child.id() as i32;
+    child.wait().unwrap();
+    pid
+}
+
+/// `zonal` with the default directory: no `--dir`, the runtime variables cleared and the
+/// temporary directory at `tmp`, as `sudo` leaves root's environment.
+fn zonal_fallback(tmp: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_zonal"))
+        .args(args)
+        .env_remove("ZONAL_RUNTIME_DIR")
+        .env_remove("XDG_RUNTIME_DIR")
+        .env("TMPDIR", tmp)
+        .output()
+        .expect("zonal runs")
+}
+
+#[test]
+fn as_root_ps_and_the_exporter_refuse_a_squatted_or_linked_fallback_and_delete_nothing() {
+    // Runs as root, as the review did (`sudo zonal ps`); another user cannot make a
+    // directory that someone else owns, and says so.
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: the squatted fallback is tested where the test can chown");
+        return;
+    }
+    let tmp = test_dir("fallback");
+    std::fs::create_dir(&tmp).unwrap();
+    // Another user's directory with their files in it, named like stale sockets.
+    let victim = tmp.join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    let file = victim.join(format!("{}.1.sock", dead_pid()));
+    std::fs::write(&file, b"theirs").unwrap();
+    let sock = victim.join(format!("{}.2.sock", dead_pid()));
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    for p in [&victim, &file, &sock] {
+        std::os::unix::fs::lchown(p, Some(65534), Some(65534)).unwrap();
+    }
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let fallback = tmp.join("zonal-0");
+    // Squatted by a link to it (the old `ps` followed it and deleted both files), then by
+    // the directory itself.
+    std::os::unix::fs::symlink(&victim, &fallback).unwrap();
+    let e = err(&zonal_fallback(&tmp, &["ps"]));
+    assert!(e.contains(fallback.to_str().unwrap()) && e.contains("not a directory"), "{e}");
+    let e = err(&zonal_fallback(&tmp, &["exporter", "--listen", "127.0.0.1:0"]));
+    assert!(e.contains(fallback.to_str().unwrap()), "{e}");
+    std::fs::remove_file(&fallback).unwrap();
+    std::fs::rename(&victim, &fallback).unwrap();
+    let e = err(&zonal_fallback(&tmp, &["ps"]));
+    assert!(e.contains(fallback.to_str().unwrap()) && e.contains("belongs to uid 65534"), "{e}");
+    assert!(e.contains("someone else made it"), "{e}");
+    for f in [&file, &sock] {
+        assert!(fallback.join(f.file_name().unwrap()).exists(), "{} is kept", f.display());
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// Not a test of its own: the published process the test below stops, when it runs this
+/// binary again with `ZONAL_TEST_PUBLISH_IN` set.
+#[test]
+fn child_publisher() {
+    let Some(dir) = std::env::var_os("ZONAL_TEST_PUBLISH_IN") else { return };
+    let z = published(Path::new(&dir));
+    println!("published {}", z.published_path().unwrap().display());
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+}
+
+/// A connect that does not wait: `false` when the server's queue is full.
+fn connect_nowait(path: &Path, held: &mut Vec<std::os::fd::OwnedFd>) -> bool {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: sockaddr_un is plain data, valid when zeroed.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path.iter_mut().zip(path.as_os_str().as_bytes()) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: socket takes no pointers.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0);
+    // SAFETY: `fd` is fresh and owned by nothing else.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: `addr` is an initialised sockaddr_un of `len` bytes; `fd` is open.
+    let r =
+        unsafe { libc::connect(std::os::fd::AsRawFd::as_raw_fd(&fd), (&addr as *const libc::sockaddr_un).cast(), len) };
+    if r == 0 {
+        held.push(fd);
+        return true;
+    }
+    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EAGAIN));
+    false
+}
+
+#[test]
+fn the_exporter_and_ps_answer_within_their_bound_while_a_published_process_is_stopped() {
+    let dir = test_dir("stopped");
+    let mine = published(&dir);
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_publisher", "--nocapture", "--test-threads=1"])
+        .env("ZONAL_TEST_PUBLISH_IN", &dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let line = std::io::BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map(Result::unwrap)
+        .find_map(|l| l.split_once("published ").map(|(_, p)| p.to_string()))
+        .expect("the child publishes");
+    let child_sock = PathBuf::from(line);
+    let child_pid = child.id() as i32;
+    let signal = |sig| {
+        // SAFETY: kill takes no pointers; the child is ours and not yet waited for.
+        assert_eq!(unsafe { libc::kill(child_pid, sig) }, 0);
+    };
+    let mut exporter = Command::new(env!("CARGO_BIN_EXE_zonal"))
+        .arg("--dir")
+        .arg(&dir)
+        .args(["exporter", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(exporter.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let url =
+        first.split_whitespace().find(|w| w.starts_with("http://")).unwrap_or_else(|| panic!("{first}")).to_string();
+    let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(60))).build().into();
+    let pid = std::process::id().to_string();
+    let child_pid_s = child_pid.to_string();
+    // The exporter asks each handle for 2 s; a scrape must answer within that and a margin,
+    // whatever the stopped process does.
+    let bound = Duration::from_secs(6);
+    let scrape = || {
+        let t = std::time::Instant::now();
+        let text = agent.get(&url).call().and_then(|mut r| r.body_mut().read_to_string()).unwrap();
+        assert!(t.elapsed() < bound, "the scrape took {:?}", t.elapsed());
+        let up = |p: &str| {
+            text.lines()
+                .find(|l| l.starts_with("zonal_up{") && l.contains(&format!("pid=\"{p}\"")))
+                .unwrap_or_else(|| panic!("zonal_up of {p} in\n{text}"))
+                .rsplit(' ')
+                .next()
+                .unwrap()
+                .to_string()
+        };
+        (up(&pid), up(&child_pid_s))
+    };
+    assert_eq!(scrape(), ("1".into(), "1".into()));
+    // Stopped: first with room in its queue, then with its queue full. The old exporter's
+    // connect blocked for good on the second and wedged it.
+    signal(libc::SIGSTOP);
+    // kill only queues the signal: wait until the child has stopped.
+    let mut status = 0;
+    // SAFETY: `status` is valid for a write; the child is ours, not yet reaped.
+    let r = unsafe { libc::waitpid(child_pid, &mut status, libc::WUNTRACED) };
+    assert!(r == child_pid && libc::WIFSTOPPED(status), "waitpid: {r} {status:#x}");
+    let mut held = Vec::new();
+    for full in [false, true] {
+        if full {
+            while connect_nowait(&child_sock, &mut held) {
+                assert!(held.len() < 10_000, "the queue never filled");
+            }
+        }
+        assert_eq!(scrape(), ("1".into(), "0".into()), "the stopped handle is down, the other up (full {full})");
+        let t = std::time::Instant::now();
+        let ps = ok(&zonal(&dir, &["ps"]));
+        assert!(t.elapsed() < Duration::from_secs(15), "ps took {:?}", t.elapsed());
+        let row = ps.lines().find(|l| l.starts_with(&child_pid_s)).unwrap_or_else(|| panic!("{ps}"));
+        assert!(row.contains("(no answer"), "{ps}");
+        assert!(ps.lines().any(|l| l.starts_with(&pid) && !l.contains("(no answer")), "{ps}");
+    }
+    drop(held);
+    signal(libc::SIGCONT);
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = exporter.kill();
+    let _ = exporter.wait();
+    drop(mine);
     let _ = std::fs::remove_dir_all(&dir);
 }
