@@ -311,6 +311,7 @@ impl RegionShared {
     pub(crate) fn fault(&self, addr: usize) -> Outcome {
         let idx = (addr - self.start) / PAGE;
         let e = &self.entries[idx];
+        let mut repeats = None;
         loop {
             match e.state.load(Ordering::Acquire) {
                 UNMAPPED if e.claim(UNMAPPED) => {
@@ -321,9 +322,29 @@ impl RegionShared {
                     REPAIRS.set((0, 0));
                     return self.hint_fault(idx, self.bal.z.local_node().0, os::gettid());
                 }
-                // Mapped by another thread since this access faulted, or its mapping taken
-                // away behind the table's back: see `repair`.
-                PRESENT if e.claim(PRESENT) => return self.repair(idx),
+                // Mapped by another thread since this access faulted (running it again
+                // succeeds, at no cost the first time), or its mapping taken away behind the
+                // table's back: from the second fault in a row of this thread on this page,
+                // mapped again (`repair`); past `REPAIR_LIMIT`, the fault is not one the
+                // balancer can resolve (the program changed the page's protection, say).
+                PRESENT => {
+                    let n = *repeats.get_or_insert_with(|| {
+                        let (last, n) = REPAIRS.get();
+                        let n = if last == addr { n + 1 } else { 1 };
+                        REPAIRS.set((addr, n));
+                        n
+                    });
+                    if n == 1 {
+                        return Ok(());
+                    }
+                    if n > REPAIR_LIMIT {
+                        REPAIRS.set((0, 0));
+                        return Err(Unresolved::Repair);
+                    }
+                    if e.claim(PRESENT) {
+                        return self.repair(idx);
+                    }
+                }
                 // Another thread is changing the page: wait for it, then look again. Only
                 // the thread that maps the page counts the fault.
                 BUSY => os::yield_cpu(),
@@ -332,24 +353,14 @@ impl RegionShared {
         }
     }
 
-    /// A fault on page `idx`, claimed from `PRESENT`: either another thread mapped it since
-    /// this access faulted (running the access again succeeds), or its mapping was taken
-    /// away behind the table's back (the program's own `MADV_DONTNEED` under userfaultfd, a
-    /// protection a failed call left). The page is mapped again (a no-op in the first case)
-    /// and released `PRESENT`. When the same thread faults on the same page `REPAIR_LIMIT`
-    /// times in a row all the same, the fault is not one the balancer can resolve (the
-    /// program changed the page's protection, say) and is returned as it is.
+    /// Maps page `idx` (claimed from `PRESENT`) again, revealed or mapped anew onto its
+    /// frame, and releases it `PRESENT`: for a fault on a page the table has mapped whose
+    /// mapping was taken away behind its back (the program's own `MADV_DONTNEED` under
+    /// userfaultfd, a protection a failed call left). A page mapped read-write already is
+    /// left as it is.
     pub(crate) fn repair(&self, idx: usize) -> Outcome {
         let e = &self.entries[idx];
         let addr = self.start + idx * PAGE;
-        let (last, n) = REPAIRS.get();
-        let n = if last == addr { n + 1 } else { 1 };
-        REPAIRS.set((addr, n));
-        if n > REPAIR_LIMIT {
-            REPAIRS.set((0, 0));
-            e.release(PRESENT);
-            return Err(Unresolved::Repair);
-        }
         let frame = e.frame.load(Ordering::Relaxed);
         // SAFETY: a mapped page of this region, claimed; revealing a page that is mapped
         // read-write already changes nothing.
