@@ -432,6 +432,13 @@ fn parse_reply(buf: &[u8]) -> Result<String> {
     }
 }
 
+/// Lets the fuzz targets reach the server without a socket: the reply it sends a client
+/// of its own user that sent `input` (framing, request, reply layout).
+#[doc(hidden)]
+pub fn fuzz_reply_to(z: &Zonal, input: &[u8]) -> Vec<u8> {
+    server::reply_to(z, input)
+}
+
 /// Lets the fuzz targets reach the client's reading of a reply.
 #[doc(hidden)]
 pub fn fuzz_parse_reply(buf: &[u8]) -> Result<String> {

@@ -214,18 +214,28 @@ fn read_request(mut conn: &UnixStream, deadline: Instant) -> Result<Option<Strin
             }
             Err(e) => return Err(format!("cannot read the request: {e}")),
         }
-        if let Some(end) = buf.iter().position(|&b| b == b'\n') {
-            buf.truncate(end);
+        if buf.contains(&b'\n') || buf.len() >= MAX_REQUEST {
             break;
         }
-        if buf.len() >= MAX_REQUEST {
-            return Err(format!("request too long: a request is one line of fewer than {MAX_REQUEST} bytes"));
-        }
     }
-    if buf.len() >= MAX_REQUEST {
+    frame(&buf).map(Some)
+}
+
+/// The request line in what a client sent: up to its first newline (or the end), fewer
+/// than `MAX_REQUEST` bytes, UTF-8.
+pub(super) fn frame(buf: &[u8]) -> Result<String, String> {
+    let line = buf.split(|&b| b == b'\n').next().unwrap_or_default();
+    if line.len() >= MAX_REQUEST {
         return Err(format!("request too long: a request is one line of fewer than {MAX_REQUEST} bytes"));
     }
-    String::from_utf8(buf).map(Some).map_err(|_| "the request is not UTF-8 text".to_string())
+    String::from_utf8(line.to_vec()).map_err(|_| "the request is not UTF-8 text".to_string())
+}
+
+/// What the server would send for the bytes `input` from a client of its own user: the
+/// framing, the request and the reply's layout, without a socket (for the fuzz target).
+pub(super) fn reply_to(z: &Zonal, input: &[u8]) -> Vec<u8> {
+    let answer = frame(input).and_then(|line| protocol::answer(z, &line, &ServerStats::default()));
+    reply_text(answer).into_bytes()
 }
 
 /// After an error reply to a request not read to its end: reads what the client still
@@ -251,10 +261,15 @@ fn discard_input(mut conn: &UnixStream) {
 /// Writes the status line and the body, giving up at `deadline`: the whole reply, not each
 /// send, is bounded, so a client that takes a byte now and then is dropped all the same.
 fn reply(conn: &UnixStream, deadline: Instant, answer: Result<String, String>) -> std::io::Result<()> {
-    let text = match answer {
+    let text = reply_text(answer);
+    sock::send_until(conn, text.as_bytes(), deadline.max(Instant::now() + Duration::from_millis(1)))
+}
+
+/// A reply's bytes: `ok` and the body, or one `error <why>` line.
+fn reply_text(answer: Result<String, String>) -> String {
+    match answer {
         Ok(body) => format!("ok\n{body}"),
         // One line: the status line carries the whole error.
         Err(why) => format!("error {}\n", why.replace('\n', " ")),
-    };
-    sock::send_until(conn, text.as_bytes(), deadline.max(Instant::now() + Duration::from_millis(1)))
+    }
 }
