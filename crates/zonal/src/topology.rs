@@ -326,10 +326,12 @@ impl Topology {
     fn build(nodes: Vec<NodeInfo>, distance: Vec<Vec<u32>>, machine: Machine, fake: bool) -> Result<Topology> {
         let n = nodes.len();
         let bad = |m: String| Err(Error::InvalidConfig(format!("topology: {m}")));
+        // Every row's length before any value: the symmetry test reads row j while at row i
+        // (`distance=10 20:` indexed an empty second row; found by the topology fuzz target).
+        if let Some((i, row)) = distance.iter().enumerate().find(|(_, row)| row.len() != n) {
+            return bad(format!("distance row {i} has {} entries for {n} nodes", row.len()));
+        }
         for (i, row) in distance.iter().enumerate() {
-            if row.len() != n {
-                return bad(format!("distance row {i} has {} entries for {n} nodes", row.len()));
-            }
             for (j, &d) in row.iter().enumerate() {
                 if d == 0 {
                     return bad(format!("distance[{i}][{j}] is 0"));
