@@ -259,6 +259,11 @@ fn main() -> ExitCode {
         eprintln!("zonal: internal error: {info}");
     }));
     let cli = Cli::parse();
+    // ZONAL_PUBLISH=1 publishes the handle this command builds. It is taken out of the
+    // environment here, before any thread starts, because the other allocators a command
+    // builds (the bench's, a workload's peers) are built with Zonal::new, which refuses it.
+    let publish = zonal::live::publish_from_env();
+    std::env::remove_var("ZONAL_PUBLISH");
     if !matches!(cli.command, Command::Exporter { .. }) {
         // A report piped into `head` ends quietly when the reader leaves, as C tools do,
         // instead of failing on every write after (Rust ignores SIGPIPE by default). The
@@ -269,7 +274,7 @@ fn main() -> ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    match run(cli) {
+    match publish.map_err(|e| e.to_string()).and_then(|publish| run(cli, publish)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
             eprintln!("zonal: error: {msg}");
@@ -484,7 +489,7 @@ fn sysctl_doc(items: &[String], json: bool) -> Result<(), String> {
         .collect::<String>())
 }
 
-fn run(cli: Cli) -> Result<(), String> {
+fn run(cli: Cli, publish: bool) -> Result<(), String> {
     match &cli.command {
         Command::Ps { json } if cli.pid.is_none() => {
             return out(&live::ps(&live::dir(cli.runtime_dir.as_deref()), *json)?)
@@ -500,8 +505,19 @@ fn run(cli: Cli) -> Result<(), String> {
     if let Some(pid) = cli.pid {
         return run_live(&cli, pid);
     }
+    if publish && matches!(cli.command, Command::Bench { .. }) {
+        return Err("ZONAL_PUBLISH=1: the bench builds a new allocator for every cell and publishes none of them; \
+                    unset ZONAL_PUBLISH (publish a program of your own to watch it live)"
+            .into());
+    }
     let config = config(&cli)?;
-    let z = Zonal::new(config.clone()).map_err(|e| e.to_string())?;
+    // Shared, so that it can publish (into --dir when given); it lives until the command's
+    // report is printed.
+    let z = std::sync::Arc::new(Zonal::new(config.clone()).map_err(|e| e.to_string())?);
+    if publish {
+        let opts = zonal::live::PublishOptions { dir: cli.runtime_dir.clone(), ..Default::default() };
+        z.publish_with(opts).map_err(|e| format!("ZONAL_PUBLISH=1: {e}"))?;
+    }
     for item in &cli.set {
         set_tunable(&z, item)?;
     }

@@ -440,3 +440,43 @@ fn the_exporter_and_ps_answer_within_their_bound_while_a_published_process_is_st
     drop(mine);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn zonal_publish_publishes_the_commands_handle_and_the_bench_refuses_it() {
+    // A directory the publisher must refuse (a regular file) shows that the command tried to
+    // publish into it; with ZONAL_PUBLISH=0 the same command never looks at it.
+    let file = test_dir("publish-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let run = |v: &str, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_zonal"))
+            .arg("--dir")
+            .arg(&file)
+            .args(args)
+            .env("ZONAL_PUBLISH", v)
+            .output()
+            .expect("zonal runs")
+    };
+    let e = err(&run("1", &["vmstat"]));
+    assert!(e.contains("ZONAL_PUBLISH=1") && e.contains(&*file.to_string_lossy()), "{e}");
+    ok(&run("0", &["vmstat"]));
+    let e = err(&run("maybe", &["vmstat"]));
+    assert!(e.contains("ZONAL_PUBLISH=`maybe`"), "{e}");
+    let e = err(&run("1", &["bench", "numab"]));
+    assert!(e.contains("publishes none"), "{e}");
+    let _ = std::fs::remove_file(&file);
+
+    // Into a good directory it publishes, and the socket goes when the command ends.
+    let dir = test_dir("publish-cli");
+    let o = Command::new(env!("CARGO_BIN_EXE_zonal"))
+        .arg("--dir")
+        .arg(&dir)
+        .args(["vmstat", "--workload", "allocs=200"])
+        .env("ZONAL_PUBLISH", "1")
+        .output()
+        .expect("zonal runs");
+    ok(&o);
+    assert!(dir.is_dir(), "the command made its socket directory");
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert!(left.is_empty(), "the socket is removed when the command ends: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -493,8 +493,10 @@ impl Zonal {
     }
 }
 
-/// `ZONAL_PUBLISH`: unset or empty is off, else a flag as the config key takes it.
-pub(crate) fn publish_from_env() -> Result<bool> {
+/// What `ZONAL_PUBLISH` asks: unset or empty is off, else a flag as the config key `publish`
+/// takes it (an invalid value is an error). A program that builds its handles itself reads
+/// it here, as the `zonal` command does.
+pub fn publish_from_env() -> Result<bool> {
     match std::env::var("ZONAL_PUBLISH").as_deref() {
         Err(_) | Ok("") => Ok(false),
         Ok(v) => crate::config::parse_flag(v)
