@@ -115,9 +115,29 @@ pub fn scrape(dir: &Path) -> String {
     s + &fams.render()
 }
 
+/// The address `--listen` names, in the forms Prometheus exporters take
+/// (`--web.listen-address`): `HOST:PORT` (a name, an IPv4 address or a bracketed IPv6 one),
+/// `:PORT` for every interface, and a bare `PORT` as the same.
+pub fn listen_addr(listen: &str) -> Result<String, String> {
+    let s = listen.trim();
+    let port_only = s.strip_prefix(':').unwrap_or(s);
+    if !port_only.is_empty() && port_only.bytes().all(|b| b.is_ascii_digit()) {
+        let port: u16 = port_only.parse().map_err(|_| format!("--listen `{listen}`: the port must be 0 to 65535"))?;
+        return Ok(format!("0.0.0.0:{port}"));
+    }
+    match s.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(s.to_string()),
+        _ => Err(format!(
+            "--listen `{listen}`: give HOST:PORT (127.0.0.1:9835, [::1]:9835, localhost:9835), :PORT or PORT \
+             (every interface)"
+        )),
+    }
+}
+
 /// Serves `/metrics` on `listen` until the process is stopped; prints the address it bound
 /// (a port of 0 picks a free one) as the first line on stdout.
 pub fn run(listen: &str, dir: &Path) -> Result<(), String> {
+    let listen = &listen_addr(listen)?;
     // A directory that is there but refused is an error at once, not a silent empty scrape.
     live::list(dir).map_err(|e| e.to_string())?;
     let server = tiny_http::Server::http(listen).map_err(|e| format!("cannot listen on {listen}: {e}"))?;
@@ -166,5 +186,18 @@ mod tests {
         // Every family's samples follow its TYPE line, before the next family.
         let b_type = out.find("# TYPE m_b").unwrap();
         assert!(out.rfind("m_a{").unwrap() < b_type);
+    }
+
+    #[test]
+    fn listen_takes_the_forms_prometheus_exporters_take() {
+        assert_eq!(listen_addr(":9837").unwrap(), "0.0.0.0:9837");
+        assert_eq!(listen_addr("9837").unwrap(), "0.0.0.0:9837");
+        assert_eq!(listen_addr("127.0.0.1:9835").unwrap(), "127.0.0.1:9835");
+        assert_eq!(listen_addr("[::1]:0").unwrap(), "[::1]:0");
+        assert_eq!(listen_addr("localhost:9835").unwrap(), "localhost:9835");
+        for bad in ["", ":", "99999", ":70000", "host", "host:", ":port", "1.2.3.4:99999"] {
+            let e = listen_addr(bad).unwrap_err();
+            assert!(e.contains(&format!("`{bad}`")), "{bad}: {e}");
+        }
     }
 }
