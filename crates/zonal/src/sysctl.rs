@@ -82,8 +82,17 @@ impl Zonal {
         TUNABLES.iter().map(|t| (t.name, self.tunable_value(t))).collect()
     }
 
-    /// Applies `ZONAL_<NAME>` from the environment for every tunable (at build time).
+    /// Applies `ZONAL_<NAME>` from the environment for every tunable (at build time), after
+    /// warning once per process of any `ZONAL_` variable zonal does not read.
     pub(crate) fn sysctl_from_env(&self) -> Result<()> {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            for name in std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()) {
+                if let Some(w) = unknown_env_warning(&name) {
+                    eprintln!("zonal: warning: {w}");
+                }
+            }
+        });
         for t in TUNABLES {
             let var = format!("ZONAL_{}", t.name.to_ascii_uppercase());
             if let Ok(v) = std::env::var(&var) {
@@ -92,6 +101,61 @@ impl Zonal {
         }
         Ok(())
     }
+}
+
+/// The `ZONAL_` variables read outside the tunables' table: by the library (publishing,
+/// the socket directory, the rseq switch), by the `zonal` command's bench, and by the
+/// project's tests and CI scripts (`ZONAL_TEST_*` are the tests' own).
+pub const OTHER_ENV: &[&str] = &[
+    "ZONAL_PUBLISH",
+    "ZONAL_RUNTIME_DIR",
+    "ZONAL_NO_RSEQ",
+    "ZONAL_NUMAB_SECONDS",
+    "ZONAL_NUMAB_REMOTE_PENALTY_NS",
+    "ZONAL_BENCH_HISTORY_RUN",
+    "ZONAL_CHAOS_SECS",
+    "ZONAL_FUZZ_SECONDS",
+    "ZONAL_BLESS",
+];
+
+/// What to say of an environment variable named like zonal's that zonal does not read
+/// (`ZONAL_MIN_FREE_KBYTE=8192` would otherwise be ignored without a word), with the
+/// nearest known name when one is close; `None` for any other variable.
+fn unknown_env_warning(name: &str) -> Option<String> {
+    let rest = name.strip_prefix("ZONAL_")?;
+    if rest.starts_with("TEST_") || OTHER_ENV.contains(&name) {
+        return None;
+    }
+    let known = TUNABLES
+        .iter()
+        .map(|t| format!("ZONAL_{}", t.name.to_ascii_uppercase()))
+        .chain(OTHER_ENV.iter().map(|s| s.to_string()));
+    if known.clone().any(|k| k == name) {
+        return None;
+    }
+    let nearest = known.map(|k| (edit_distance(&k, name), k)).min().filter(|(d, _)| *d <= 3);
+    Some(match nearest {
+        Some((_, k)) => format!("{name} is not a variable zonal reads; did you mean {k}? (ignored)"),
+        None => format!(
+            "{name} is not a variable zonal reads (ignored); tunables are ZONAL_<NAME> for the names `zonal sysctl -a` lists"
+        ),
+    })
+}
+
+/// Levenshtein distance over bytes (names are ASCII).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, &ca) in a.iter().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 /// A bounded value as the `u32` its setter takes (the bounds keep it there; a table whose
@@ -103,6 +167,21 @@ fn as_u32(t: &Tunable, n: u64) -> Result<u32> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unknown_zonal_variables_are_named_with_the_nearest_known_one() {
+        let w = unknown_env_warning("ZONAL_MIN_FREE_KBYTE").expect("a mistyped tunable is warned of");
+        assert!(w.contains("did you mean ZONAL_MIN_FREE_KBYTES?"), "{w}");
+        let w = unknown_env_warning("ZONAL_PUBLSH").unwrap();
+        assert!(w.contains("ZONAL_PUBLISH?"), "{w}");
+        let w = unknown_env_warning("ZONAL_SOMETHING_ELSE_ENTIRELY").unwrap();
+        assert!(w.contains("sysctl -a") && !w.contains("did you mean"), "{w}");
+        for quiet in ["ZONAL_MIN_FREE_KBYTES", "ZONAL_PUBLISH", "ZONAL_TEST_ANYTHING", "PATH", "XZONAL_X"] {
+            assert_eq!(unknown_env_warning(quiet), None, "{quiet}");
+        }
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "abc"), 3);
+    }
     use crate::topology::{Machine, Topology};
     use crate::Config;
 

@@ -224,11 +224,7 @@ fn check_bounds(t: &Tunable, n: u64) -> Result<u64> {
         Bounds::Choice(words) => (n as usize) < words.len(),
     };
     if !ok {
-        return Err(Error::InvalidConfig(format!(
-            "{}: {n} is out of range (outside its bounds); {}",
-            t.name,
-            describe_bounds(t.bounds)
-        )));
+        return Err(Error::InvalidConfig(format!("{}: {n} is out of range; {}", t.name, describe_bounds(t.bounds))));
     }
     Ok(n)
 }
