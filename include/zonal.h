@@ -120,16 +120,6 @@ extern "C" {
  */
 #define ZONAL_REPORT_PROMETHEUS 6
 
-/*
- The longest request line a server reads, newline included.
- */
-#define MAX_REQUEST 4096
-
-/*
- The longest reply a client reads.
- */
-#define MAX_REPLY (64 << 20)
-
 
 
 

@@ -25,6 +25,21 @@ fn header_is_current() {
         checked_in == generated,
         "include/zonal.h is stale: regenerate it with `ZONAL_BLESS=1 cargo test -p zonal --test header`"
     );
+    // Nothing the header defines may take a name of the includer's: every macro, type and
+    // function it declares carries the library's prefix (the crate's other public
+    // constants stay Rust-side, excluded in cbindgen.toml).
+    for line in generated.lines() {
+        let name = if let Some(rest) = line.strip_prefix("#define ") {
+            rest.split_whitespace().next()
+        } else if let Some(rest) = line.strip_prefix("typedef ") {
+            rest.split_whitespace().last()
+        } else {
+            ["struct ", "enum "].iter().find_map(|p| line.strip_prefix(p)).and_then(|r| r.split_whitespace().next())
+        };
+        if let Some(name) = name.map(|n| n.trim_matches(|c| c == '*' || c == ';' || c == '{')) {
+            assert!(name.to_ascii_lowercase().starts_with("zonal"), "include/zonal.h declares `{name}` ({line})");
+        }
+    }
     for f in ["zonal_create", "zonal_alloc_pages_bulk_array", "zonal_free_pages_bulk", "zonal_report"] {
         assert!(generated.contains(f), "{f} missing from the header");
     }
