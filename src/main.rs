@@ -200,6 +200,8 @@ enum Command {
     /// alloc + free pairs, page_bench01, beside snmalloc, tcmalloc, mimalloc, jemalloc, glibc,
     /// the kernel and an ideal per-thread stack), parallel (T threads, page_bench03), bulk
     /// (N pages per call, page_bench04_bulk), cross (allocated on one CPU, freed on another),
+    /// mixed (every CPU on one zone, each thread keeping 4096 frames and freeing half of them
+    /// itself, handing half to the next CPU's thread),
     /// threshold (seed 000's NUMA counter threshold), modes (seed 001's numa_stats_mode),
     /// stats (seed 002: shared against per-CPU NUMA counters, per-page against batched bulk
     /// accounting), zlc (seed 003: the zonelist cache on 8 and 28 fake nodes), numab (seed 004:
@@ -659,6 +661,7 @@ fn run(cli: Cli, publish: bool) -> Result<(), String> {
                     "parallel" => bench::parallel::run(&z, &opts)?,
                     "bulk" => bench::bulk::run(&z, &opts)?,
                     "cross" => bench::cross::run(&z, &opts)?,
+                    "mixed" => bench::mixed::run(&z, &opts)?,
                     "threshold" => bench::vmstat_exp::run_threshold(&z, &opts)?,
                     "modes" => bench::vmstat_exp::run_modes(&z, &opts)?,
                     "stats" => bench::vmstat_exp::run_stats(&z, &opts)?,

@@ -11,6 +11,7 @@ pub mod bulk;
 pub mod cross;
 pub mod history;
 pub mod lockstep;
+pub mod mixed;
 pub mod numab;
 pub mod output;
 pub mod page_api;
@@ -31,6 +32,10 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
     ("parallel", "T threads each doing single, T = 1 .. nproc and 2 × nproc (page_bench03)"),
     ("bulk", "N = 1 .. 128 pages per bulk call, array and list forms (page_bench04_bulk)"),
     ("cross", "one thread allocates, another on the other CPU frees"),
+    (
+        "mixed",
+        "every CPU on one zone, each thread keeping 4096 frames, freeing half itself and handing half to the next CPU",
+    ),
     ("threshold", "seed 000: the NUMA counter threshold swept, all CPUs on one zone"),
     ("modes", "seed 001: numa_stats_mode strict, coarse, auto before and after a read"),
     (
@@ -46,7 +51,7 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
 ];
 
 /// The experiments with tcmalloc among their peers.
-pub const WITH_TCMALLOC: &[&str] = &["single", "parallel", "bulk", "cross"];
+pub const WITH_TCMALLOC: &[&str] = &["single", "parallel", "bulk", "cross", "mixed"];
 
 /// The subject whose name `--only` must keep for the experiments that measure zonal alone
 /// (threshold, modes, stats, zlc, numab) to run.
@@ -63,7 +68,7 @@ pub const MAIN_PROCESS: &str = "main";
 pub const CHILD_PROCESS: &str = "tcmalloc-child";
 
 /// The subjects an experiment can measure, by name, for `--only` to choose among: the
-/// measured subjects of single, parallel, bulk and cross; `zonal pcp` for the others, which
+/// measured subjects of single, parallel, bulk, cross and mixed; `zonal pcp` for the others, which
 /// measure zonal alone and run when `--only` keeps it.
 pub fn subject_names(experiment: &str) -> Vec<String> {
     match experiment {
@@ -71,6 +76,7 @@ pub fn subject_names(experiment: &str) -> Vec<String> {
         "parallel" => parallel::names(),
         "bulk" => bulk::names(),
         "cross" => cross::names(),
+        "mixed" => mixed::names(),
         _ => vec![ZONAL_ALONE.into()],
     }
 }

@@ -210,8 +210,14 @@ impl PageAlloc for ZonalPages<'_> {
 /// The floor: a per-thread stack of page addresses (no memory behind them is touched).
 pub struct IdealStack;
 
+/// The addresses each thread's ideal stack starts with: room for `mixed`'s population of
+/// 4,096 frames per thread and for the frames its neighbour has not handed back yet (the
+/// other experiments use the top few).
+const IDEAL_ADDRESSES: usize = 16_384;
+
 thread_local! {
-    static STACK: RefCell<Vec<usize>> = RefCell::new((0..4096).map(|i| 0x1000_0000 + i * 4096).collect());
+    static STACK: RefCell<Vec<usize>> =
+        RefCell::new((0..IDEAL_ADDRESSES).map(|i| 0x1000_0000 + i * 4096).collect());
 }
 
 impl PageAlloc for IdealStack {

@@ -5,7 +5,8 @@
 //!
 //! - single, cross: ns per operation per subject (horizontal bars, a log axis when the
 //!   subjects span more than 20×);
-//! - parallel: ns per pair per thread against the thread count, a line per subject;
+//! - parallel, mixed: ns per operation per thread against the thread count, a line per
+//!   subject;
 //! - bulk: ns per page against N (log axes), a line per subject;
 //! - threshold: ns per pair per thread against the threshold, and the change against 125
 //!   beside seed 000's;
@@ -80,7 +81,18 @@ pub fn render(experiment: &str, recs: &[&Rec]) -> Result<String, String> {
                 "ns per pair",
             )?,
             "cross" => one_bar_each(&root, recs, "cross: allocated on cpu 0, freed on cpu 1", "ns per page")?,
-            "parallel" => parallel(&root, recs)?,
+            "parallel" => by_threads(
+                &root,
+                recs,
+                "parallel (page_bench03): T threads each doing order-0 pairs; median, whiskers min–max",
+                "ns per pair per thread",
+            )?,
+            "mixed" => by_threads(
+                &root,
+                recs,
+                "mixed: one zone, each thread freeing half its frames and handing half on; median, whiskers min–max",
+                "ns per page per thread",
+            )?,
             "bulk" => bulk(&root, recs)?,
             "threshold" => threshold(&root, recs)?,
             "modes" => modes(&root, recs)?,
@@ -546,13 +558,14 @@ fn by_subject(recs: &[&Rec], param: &str) -> Vec<(String, Vec<(f64, Sum)>)> {
         .collect()
 }
 
-fn parallel(root: &Area, recs: &[&Rec]) -> Result<(), String> {
+/// ns per operation per thread against the thread count, a line per subject.
+fn by_threads(root: &Area, recs: &[&Rec], title: &str, y_desc: &str) -> Result<(), String> {
     let series = by_subject(recs, "threads");
     let keys = distinct(recs.iter().filter_map(|r| r.params["threads"].as_f64()));
     let spec = Lines {
-        title: "parallel (page_bench03): T threads each doing order-0 pairs; median, whiskers min–max".into(),
+        title: title.into(),
         x_desc: "threads (log scale)",
-        y_desc: "ns per pair per thread",
+        y_desc,
         series,
         x_names: None,
         markers: Vec::new(),
@@ -838,6 +851,7 @@ mod tests {
         }
         for t in [1, 2, 4] {
             v.push(rec("parallel", "zonal pcp", json!({"threads": t}), 4.0 * t as f64, "main"));
+            v.push(rec("mixed", "zonal pcp one node", json!({"threads": t}), 5.0 * t as f64, "main"));
         }
         for (t, c) in [("32", 799), ("125", 537), ("off", 342)] {
             for threads in [2, 4] {
@@ -882,6 +896,7 @@ mod tests {
         for (e, want) in [
             ("bulk", vec!["zonal bulk array", "mimalloc", "N, pages per call (log scale)"]),
             ("parallel", vec!["zonal pcp", "threads (log scale)"]),
+            ("mixed", vec!["zonal pcp one node", "ns per page per thread"]),
             ("threshold", vec!["zonal, 2 threads", "seed 000, 88 threads (cycles)", "off"]),
             ("modes", vec!["strict"]),
             ("stats", vec!["shared", "percpu", "bulk_accounting per_page"]),

@@ -1,0 +1,247 @@
+//! `mixed`: mixed traffic on one zone (issue 38). Every CPU on one node; T threads, thread `t`
+//! bound to CPU `t % nproc`, each keeping a steady population of [`LIVE`] order-0 frames:
+//! every step allocates a frame, and once the population is full gives up its oldest, freeing
+//! it itself on one step and handing it to the next thread (`t + 1`, through a bounded queue
+//! as `cross` passes frames) on the next; every thread frees what its previous thread hands
+//! it as it arrives. So half the frees are local and half cross CPUs, and frames are not all
+//! freed at once, as in a server whose network receive and application run on different
+//! CPUs. ns per page (an allocation and, somewhere, its free) per thread, beside the peers,
+//! the ideal per-thread stack and the tcmalloc child's per-CPU caches; targets: zonal's
+//! figure over mimalloc at most tcmalloc per-CPU's over its own mimalloc (at the end of the
+//! report), and the per-thread rate at T = 2 at least 90% of T = 1.
+
+use super::page_api::{peer_names, IdealStack, PageAlloc, ZonalPages, IDEAL};
+use super::parallel::{on_bound_threads, sweep, table, Cell, ONE_NODE};
+use super::{print_table, BenchOpts, Record};
+use crossbeam_queue::ArrayQueue;
+use serde_json::json;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+use zonal::Zonal;
+
+/// The frames each thread keeps allocated.
+pub const LIVE: usize = 4096;
+
+/// The bound of the queue into each thread (as `cross`'s).
+const QUEUE: usize = 256;
+
+/// The per-thread rate at T = 2 that the target asks for, as a share of T = 1's.
+pub const SCALING_TARGET: f64 = 0.90;
+
+/// The reference of the table's ratios (as `single`'s, so the target line at the end of the
+/// report compares zonal's ratio to tcmalloc per-CPU's over the child's own mimalloc).
+pub const REFERENCE: &str = "mimalloc";
+
+/// The frames handed to one thread, and whether the thread that hands them has finished.
+struct Inbox {
+    queue: ArrayQueue<usize>,
+    sender_done: AtomicBool,
+}
+
+impl Inbox {
+    fn new() -> Inbox {
+        Inbox { queue: ArrayQueue::new(QUEUE), sender_done: AtomicBool::new(false) }
+    }
+
+    /// Frees every frame waiting here.
+    #[inline]
+    fn free_all<A: PageAlloc>(&self, a: &A) {
+        while let Some(p) = self.queue.pop() {
+            a.free(p as *mut u8);
+        }
+    }
+
+    /// Hands `p` to this inbox's thread, or frees it here when its queue is full. A thread
+    /// never waits for another: where `cross` waits, two threads waiting on each other's
+    /// queues measured the scheduler on this shared machine (every subject, the ideal stack
+    /// too, at ~2 µs a page, and cells 40 times their length), while with both threads running
+    /// the queues stay far from full, each thread handing as many frames as it is handed.
+    #[inline]
+    fn hand<A: PageAlloc>(&self, p: usize, a: &A) {
+        if let Err(back) = self.queue.push(p) {
+            a.free(back as *mut u8);
+        }
+    }
+}
+
+/// `n` steps on each of `threads` threads ([`on_bound_threads`]), each after filling its
+/// population of [`LIVE`] frames (not timed); returns (mean ns per page per thread, total
+/// pages per µs: the sum of the threads' rates). A subject that runs out (the ideal stack, whose
+/// addresses move to the thread that frees them, should one thread outrun the other) skips the
+/// step's allocation, which is then not counted as a page.
+pub fn cell<A: PageAlloc>(a: &A, threads: usize, n: u64) -> (f64, f64) {
+    let inboxes: Vec<Inbox> = (0..threads).map(|_| Inbox::new()).collect();
+    let (per_thread, _) = on_bound_threads(threads, |t, start| {
+        let (own, next) = (&inboxes[t], &inboxes[(t + 1) % threads]);
+        let mut live: VecDeque<usize> = VecDeque::with_capacity(LIVE);
+        while live.len() < LIVE {
+            let p = a.alloc();
+            if p.is_null() {
+                break;
+            }
+            live.push_back(p as usize);
+        }
+        start.wait();
+        let began = Instant::now();
+        let mut pages = 0u64;
+        for i in 0..n {
+            own.free_all(a);
+            if live.len() >= LIVE {
+                let old = live.pop_front().expect("the population is full");
+                if i % 2 == 0 {
+                    a.free(old as *mut u8);
+                } else {
+                    next.hand(old, a);
+                }
+            }
+            let p = a.alloc();
+            if !p.is_null() {
+                live.push_back(p as usize);
+                pages += 1;
+            }
+        }
+        let ns = began.elapsed().as_nanos() as f64 / pages.max(1) as f64;
+        // Not timed: the population goes back, and what the previous thread still hands is
+        // freed until it has handed everything (its pushes come before its flag).
+        next.sender_done.store(true, Ordering::Release);
+        live.drain(..).for_each(|p| a.free(p as *mut u8));
+        loop {
+            let done = own.sender_done.load(Ordering::Acquire);
+            own.free_all(a);
+            if done {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        ns
+    });
+    let mean = per_thread.iter().sum::<f64>() / threads as f64;
+    (mean, per_thread.iter().map(|ns| 1000.0 / ns).sum())
+}
+
+fn subject<'a, A: PageAlloc + 'a>(a: A) -> (String, Cell<'a>) {
+    (a.name(), Box::new(move |t, n| cell(&a, t, n)))
+}
+
+/// Every subject of the experiment (name, cell), before `--only` chooses: the ideal stack,
+/// zonal on `shared` (every CPU on one node) and the peers.
+fn subjects(shared: &Zonal) -> Vec<(String, Cell<'_>)> {
+    let mut subjects = vec![subject(IdealStack), subject(ZonalPages { z: shared, label: ONE_NODE, bulk: None })];
+    subjects.extend(crate::peer_subjects!(subject));
+    subjects
+}
+
+/// The names of [`subjects`], without building an allocator.
+pub fn names() -> Vec<String> {
+    let mut names = vec![IDEAL.to_string(), ONE_NODE.into()];
+    names.extend(peer_names());
+    names
+}
+
+/// The thread counts: 1, 2 and nproc, those the machine has CPUs for.
+pub fn thread_counts(nproc: usize) -> Vec<usize> {
+    let mut ts: Vec<usize> = [1, 2, nproc].into_iter().filter(|&t| t <= nproc.max(1)).collect();
+    ts.dedup();
+    ts
+}
+
+/// The one-node handle's size: the run's memory, or more when the populations, the queues and
+/// the lists of every CPU would not fit in a quarter of it.
+pub fn one_node_bytes(total: u64, nproc: usize) -> u64 {
+    const MIB4: u64 = 4 << 20;
+    let need = 4 * (nproc * (LIVE + QUEUE)) as u64 * zonal::PAGE_SIZE as u64;
+    total.max(need.div_ceil(MIB4) * MIB4)
+}
+
+/// Runs the experiment, prints its table and returns its records.
+pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
+    let nproc = zonal::cpu::nr_cpus_online().max(1);
+    let total: u64 = z.topology().nodes().iter().map(|n| n.mem_bytes).sum();
+    let shared = super::one_node(opts, one_node_bytes(total, nproc))?;
+    let mut subjects = subjects(&shared);
+    subjects.retain(|(n, _)| opts.keeps(n));
+    if super::only_reference_left(subjects.iter().map(|(n, _)| n)) {
+        return Ok(Vec::new());
+    }
+    let names: Vec<String> = subjects.iter().map(|(n, _)| n.clone()).collect();
+    let ts = thread_counts(nproc);
+    let cells: Vec<&Cell<'_>> = subjects.iter().map(|(_, c)| c).collect();
+    let sw = sweep(&cells, &ts, opts, "mixed", 20_000, |_, _| {});
+    println!(
+        "mixed: every CPU on one zone; T threads each keeping {LIVE} order-0 frames, freeing half its oldest \
+         itself and handing half to the next thread to free; {} repetitions; ns per page per thread (× {REFERENCE}), \
+         total Mpages/s",
+        opts.reps
+    );
+    let reference = super::index_of(&names, REFERENCE).expect("the reference is always kept");
+    let params = |t: usize| json!({"threads": t, "order": 0, "live_per_thread": LIVE});
+    let kind = ("mixed", "total_mpages_per_s");
+    let (rows, records) = table(kind, &names, &ts, &sw, opts, |_| reference, params);
+    let mut header = vec!["T".to_string()];
+    header.extend(names.iter().cloned());
+    let h: Vec<&str> = header.iter().map(String::as_str).collect();
+    print_table(&h, &rows);
+    // The target (issue 38): T = 2 against T = 1 in this pattern, with the ideal stack, which
+    // shares nothing, as the control (what the machine allows).
+    if let Some(two) = ts.iter().position(|&t| t == 2) {
+        let scaling = |name: &str| super::index_of(&names, name).map(|i| sw.scaling(two, i));
+        if let Some(one) = scaling(ONE_NODE) {
+            println!(
+                "target: per-thread rate at T = 2 against T = 1 in the mixed pattern, every CPU on one zone: {:.0}% \
+                 (≥ {:.0}%: {})",
+                one * 100.0,
+                SCALING_TARGET * 100.0,
+                super::verdict(one >= SCALING_TARGET)
+            );
+            if let Some(ideal) = scaling(IDEAL) {
+                println!("  control in the same run: the ideal per-thread stack: {:.0}%", ideal * 100.0);
+            }
+        }
+    }
+    println!();
+    Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_the_subjects_names() {
+        let shared = super::super::tests::small_zonal();
+        let built: Vec<String> = subjects(&shared).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(built, names());
+    }
+
+    #[test]
+    fn thread_counts_are_one_two_and_nproc() {
+        assert_eq!(thread_counts(1), [1]);
+        assert_eq!(thread_counts(2), [1, 2]);
+        assert_eq!(thread_counts(8), [1, 2, 8]);
+    }
+
+    #[test]
+    fn the_one_node_handle_holds_every_population() {
+        assert_eq!(one_node_bytes(128 << 20, 2), 136 << 20);
+        assert_eq!(one_node_bytes(1 << 30, 2), 1 << 30);
+        assert_eq!(one_node_bytes(128 << 20, 64) % (4 << 20), 0);
+    }
+
+    /// Every frame the cell allocates comes back, whichever thread frees it, at every thread
+    /// count (the population, the frames in the queues, those handed after a thread's last step).
+    #[test]
+    fn the_cell_gives_every_frame_back() {
+        let topo = zonal::Topology::parse("nodes=1,size=256M").expect("a valid spec");
+        let z = Zonal::new(zonal::Config::new(topo)).expect("an allocator");
+        let a = ZonalPages { z: &z, label: ONE_NODE, bulk: None };
+        for threads in [1, 2, 3] {
+            let (ns, rate) = cell(&a, threads, 3 * LIVE as u64);
+            assert!(ns > 0.0 && rate > 0.0, "{threads} threads: {ns} ns, {rate} pages/µs");
+        }
+        let _ = zonal::cpu::allow_all_cpus();
+        assert_eq!(z.check_invariants(), Ok(0));
+        let (ns, _) = cell(&IdealStack, 2, 3 * LIVE as u64);
+        assert!(ns > 0.0);
+    }
+}
