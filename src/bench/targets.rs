@@ -1,6 +1,6 @@
-//! Issue 12's targets, from the records of one `zonal bench` run (the main process's and the
-//! tcmalloc child's): each target with its figures and its verdict, printed at the end of the
-//! report. A target whose figures this run did not measure (an experiment left out, `--only`,
+//! Issue 12's and issue 38's targets, from the records of one `zonal bench` run (the main
+//! process's and the tcmalloc child's): each target with its figures and its verdict, printed
+//! at the end of the report. A target whose figures this run did not measure (an experiment left out, `--only`,
 //! or no child) is said to be unmeasured, not passed.
 
 use serde_json::Value;
@@ -39,7 +39,7 @@ const MAIN: &str = super::MAIN_PROCESS;
 const CHILD: &str = super::CHILD_PROCESS;
 const TCMALLOC: &str = "tcmalloc (rseq per-CPU)";
 
-/// Every target of issue 12 against `records`.
+/// Every target of issues 12 and 38 against `records`.
 pub fn evaluate(records: &[Value]) -> Vec<Target> {
     let order0 = [("order", 0)];
     // A cell's ratio to the mimalloc measured in the same process, paired by repetition as
@@ -76,6 +76,18 @@ pub fn evaluate(records: &[Value]) -> Vec<Target> {
         Some((format!("{r:.2} × the ideal stack (≤ {limit})"), r <= limit))
     };
     let ideal = super::page_api::IDEAL;
+    // A per-thread rate at T = 2 over T = 1's (`subject` at T = 2, `base` at T = 1: ns over
+    // ns, paired by repetition), beside the ideal stack's in the same run.
+    let scaling = |experiment: &str, subject: &str, base: &str| {
+        let rate = |subject: &str, base: &str| {
+            let t1 = find(records, MAIN, experiment, base, &[("threads", 1)])?;
+            super::record_ratio(t1, find(records, MAIN, experiment, subject, &[("threads", 2)])?)
+        };
+        let ours = rate(subject, base)?;
+        let control = rate(ideal, ideal).map_or(String::new(), |r| format!("; the ideal stack {:.0}%", r * 100.0));
+        Some((format!("{:.0}% of T = 1 (≥ 90%){control}", ours * 100.0), ours >= 0.90))
+    };
+    let one_node = super::parallel::ONE_NODE;
     let bulk128 = [("batch", 128)];
     let bulk1 = [("batch", 1)];
     vec![
@@ -115,12 +127,32 @@ pub fn evaluate(records: &[Value]) -> Vec<Target> {
                 .reduce(f64::max)
                 .map(|r| (format!("{r:.2} (the worst thread count)"), r <= 0.45)),
         },
+        Target {
+            name: "mixed traffic, T = 1, ≤ Google tcmalloc per-CPU",
+            figures: vs_tcmalloc("mixed", one_node, &[("threads", 1)]),
+        },
+        Target {
+            name: "mixed traffic, T = 2, ≤ Google tcmalloc per-CPU",
+            figures: vs_tcmalloc("mixed", one_node, &[("threads", 2)]),
+        },
+        Target {
+            name: "mixed traffic, one zone, per-thread rate at T = 2",
+            figures: scaling("mixed", one_node, one_node),
+        },
+        Target {
+            name: "parallel, one zone, per-thread rate at T = 2, fresh handle",
+            figures: scaling("parallel", one_node, one_node),
+        },
+        Target {
+            name: "parallel, one zone, per-thread rate at T = 2 right after a cross phase",
+            figures: scaling("parallel", super::parallel::AFTER_CROSS, one_node),
+        },
     ]
 }
 
 /// Prints the targets after the report.
 pub fn print(records: &[Value]) {
-    println!("issue 12's targets in this run:");
+    println!("issues 12 and 38's targets in this run:");
     for t in evaluate(records) {
         match t.figures {
             Some((f, met)) => println!("  {}: {f}: {}", t.name, super::verdict(met)),
@@ -161,7 +193,8 @@ mod tests {
         ];
         let t = evaluate(&records);
         let verdicts: Vec<Option<bool>> = t.iter().map(|t| t.figures.as_ref().map(|f| f.1)).collect();
-        assert_eq!(verdicts, [Some(false), Some(true), None, None, Some(false), Some(false), Some(true)]);
+        assert_eq!(verdicts[..7], [Some(false), Some(true), None, None, Some(false), Some(false), Some(true)]);
+        assert_eq!(verdicts[7..], [None; 5], "issue 38's experiments did not run");
         assert!(t[0].figures.as_ref().unwrap().0.contains("zonal 0.80 × mimalloc, tcmalloc per-CPU 0.40"));
         assert!(t[5].figures.as_ref().unwrap().0.contains("zonal 0.30 × mimalloc, tcmalloc per-CPU 0.25"));
         let ns = "(ns, its repetitions in lockstep: zonal 30.00, tcmalloc per-CPU 27.00)";
@@ -185,5 +218,40 @@ mod tests {
                 true
             )
         );
+    }
+
+    #[test]
+    fn issue_38s_targets_read_mixed_and_parallel_by_thread_count() {
+        let ideal = super::super::page_api::IDEAL;
+        let one = super::super::parallel::ONE_NODE;
+        let after = super::super::parallel::AFTER_CROSS;
+        let t = |threads: u64| json!({"threads": threads, "order": 0});
+        let records = vec![
+            // mixed: zonal 0.30 × mimalloc at T = 2, tcmalloc per-CPU 0.40 × its own; T = 1
+            // 0.50 against 0.40.
+            rec(MAIN, "mixed", one, t(1), 10.0, 1.0),
+            rec(MAIN, "mixed", "mimalloc", t(1), 20.0, 1.0),
+            rec(CHILD, "mixed", TCMALLOC, t(1), 8.0, 1.0),
+            rec(CHILD, "mixed", "mimalloc", t(1), 20.0, 1.0),
+            rec(MAIN, "mixed", one, t(2), 12.0, 1.0),
+            rec(MAIN, "mixed", "mimalloc", t(2), 40.0, 1.0),
+            rec(CHILD, "mixed", TCMALLOC, t(2), 16.0, 1.0),
+            rec(CHILD, "mixed", "mimalloc", t(2), 40.0, 1.0),
+            rec(MAIN, "mixed", ideal, t(1), 4.0, 1.0),
+            rec(MAIN, "mixed", ideal, t(2), 5.0, 1.0),
+            // parallel: 10 ns at T = 1, 10.5 fresh at T = 2 (95%), 20 after cross (50%).
+            rec(MAIN, "parallel", one, t(1), 10.0, 1.0),
+            rec(MAIN, "parallel", one, t(2), 10.5, 1.0),
+            rec(MAIN, "parallel", after, t(2), 20.0, 1.0),
+            rec(MAIN, "parallel", ideal, t(1), 2.0, 1.0),
+            rec(MAIN, "parallel", ideal, t(2), 2.0, 1.0),
+        ];
+        let t = evaluate(&records);
+        let figures: Vec<(String, bool)> = t[7..].iter().map(|t| t.figures.clone().expect("measured")).collect();
+        assert!(figures[0].0.starts_with("zonal 0.50 × mimalloc, tcmalloc per-CPU 0.40") && !figures[0].1);
+        assert!(figures[1].0.starts_with("zonal 0.30 × mimalloc, tcmalloc per-CPU 0.40") && figures[1].1);
+        assert_eq!(figures[2], ("83% of T = 1 (≥ 90%); the ideal stack 80%".to_string(), false));
+        assert_eq!(figures[3], ("95% of T = 1 (≥ 90%); the ideal stack 100%".to_string(), true));
+        assert_eq!(figures[4], ("50% of T = 1 (≥ 90%); the ideal stack 100%".to_string(), false));
     }
 }
