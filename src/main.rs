@@ -692,7 +692,7 @@ fn run(cli: Cli, publish: bool) -> Result<(), String> {
             }
             if let Some(dir) = plot {
                 // The history's runs alone are for its comparison, not another set of curves.
-                records.retain(|r| r["process"] != bench::history::ALONE_PROCESS);
+                records.retain(|r| !bench::history::is_history(r));
                 for path in bench::plot::write_all(dir, &records)? {
                     eprintln!("wrote {}", path.display());
                 }

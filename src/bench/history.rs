@@ -26,31 +26,76 @@
 
 use serde_json::Value;
 
-/// The experiments whose history is checked (those of issue 12's table), in report order.
-pub const EXPERIMENTS: &[&str] = &["single", "parallel", "bulk", "cross", "zlc"];
+/// The experiments whose history is checked (those of issue 12's table, and issue 38's
+/// mixed traffic), in report order.
+pub const EXPERIMENTS: &[&str] = &["single", "parallel", "bulk", "cross", "mixed", "zlc"];
 
 /// The `process` field given to the records of the experiments run alone.
 pub const ALONE_PROCESS: &str = "alone";
 
+/// The `process` field of the records of `parallel` run right after `cross` in a fresh
+/// process of their own: the history's other order (issue 38). The full run has `parallel`
+/// before `cross`, and a frame freed on another CPU than the one that allocated it changes
+/// what the allocating CPU's lists share with the freeing CPU's; this order measures what
+/// `cross` leaves in the run's handle for `parallel`, against `parallel` alone.
+pub const AFTER_CROSS_PROCESS: &str = "after-cross";
+
+/// Whether a record is one of the history's runs (alone, or in its other order), which are
+/// for its comparison and not another set of curves.
+pub fn is_history(r: &Value) -> bool {
+    r["process"] == ALONE_PROCESS || r["process"] == AFTER_CROSS_PROCESS
+}
+
+/// Set in the environment of the history's own processes: one that runs two experiments
+/// (`cross`, then `parallel`) runs no history of its own.
+const NESTED: &str = "ZONAL_BENCH_HISTORY_RUN";
+
 /// How far a figure inside the full run may be from the same figure alone.
 pub const TOLERANCE: f64 = 0.15;
 
+/// The fresh processes the history runs for `experiments` (those of [`EXPERIMENTS`]): each
+/// one's experiments in order, each with the `process` its records get. Each experiment runs
+/// alone, first in its own process; where the run had both `cross` and `parallel`, `cross`'s
+/// process runs `parallel` right after it (the other order), `parallel` still running alone
+/// in its own.
+fn processes<'a>(experiments: &[&'a str]) -> Vec<Vec<(&'a str, &'static str)>> {
+    let ran: Vec<&str> = experiments.iter().copied().filter(|e| EXPERIMENTS.contains(e)).collect();
+    ran.iter()
+        .map(|&e| {
+            let mut p = vec![(e, ALONE_PROCESS)];
+            if e == "cross" {
+                p.extend(ran.iter().filter(|&&o| o == "parallel").map(|&o| (o, AFTER_CROSS_PROCESS)));
+            }
+            p
+        })
+        .collect()
+}
+
 /// Runs each of `experiments` that [`EXPERIMENTS`] lists in a fresh process of its own, with
-/// the main run's repetitions, cell time, global arguments and subjects; returns their
-/// records, tagged [`ALONE_PROCESS`]. The children's tables are not
-/// printed (the comparison is), nor their stderr unless one fails; with the run's progress
-/// on, stderr says which one runs.
+/// the main run's repetitions, cell time, global arguments and subjects, and `parallel` again
+/// right after `cross` ([`processes`]); returns their records, tagged [`ALONE_PROCESS`] or
+/// [`AFTER_CROSS_PROCESS`]. The children's tables are not printed (the comparison is), nor
+/// their stderr unless one fails; with the run's progress on, stderr says which one runs.
 pub fn run_alone(experiments: &[&str], opts: &super::BenchOpts, global_args: &[String]) -> Result<Vec<Value>, String> {
+    if std::env::var_os(NESTED).is_some() {
+        return Ok(Vec::new());
+    }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program to re-run it: {e}"))?;
     let mut records = Vec::new();
-    for &e in experiments.iter().filter(|e| EXPERIMENTS.contains(e)) {
+    for process in processes(experiments) {
+        let chosen: Vec<&str> = process.iter().map(|(e, _)| *e).collect();
+        let what = chosen.join(", then ");
         if opts.progress {
-            eprintln!("history: {e} alone, in a fresh process");
+            let then: String = chosen[1..].iter().map(|e| format!(", then {e} right after it")).collect();
+            eprintln!("history: {} alone{then}, in a fresh process", chosen[0]);
         }
         // The subjects the run measured, so that only the history differs: every subject of
-        // the experiment, or those the run's `--only` kept. A non-empty `--only` also keeps the
+        // the experiments, or those the run's `--only` kept. A non-empty `--only` also keeps the
         // tcmalloc child from running (its own process already has no history).
-        let all = super::subject_names(e);
+        let mut all: Vec<String> = Vec::new();
+        for e in &chosen {
+            all.extend(super::subject_names(e).into_iter().filter(|n| !all.contains(n)).collect::<Vec<_>>());
+        }
         let names: Vec<String> = if opts.only.is_empty() {
             all
         } else {
@@ -59,27 +104,31 @@ pub fn run_alone(experiments: &[&str], opts: &super::BenchOpts, global_args: &[S
         if names.is_empty() {
             continue;
         }
-        let out = std::env::temp_dir().join(format!("zonal-bench-alone-{}-{e}.json", std::process::id()));
+        let out = std::env::temp_dir().join(format!("zonal-bench-alone-{}-{}.json", std::process::id(), chosen[0]));
         // Its tables and its notes are not the report's: kept, and shown only if it fails.
         let run = std::process::Command::new(&exe)
             .args(global_args)
-            .args(["bench", e, "--only", &names.join(","), "--quiet"])
+            .arg("bench")
+            .args(&chosen)
+            .args(["--only", &names.join(","), "--quiet"])
             .args(["--reps", &opts.reps.to_string(), "--cell-ms", &opts.cell_time.as_millis().to_string()])
             .arg("--json")
             .arg(&out)
+            .env(NESTED, "1")
             .output()
-            .map_err(|err| format!("cannot run {e} alone: {err}"))?;
+            .map_err(|err| format!("cannot run {what} alone: {err}"))?;
         if !run.status.success() {
             let _ = std::fs::remove_file(&out);
             let said = String::from_utf8_lossy(&run.stderr);
-            return Err(format!("the process running {e} alone failed ({}): {}", run.status, said.trim()));
+            return Err(format!("the process running {what} alone failed ({}): {}", run.status, said.trim()));
         }
         let text = std::fs::read_to_string(&out).map_err(|err| format!("cannot read {}: {err}", out.display()));
         let _ = std::fs::remove_file(&out);
         let mut alone: Vec<Value> =
-            serde_json::from_str(&text?).map_err(|err| format!("bad JSON from {e} alone: {err}"))?;
+            serde_json::from_str(&text?).map_err(|err| format!("bad JSON from {what} alone: {err}"))?;
         for r in &mut alone {
-            r["process"] = Value::from(ALONE_PROCESS);
+            let tag = process.iter().find(|(e, _)| r["experiment"] == *e).map_or(ALONE_PROCESS, |(_, p)| p);
+            r["process"] = Value::from(tag);
         }
         records.extend(alone);
     }
@@ -240,18 +289,26 @@ pub fn print(records: &[Value], main_process: &str) {
         TOLERANCE * 100.0
     );
     for h in histories {
-        match (&h.worst, h.median()) {
-            (Some((cell, inside, alone)), Some(m)) => println!(
-                "    {}: median of {} cells {:+.0}%; the cell that moved most {:+.0}% ({cell}, {inside:.3} inside, \
-                 {alone:.3} alone): {}",
-                h.experiment,
-                h.shifts.len(),
-                (m - 1.0) * 100.0,
-                (inside / alone - 1.0) * 100.0,
-                super::verdict(h.met() == Some(true))
-            ),
-            _ => println!("    {}: no zonal cell measured both inside the run and alone", h.experiment),
-        }
+        print_line(&h.experiment, &h);
+    }
+    // The other order: parallel right after cross in a fresh process, against parallel alone.
+    for h in evaluate(records, AFTER_CROSS_PROCESS).into_iter().filter(|h| h.worst.is_some()) {
+        print_line(&format!("{} right after cross (in a fresh process)", h.experiment), &h);
+    }
+}
+
+/// One experiment's history line, under `label`.
+fn print_line(label: &str, h: &History) {
+    match (&h.worst, h.median()) {
+        (Some((cell, inside, alone)), Some(m)) => println!(
+            "    {label}: median of {} cells {:+.0}%; the cell that moved most {:+.0}% ({cell}, {inside:.3} inside, \
+             {alone:.3} alone): {}",
+            h.shifts.len(),
+            (m - 1.0) * 100.0,
+            (inside / alone - 1.0) * 100.0,
+            super::verdict(h.met() == Some(true))
+        ),
+        _ => println!("    {label}: no zonal cell measured both inside the run and alone"),
     }
 }
 
@@ -388,5 +445,38 @@ mod tests {
     fn nothing_alone_is_nothing_to_say() {
         let records = vec![rec("main", "single", "zonal pcp", "mimalloc", json!({"order": 0}), 8.0)];
         assert!(evaluate(&records, "main").is_empty());
+    }
+
+    #[test]
+    fn parallel_runs_again_right_after_cross_where_the_run_had_both() {
+        assert_eq!(
+            processes(&["single", "threshold", "cross"]),
+            [vec![("single", ALONE_PROCESS)], vec![("cross", ALONE_PROCESS)]]
+        );
+        assert_eq!(
+            processes(&["parallel", "cross", "mixed"]),
+            [
+                vec![("parallel", ALONE_PROCESS)],
+                vec![("cross", ALONE_PROCESS), ("parallel", AFTER_CROSS_PROCESS)],
+                vec![("mixed", ALONE_PROCESS)],
+            ]
+        );
+    }
+
+    #[test]
+    fn the_other_order_is_compared_with_the_same_experiment_alone() {
+        let t = |threads: u64| json!({"threads": threads, "order": 0});
+        let records = vec![
+            rec("main", "parallel", "zonal pcp", IDEAL, t(2), 6.0),
+            rec("main", "parallel", IDEAL, IDEAL, t(2), 2.0),
+            rec(AFTER_CROSS_PROCESS, "parallel", "zonal pcp", IDEAL, t(2), 12.0),
+            rec(AFTER_CROSS_PROCESS, "parallel", IDEAL, IDEAL, t(2), 2.0),
+            rec(ALONE_PROCESS, "parallel", "zonal pcp", IDEAL, t(2), 6.0),
+            rec(ALONE_PROCESS, "parallel", IDEAL, IDEAL, t(2), 2.0),
+        ];
+        let after = evaluate(&records, AFTER_CROSS_PROCESS);
+        assert_eq!((after[0].median(), after[0].met()), (Some(2.0), Some(false)), "twice as slow after cross");
+        assert_eq!(evaluate(&records, "main")[0].met(), Some(true));
+        assert!(is_history(&records[2]) && is_history(&records[4]) && !is_history(&records[0]));
     }
 }
