@@ -474,3 +474,138 @@ fn bench_plot_to_a_directory_that_cannot_be_made_fails_before_the_run() {
     assert!(!std::path::Path::new("/nonexistent").exists(), "--plot made a tree of directories");
     std::fs::remove_file(&file).unwrap();
 }
+
+/// CPUs this process may run on, as the bench counts them for its thread counts.
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The line of `s` that starts with `start`.
+fn line_of<'a>(s: &'a str, start: &str) -> &'a str {
+    s.lines().find(|l| l.starts_with(start)).unwrap_or_else(|| panic!("no line starting `{start}`: {s}"))
+}
+
+/// Issue 38's mixed traffic: a row per thread count (1, 2), every subject a column, its own
+/// target line, and the targets at the end of the report, each judged.
+#[test]
+fn bench_mixed_prints_its_rows_and_judges_its_targets() {
+    let o = zonal(&["bench", "mixed", "--reps", "1", "--cell-ms", "20", "--quiet"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    let header = line_of(&s, "mixed: every CPU on one zone; T threads each keeping 4096 order-0 frames");
+    assert!(header.contains("× mimalloc"), "{header}");
+    let columns = line_of(&s, "T  ideal per-thread stack");
+    for subject in ["zonal pcp one node", "snmalloc", "tcmalloc", "mimalloc", "jemalloc", "glibc malloc"] {
+        assert!(columns.contains(subject), "`{subject}` missing: {columns}");
+    }
+    assert!(line_of(&s, "1 ").contains("(1.00×)"), "mimalloc, the reference, at 1.00×: {s}");
+    let end = s.find("targets in this run:").expect("the targets at the end");
+    let judged = |l: &str| l.ends_with(": met") || l.ends_with(": not met") || l.ends_with("not measured in this run");
+    for t in
+        ["  mixed traffic, T = 1, ≤ Google tcmalloc per-CPU: ", "  mixed traffic, one zone, per-thread rate at T = 2"]
+    {
+        let l = line_of(&s[end..], t);
+        assert!(judged(l), "{l}");
+    }
+    if cpus() >= 2 {
+        assert!(line_of(&s, "2 ").contains("M/s"), "{s}");
+        let l = line_of(&s, "target: per-thread rate at T = 2 against T = 1 in the mixed pattern");
+        assert!(l.ends_with(": met)") || l.ends_with(": not met)"), "{l}");
+        let control = line_of(&s, "  control in the same run: the ideal per-thread stack: ");
+        assert!(control.ends_with('%'), "{control}");
+    }
+    if s.contains("mixed again in a child process") {
+        // The child's per-CPU tcmalloc is in the table after the main one's, and the
+        // comparison at the end is measured.
+        let l = line_of(&s[end..], "  mixed traffic, T = 1, ≤ Google tcmalloc per-CPU: ");
+        assert!(l.contains("zonal ") && l.contains("× its mimalloc"), "{l}");
+    }
+}
+
+/// The experiments' names: mixed is one, named in the help and in the list an unknown name
+/// gets; its subjects are `--only`'s to choose.
+#[test]
+fn bench_knows_mixed_and_still_refuses_an_unknown_experiment() {
+    let o = zonal(&["bench", "nosuch", "--reps", "1"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.starts_with("zonal: error: unknown experiment `nosuch`; experiments: single ("), "{e}");
+    assert!(e.contains("; mixed (every CPU on one zone"), "{e}");
+    assert!(stdout(&o).is_empty(), "{}", stdout(&o));
+    let help = stdout(&zonal(&["bench", "--help"]));
+    assert!(help.contains("mixed (every CPU on one zone"), "{help}");
+    let o = zonal(&["bench", "mixed", "--only", "zonal pcp,nosuch", "--reps", "1", "--cell-ms", "1"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("--only `nosuch` matches no subject; subjects of mixed: ideal per-thread stack, zonal pcp one node")
+    );
+    // A kept subject: zonal's column and mimalloc's, no other peer, no child.
+    let o = zonal(&["bench", "mixed", "--only", "zonal", "--reps", "1", "--cell-ms", "1", "--quiet"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let columns = line_of(&stdout(&o), "T  ").to_string();
+    assert_eq!(
+        columns.split("  ").map(str::trim).filter(|c| !c.is_empty()).collect::<Vec<_>>(),
+        ["T", "zonal pcp one node", "mimalloc"]
+    );
+}
+
+/// Issue 38: parallel's one-node T = 2 row again, right after a cross phase on the same
+/// handle, with its target judged beside the fresh handle's and the ideal stack as control.
+#[test]
+fn bench_parallel_measures_the_one_node_row_again_after_cross() {
+    if cpus() < 2 {
+        return;
+    }
+    let path = temp_path("after-cross.json");
+    let args = ["bench", "parallel", "--only", "zonal pcp one node,ideal", "--reps", "1", "--cell-ms", "1", "--quiet"];
+    let o = zonal(&[&args[..], &["--json", path.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    let row = line_of(&s, "2, after cross ");
+    assert!(row.contains("M/s") && row.contains(" - "), "only the one-node column: {row}");
+    for how in ["fresh handle: ", "right after a cross phase: "] {
+        let l = line_of(&s, &format!("target: per-thread rate at T = 2 against T = 1, every CPU on one zone, {how}"));
+        assert!(l.ends_with(": met)") || l.ends_with(": not met)"), "{l}");
+    }
+    assert!(line_of(&s, "  controls in the same run: ").contains("the ideal per-thread stack: "), "{s}");
+    let end = s.find("targets in this run:").expect("the targets at the end");
+    for t in [", fresh handle: ", " right after a cross phase: "] {
+        let l = line_of(&s[end..], &format!("  parallel, one zone, per-thread rate at T = 2{t}"));
+        assert!(l.contains("of T = 1 (≥ 90%); the ideal stack "), "{l}");
+    }
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let after: Vec<&serde_json::Value> =
+        v.as_array().unwrap().iter().filter(|r| r["subject"] == "zonal pcp after cross (one node)").collect();
+    assert_eq!(after.len(), 1, "{v}");
+    assert_eq!(after[0]["params"]["threads"], 2);
+}
+
+/// The history's other order: with cross and parallel in the run, parallel runs again right
+/// after cross in a fresh process, and its cells are compared with parallel alone.
+#[test]
+fn bench_history_runs_parallel_right_after_cross() {
+    let path = temp_path("history-order.json");
+    let args = ["bench", "parallel", "cross", "--only", "zonal pcp,ideal", "--reps", "1", "--cell-ms", "1", "--json"];
+    let o = zonal(&[&args[..], &[path.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let of = |process: &str| -> Vec<&str> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["process"] == process)
+            .map(|r| r["experiment"].as_str().unwrap())
+            .collect()
+    };
+    assert!(of("after-cross").iter().all(|e| *e == "parallel") && !of("after-cross").is_empty(), "{v}");
+    assert!(of("alone").contains(&"parallel") && of("alone").contains(&"cross"), "{v}");
+    let s = stdout(&o);
+    let l = line_of(&s, "    parallel right after cross (in a fresh process): median of ");
+    assert!(l.ends_with(": met") || l.ends_with(": not met"), "{l}");
+    let e = stderr(&o);
+    assert!(e.contains("history: cross alone, then parallel right after it, in a fresh process"), "{e}");
+    assert!(e.contains("history: parallel alone, in a fresh process"), "{e}");
+}
