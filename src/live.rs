@@ -80,7 +80,8 @@ pub fn ps(dir: &Path, json: bool) -> Result<String, String> {
         ]);
     }
     if infos.is_empty() {
-        return Ok(format!("no published handles in {}\n", dir.display()));
+        let why = if dir.exists() { "" } else { " (it does not exist: nothing has published there yet)" };
+        return Ok(format!("no published handles in {}{why}\n", dir.display()));
     }
     Ok(table(&rows))
 }

@@ -67,6 +67,11 @@ fn ps_and_every_report_of_a_running_process() {
     }
     drop(z);
     assert!(ok(&zonal(&dir, &["ps"])).starts_with("no published handles"));
+    let nowhere = dir.join("nonexistent");
+    let o = ok(&zonal(&nowhere, &["ps"]));
+    assert!(o.starts_with("no published handles") && o.contains("does not exist"), "{o}");
+    let e = err(&zonal(&dir, &["--pid", &dead_pid().to_string(), "top"]));
+    assert!(e.contains("no process") && !e.contains("has no published handle"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -264,34 +264,27 @@ pub fn list(dir: &Path) -> Result<Vec<Published>> {
 /// The published handle of `pid` in `dir`: `handle` if given, else the process's only one.
 pub fn find(dir: &Path, pid: i32, handle: Option<u64>) -> Result<Published> {
     let all: Vec<Published> = list(dir)?.into_iter().filter(|p| p.pid == pid).collect();
+    if all.is_empty() && !crate::sys::process_exists(pid) {
+        return Err(live_err(format!("no process {pid} (no process has that pid in this pid namespace)")));
+    }
     let ids = |v: &[Published]| v.iter().map(|p| p.handle.to_string()).collect::<Vec<_>>().join(", ");
     match handle {
         Some(h) => all.iter().find(|p| p.handle == h).cloned().ok_or_else(|| {
             if all.is_empty() {
-                live_err(format!("process {pid} has no published handle in {}{}", dir.display(), not_seen(pid)))
+                live_err(format!("process {pid} has no published handle in {}", dir.display()))
             } else {
                 live_err(format!("process {pid} has no published handle {h}; its handles: {}", ids(&all)))
             }
         }),
         None => match all.len() {
             0 => Err(live_err(format!(
-                "process {pid} has no published handle in {}{} (publish one with ZONAL_PUBLISH=1, the config key \
+                "process {pid} has no published handle in {} (publish one with ZONAL_PUBLISH=1, the config key \
                  publish=1, Zonal::publish or zonal_publish)",
-                dir.display(),
-                not_seen(pid)
+                dir.display()
             ))),
             1 => Ok(all[0].clone()),
             _ => Err(live_err(format!("process {pid} has several published handles ({}): choose one", ids(&all)))),
         },
-    }
-}
-
-/// For an error about `pid`: that no such process is visible here, if so.
-fn not_seen(pid: i32) -> &'static str {
-    if crate::sys::process_exists(pid) {
-        ""
-    } else {
-        " (and no process has that pid in this pid namespace)"
     }
 }
 
