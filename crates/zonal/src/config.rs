@@ -166,7 +166,7 @@ mod tests {
         assert!(e("topology=nodes=1,size=4M;max_order=16").contains("above the limit"));
         assert!(e("topology=nodes=1,size=4M;colour=red").contains("unknown key `colour`"));
         assert!(e("topology=nodes=1,size=4M;populate=maybe").contains("not 0 or 1"));
-        assert!(e("topology=nodes=1,size=4M;watermark_scale_factor=0").contains("outside"));
+        assert!(e("topology=nodes=1,size=4M;watermark_scale_factor=0").contains("0 is out of range; valid: 1..=3000"));
         assert!(e("topology=nodes=1,size=4M;junk").contains("key=value"));
     }
 }

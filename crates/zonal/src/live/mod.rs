@@ -22,7 +22,7 @@
 //! - Who: the server reads the peer's credentials (`SO_PEERCRED`) and serves only its own
 //!   user and root; anyone else gets `error` and the connection closes.
 //! - What: one request per connection, a line of at most [`MAX_REQUEST`] bytes
-//!   ([`protocol`] lists them); the reply is a status line, `ok` or `error <why>`, then the
+//!   ([`REQUESTS`] lists them); the reply is a status line, `ok` or `error <why>`, then the
 //!   body until the connection closes.
 //! - Robustness: the request must arrive within the timeout and the whole reply be taken
 //!   within it (every send waits only what is left), or the connection is dropped; a client that vanishes is an error of that
