@@ -225,7 +225,8 @@ enum Command {
         /// (median, min, max), reference, ratio_to_reference, reps and process: `main`, or
         /// `tcmalloc-child` for the child process that measures tcmalloc on its rseq per-CPU
         /// caches beside a mimalloc of its own, or `alone` for the runs of the history target
-        /// (each experiment again in a fresh process). FILE is checked writable before the run.
+        /// (each experiment again in a fresh process), or `after-cross` for its run of parallel
+        /// right after cross. FILE is checked writable before the run.
         #[arg(long, value_name = "FILE")]
         json: Option<String>,
         /// Write one SVG per experiment that ran into DIR (DIR/single.svg, DIR/bulk.svg, ...),

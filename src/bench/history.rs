@@ -1,9 +1,12 @@
 //! Issue 12's history target: every experiment's figures inside the full run within 15% of the
 //! same experiment run alone. After a run of several experiments, each of the speed
-//! experiments it ran (single, parallel, bulk, cross, zlc) runs again in a fresh process of its
-//! own (`zonal bench <experiment>` with the subjects the run measured, its peers included, so
-//! that only what ran before differs; no tcmalloc child), and every zonal cell is compared
-//! with the same cell of the full run.
+//! experiments it ran (single, parallel, bulk, cross, mixed, zlc) runs again in a fresh process
+//! of its own (`zonal bench <experiment>` with the subjects the run measured, its peers
+//! included, so that only what ran before differs; no tcmalloc child), and every zonal cell is
+//! compared with the same cell of the full run. Issue 38 adds another order: where the run had
+//! both, cross's process runs parallel right after it, compared with parallel alone (the full
+//! run has parallel first, and frames freed on another CPU than the one that allocated them
+//! change what the CPUs' lists share).
 //!
 //! The figure compared is a cell's ratio to its reference in the same process, the median of
 //! their per-repetition ratios as in the tables, not its nanoseconds: this machine's speed
