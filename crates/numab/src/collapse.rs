@@ -207,7 +207,7 @@ fn collapse(bal: &Shared, r: &RegionShared, c: usize, order: u32, nid: u16) -> R
     }
     let addr = r.start + c * PAGE;
     // SAFETY: the window's pages are this region's, mapped and claimed by this thread.
-    if unsafe { r.hide_new(addr, n * PAGE) }.is_err() {
+    if unsafe { r.hide_new(addr, n * PAGE, true) }.is_err() {
         r.remap_old(c, n);
         st.collapse_fail.fetch_add(1, Ordering::Relaxed);
         free_block();

@@ -519,34 +519,123 @@ impl RegionShared {
                 return self.fail_and_map_back(idx);
             }
         }
-        let Some(new) = self.bal.reserves[dst as usize].take(z.current_cpu()) else {
+        // The page's slot in its window's destination block (`dest`), so that the window's
+        // pages migrated one by one map consecutive frames, one mapping; else any frame of
+        // the node's reserve.
+        let slot = self.slot_frame(idx, dst);
+        let Some(new) = slot.or_else(|| self.bal.reserves[dst as usize].take(z.current_cpu())) else {
             st.fail_reserve.fetch_add(1, Ordering::Relaxed);
             self.bal.kick();
             return if eager { self.fail_done(idx) } else { self.fail_and_map_back(idx) };
         };
+        if slot.is_none() {
+            self.bal.kick_if_low(dst);
+        }
+        // Into a slot, the cold neighbours come along into theirs: a page used among pages
+        // nobody touches would otherwise stay a mapping of its own.
+        let (a, b) = if slot.is_some() { self.gather_cold(idx, dst) } else { (idx, idx + 1) };
+        // The new frame of page `a`; page j's is `first + (j - a) * PAGE` (consecutive in a
+        // block, or the one reserve frame when a..b is the page alone).
+        let first = new - (idx - a) * PAGE;
         // SAFETY: as above.
-        if eager && unsafe { self.hide(addr, PAGE) }.is_err() {
-            self.bal.give_back(new);
+        if eager && unsafe { self.hide(addr, PAGE, false) }.is_err() {
+            self.drop_run(a, b, idx, first);
             return self.fail_done(idx);
         }
-        // SAFETY: both frames are allocated and mapped read-write in the arena; the region's
-        // page is inaccessible, so no thread writes the old frame during the copy.
-        unsafe { std::ptr::copy_nonoverlapping(frame as *const u8, new as *mut u8, PAGE) };
-        // SAFETY: the page is this region's and claimed.
-        if unsafe { self.map(addr, new) }.is_err() {
+        for j in a..b {
+            let old = self.entries[j].frame.load(Ordering::Relaxed);
+            // SAFETY: both frames are allocated and mapped read-write in the arena; the
+            // region's pages a..b are inaccessible and claimed, so no thread writes the old
+            // frames during the copy.
+            unsafe { std::ptr::copy_nonoverlapping(old as *const u8, (first + (j - a) * PAGE) as *mut u8, PAGE) };
+        }
+        // SAFETY: the pages are this region's and claimed.
+        if unsafe { self.map_pages(self.start + a * PAGE, first, b - a) }.is_err() {
             st.map_fail.fetch_add(1, Ordering::Relaxed);
-            self.bal.give_back(new);
+            // The failed MAP_FIXED may have taken the old mappings: each old frame again.
+            self.remap_old(a, idx - a);
+            self.remap_old(idx + 1, b - idx - 1);
+            for j in a..b {
+                // SAFETY: the new frames are ours and mapped nowhere but the arena.
+                unsafe { self.bal.to_free.push(first + (j - a) * PAGE) };
+            }
+            self.bal.kick();
             return self.fail_and_map_back(idx);
         }
-        e.frame.store(new, Ordering::Relaxed);
-        // SAFETY: the old frame is mapped nowhere now but the arena, and ours alone.
-        unsafe { self.bal.to_free.push(frame) };
-        st.pages_migrated.fetch_add(1, Ordering::Relaxed);
-        st.migrate_success.fetch_add(1, Ordering::Relaxed);
+        for j in a..b {
+            let old = self.entries[j].frame.swap(first + (j - a) * PAGE, Ordering::Relaxed);
+            // SAFETY: the old frame is mapped nowhere now but the arena, and ours alone.
+            unsafe { self.bal.to_free.push(old) };
+        }
+        let n = (b - a) as u64;
+        st.pages_migrated.fetch_add(n, Ordering::Relaxed);
+        st.migrate_success.fetch_add(n, Ordering::Relaxed);
+        st.migrated_along.fetch_add(n - 1, Ordering::Relaxed);
         st.migrate_ns.fetch_add(os::now_ns().saturating_sub(t0), Ordering::Relaxed);
-        self.bal.kick_if_low(dst);
+        for j in (a..b).filter(|&j| j != idx) {
+            self.entries[j].release(PRESENT);
+        }
         e.release(PRESENT);
         Ok(())
+    }
+
+    /// Claims the cold neighbours of page `idx` (claimed, migrating into its slot of its
+    /// window's destination block on `dst`) that can come along, and takes their slots:
+    /// contiguous with it in the window, hidden since before the last scan period began
+    /// (`PageEntry::cold`), never hint-faulted on (no `last` on record: the program has not
+    /// touched them since the scanner first hid them), on another node than `dst`, not
+    /// pinned. Pages used in a window thus move with the pages nobody uses between them,
+    /// which keeps the window one mapping instead of a mapping per used page; every page
+    /// in use moves on its own hint fault, as Linux moves it (one only waiting for its turn
+    /// while the threads are busy faulting may look cold, but it has a hint fault on record
+    /// from before). Returns the run `a..b` around `idx`.
+    fn gather_cold(&self, idx: usize, dst: u16) -> (usize, usize) {
+        let c = idx / crate::dest::WINDOW * crate::dest::WINDOW;
+        let end = (c + crate::dest::WINDOW).min(self.entries.len());
+        let seq = self.scan_seq.load(Ordering::Relaxed) as u32;
+        let z = &self.bal.z;
+        let comes = |j: usize| {
+            let e = &self.entries[j];
+            // A look first, then the claim, then every test again (a pin is read after the
+            // claim: see `table`).
+            if e.state.load(Ordering::Relaxed) != HINT || e.pinned() || !e.cold(seq) || !e.claim(HINT) {
+                return false;
+            }
+            let f = e.frame.load(Ordering::Relaxed);
+            let last = Cpupid(e.last.load(Ordering::Relaxed));
+            let ok = !e.pinned()
+                && e.cold(seq)
+                && last.is_unset()
+                && z.page_to_nid(f as *const u8).is_ok_and(|n| n.0 != dst)
+                && self.take_neighbour_slot(j);
+            if !ok {
+                e.release(HINT);
+            }
+            ok
+        };
+        let mut a = idx;
+        while a > c && comes(a - 1) {
+            a -= 1;
+        }
+        let mut b = idx + 1;
+        while b < end && comes(b) {
+            b += 1;
+        }
+        (a, b)
+    }
+
+    /// Undoes `gather_cold` and the frames taken for `a..b` (page `idx`'s own included)
+    /// when the migration stops before its copy: the neighbours stay hinted as they were,
+    /// the frames go back to be freed.
+    fn drop_run(&self, a: usize, b: usize, idx: usize, first: usize) {
+        for j in a..b {
+            if j != idx {
+                self.entries[j].release(HINT);
+            }
+            // SAFETY: the new frames are ours and mapped nowhere but the arena.
+            unsafe { self.bal.to_free.push(first + (j - a) * PAGE) };
+        }
+        self.bal.kick();
     }
 
     /// Moves the whole aligned chunk of `CHUNK_PAGES` pages around page `idx` (claimed) to
@@ -559,7 +648,7 @@ impl RegionShared {
         let n = crate::CHUNK_PAGES;
         let c = idx / n * n;
         let z = &self.bal.z;
-        if self.bal.chunks[dst as usize].capacity() == 0 || c + n > self.entries.len() {
+        if !self.bal.chunk_migration || c + n > self.entries.len() {
             return None;
         }
         let on_src = |j: usize| {
@@ -592,7 +681,7 @@ impl RegionShared {
         let addr = self.start + c * PAGE;
         let eager = self.bal.mode() == MigrateMode::Eager;
         // SAFETY: the chunk's pages are this region's, mapped and claimed by this thread.
-        if eager && (!self.reveal_pages(addr, n) || unsafe { self.hide(addr, n * PAGE) }.is_err()) {
+        if eager && (!self.reveal_pages(addr, n) || unsafe { self.hide(addr, n * PAGE, false) }.is_err()) {
             // Revealed or not, the pages are hidden or mapped as before: map each back.
             for j in (c..c + n).filter(|&j| j != idx) {
                 // A page that cannot be mapped back stays hinted: its own fault says so.
@@ -700,10 +789,20 @@ impl RegionShared {
     /// # Safety
     /// `addr` is a page of this region that the caller has claimed.
     pub(crate) unsafe fn map(&self, addr: usize, frame: usize) -> Result<(), i32> {
+        // SAFETY: per the caller's contract.
+        unsafe { self.map_pages(addr, frame, 1) }
+    }
+
+    /// [`RegionShared::map`] for `n` pages from `addr` onto `n` consecutive frames from
+    /// `frame`, with one `mmap`.
+    ///
+    /// # Safety
+    /// The pages are this region's and the caller has claimed them; the frames are ours.
+    pub(crate) unsafe fn map_pages(&self, addr: usize, frame: usize, n: usize) -> Result<(), i32> {
         let off = self.bal.z.frame_offset(frame as *const u8).map_err(|_| libc::EINVAL)?;
-        // SAFETY: per the caller's contract; the frame is allocated and ours.
-        unsafe { os::map_frame(addr, PAGE, self.bal.z.frame_file(), off, false) }?;
-        self.mapped_anew(addr, PAGE);
+        // SAFETY: per the caller's contract; the frames are allocated and ours.
+        unsafe { os::map_frame(addr, n * PAGE, self.bal.z.frame_file(), off, false) }?;
+        self.mapped_anew(addr, n * PAGE);
         Ok(())
     }
 
@@ -748,7 +847,7 @@ impl RegionShared {
     ///
     /// # Safety
     /// As for [`RegionShared::hide`].
-    pub(crate) unsafe fn hide_new(&self, addr: usize, len: usize) -> Result<(), i32> {
+    pub(crate) unsafe fn hide_new(&self, addr: usize, len: usize, gather: bool) -> Result<(), i32> {
         if let Some(u) = &self.bal.uffd {
             // Only when a page of the range was mapped anew since it was registered: an
             // `UFFDIO_REGISTER` takes the mmap lock for writing, so a scan pass registering
@@ -764,25 +863,33 @@ impl RegionShared {
             }
         }
         // SAFETY: per the caller's contract.
-        unsafe { self.hide(addr, len) }
+        unsafe { self.hide(addr, len, gather) }
     }
 
     /// Takes pages away so the next access faults: `PROT_NONE`, or a zap under userfaultfd
     /// (of pages whose mapping is registered: ones this layer hid before and has only
     /// revealed since, in place; others go through [`RegionShared::hide_new`]).
     ///
+    /// Under mprotect the pages are zapped too: a migration then maps its new frame over an
+    /// empty entry, which needs no TLB flush, where replacing a PROT_NONE entry (present to
+    /// the kernel) flushes every CPU the process ran on (NUMAB.md). A zap costs a shootdown
+    /// per mapping it empties an entry in, an `mprotect` one for the whole call (the kernel
+    /// gathers it), and an `mprotect` over mappings of consecutive frames merges them into
+    /// one. So with `gather` (the range is several mappings, as a hint fault's `mprotect`
+    /// leaves a scanned window) the range is protected first, one shootdown and one mapping,
+    /// and then zapped, one more; without, zapped first, a shootdown per mapping, and then
+    /// protected at no cost (its entries are empty). Either way a page touched in between
+    /// faults or is taken away by the second call.
+    ///
     /// # Safety
     /// The pages are mapped pages of this region that the caller has claimed.
-    pub(crate) unsafe fn hide(&self, addr: usize, len: usize) -> Result<(), i32> {
+    pub(crate) unsafe fn hide(&self, addr: usize, len: usize, gather: bool) -> Result<(), i32> {
         // SAFETY: per the caller's contract; the region's pages map the arena's memfd shared,
         // so a zap drops page-table entries and keeps the data.
         unsafe {
             match &self.bal.uffd {
                 Some(_) => os::zap(addr, len),
-                // Zapped first, then protected: a migration then maps its new frame over an
-                // empty entry, which needs no TLB flush, where replacing a PROT_NONE entry
-                // (present to the kernel) flushes every CPU the process ran on (NUMAB.md). A
-                // page touched between the two calls is protected present, as before.
+                None if gather => os::protect(addr, len, true).and_then(|()| os::zap(addr, len)),
                 None => os::zap(addr, len).and_then(|()| os::protect(addr, len, true)),
             }
         }

@@ -38,6 +38,9 @@ fn fail(e: &crate::Error) -> c_int {
 /// - chunk_migration: 1 moves a whole hinted 2 MiB chunk in one migration; default 1.
 /// - collapse_mb: MiB per second the balancer's thread copies to merge a region's
 ///   mappings again (0: only zonal_numab_collapse_now); default 64.
+/// - window_migration: 1 gives a page migrating alone the frame of its place in a 2 MiB
+///   block its window keeps on the destination node (the pages nobody touched for a scan
+///   period coming along), so a window migrated page by page stays one mapping; default 1.
 ///
 /// Returns 0, or a negative errno with nothing created: -EINVAL for a NULL argument or a
 /// bad config item (the message names it); the negated errno of a system call that failed

@@ -40,6 +40,7 @@
 //! `_last_cpupid` (`table`), `update_task_scan_period` (`scan::next_period`).
 
 mod collapse;
+mod dest;
 mod fault;
 pub mod ffi;
 mod os;
@@ -225,6 +226,13 @@ pub struct Config {
     /// Most MiB a second the balancer's thread copies to collapse fragmented windows of a
     /// region into one block and one mapping each (see the `collapse` module; 0: never).
     pub collapse_mb: u64,
+    /// A page migrating alone takes frame k of a 2 MiB block its aligned window keeps on
+    /// the destination node (k its place in the window), and its neighbours nobody touched
+    /// for a scan period come along into theirs: a window's pages migrated one by one, in
+    /// any order, map consecutive frames and stay one mapping, so that hiding them stays one
+    /// TLB shootdown (see the `dest` module). Off: any frame of the node's reserve, a
+    /// mapping per page until a collapse.
+    pub window_migration: bool,
 }
 
 impl Default for Config {
@@ -241,6 +249,7 @@ impl Default for Config {
             vma_budget: None,
             chunk_migration: true,
             collapse_mb: 64,
+            window_migration: true,
         }
     }
 }
@@ -249,8 +258,8 @@ impl Config {
     /// Parses `key=value` items separated by `;` over the defaults: `numa_balancing` (0 or
     /// 1), `mode` (delayed or eager), `backend` (auto, mprotect, userfaultfd),
     /// `scan_delay_ms`, `scan_period_min_ms`, `scan_period_max_ms`, `scan_size_mb`,
-    /// `reserve_pages`, `vma_budget`, `chunk_migration` (0 or not), `collapse_mb`. An empty
-    /// string is the defaults.
+    /// `reserve_pages`, `vma_budget`, `chunk_migration` (0 or not), `collapse_mb`,
+    /// `window_migration` (0 or not). An empty string is the defaults.
     pub fn parse(s: &str) -> Result<Config> {
         let mut c = Config::default();
         for item in s.split(';').map(str::trim).filter(|i| !i.is_empty()) {
@@ -280,11 +289,12 @@ impl Config {
                 "vma_budget" => c.vma_budget = Some(num(v)? as usize),
                 "chunk_migration" => c.chunk_migration = num(v)? != 0,
                 "collapse_mb" => c.collapse_mb = num(v)?.min(1 << 20),
+                "window_migration" => c.window_migration = num(v)? != 0,
                 other => {
                     return Err(Error::InvalidConfig(format!(
                         "numab config: unknown key `{other}` (numa_balancing, mode, backend, scan_delay_ms, \
                          scan_period_min_ms, scan_period_max_ms, scan_size_mb, reserve_pages, vma_budget, \
-                         chunk_migration, collapse_mb)"
+                         chunk_migration, collapse_mb, window_migration)"
                     )))
                 }
             }
@@ -334,6 +344,10 @@ pub(crate) struct Counters {
     pub(crate) collapsed_pages: AtomicU64,
     pub(crate) collapse_fail: AtomicU64,
     pub(crate) first_touch: AtomicU64,
+    pub(crate) migrated_along: AtomicU64,
+    pub(crate) window_blocks: AtomicU64,
+    pub(crate) scan_calls: AtomicU64,
+    pub(crate) scan_skips: AtomicU64,
     pub(crate) scans: AtomicU64,
 }
 
@@ -394,6 +408,15 @@ pub struct Stats {
     pub migrate_ns: u64,
     /// Pages given a frame on first touch.
     pub first_touch: u64,
+    /// Pages that moved along with a neighbour's migration into their slots of the window's
+    /// destination block, untouched for a scan period (counted in `numa_pages_migrated`).
+    pub migrated_along: u64,
+    /// Destination blocks windows took for their pages migrating one by one.
+    pub window_blocks: u64,
+    /// Calls the scanner made to hide pages (at most one per 2 MiB window and pass).
+    pub scan_calls: u64,
+    /// Windows a scan pass left alone while pages migrated into them (many mappings then).
+    pub scan_skips: u64,
     /// Scan passes made.
     pub scans: u64,
     /// The current scan period in ms.
@@ -429,6 +452,10 @@ impl Stats {
             ("numab_registered", self.registered),
             ("numab_migrate_ns", self.migrate_ns),
             ("numab_first_touch", self.first_touch),
+            ("numab_migrated_along", self.migrated_along),
+            ("numab_window_blocks", self.window_blocks),
+            ("numab_scan_calls", self.scan_calls),
+            ("numab_scan_skips", self.scan_skips),
             ("numab_scans", self.scans),
             ("numab_scan_period_ms", self.scan_period_ms),
         ]
@@ -445,8 +472,18 @@ pub(crate) struct Shared {
     /// Per node: whether its last refill found the node without a free frame.
     pub(crate) node_out: Vec<AtomicBool>,
     /// Per node: blocks of `CHUNK_PAGES` consecutive frames (order 9, split) for chunk
-    /// migrations, by first frame; empty when chunk migration is off.
+    /// migrations and windows' destination blocks, by first frame; empty when both are off.
     pub(crate) chunks: Vec<Reserve>,
+    /// `Config::chunk_migration` and `Config::window_migration`.
+    pub(crate) chunk_migration: bool,
+    pub(crate) aligned_migration: bool,
+    /// Per node: windows that found `chunks` empty since the last refill (each asks for one
+    /// more block at the next), and the refills of `chunks` ended, which a migration waiting
+    /// for a block sleeps on.
+    pub(crate) chunk_misses: Vec<AtomicUsize>,
+    pub(crate) chunk_refills: AtomicU32,
+    /// Per node: the blocks `chunks` is kept at (the balancer's thread's own).
+    chunk_want: Vec<AtomicUsize>,
     /// Per node: blocks of `CHUNK_PAGES` consecutive frames (split) that regions carve their
     /// first-touch windows from, filled while a region touches in windows.
     pub(crate) blocks: Vec<Reserve>,
@@ -642,6 +679,10 @@ impl Shared {
             vmas: self.vmas.load(Ordering::Relaxed) as u64,
             vmas_peak: self.vmas_peak.load(Ordering::Relaxed) as u64,
             first_touch: l(&s.first_touch),
+            migrated_along: l(&s.migrated_along),
+            window_blocks: l(&s.window_blocks),
+            scan_calls: l(&s.scan_calls),
+            scan_skips: l(&s.scan_skips),
             scans: l(&s.scans),
             scan_period_ms: self.period_ms.load(Ordering::Relaxed),
         }
@@ -707,13 +748,35 @@ impl Shared {
             self.free_frame(f);
         }
         for (nid, c) in self.chunks.iter().enumerate() {
-            while c.len() < c.capacity() {
+            // Two blocks for chunk migrations; for windows' destination blocks, one more for
+            // each window that found the reserve empty since the last pass (a migration wave
+            // starts in many windows at once), up to the capacity, and one fewer each pass
+            // nobody missed one: no block is held for windows before a migration asks. Only
+            // from a node with room for them above its high watermark: a block held in
+            // reserve is memory the node's own allocations cannot have.
+            let base = if self.chunk_migration { CHUNK_RESERVE.min(c.capacity()) } else { 0 };
+            let misses = self.chunk_misses[nid].swap(0, Ordering::AcqRel);
+            let want = match (misses, self.chunk_want[nid].load(Ordering::Relaxed)) {
+                (0, w) => w.saturating_sub(1).max(base),
+                (m, w) => (w.max(base) + m).min(c.capacity()),
+            };
+            self.chunk_want[nid].store(want, Ordering::Relaxed);
+            while c.len() < want && self.has_room_for(nid as u16, CHUNK_PAGES * want) {
                 let Some(b) = self.alloc_block(nid, false) else { break };
                 if c.put(b).is_err() {
                     self.free_block_from(b, 0);
                 }
             }
+            if c.len() > want {
+                if let Some(b) = c.take() {
+                    self.free_block_from(b, 0);
+                }
+            }
         }
+        // The blocks' own wake-up: a migration waiting for one need not wait for the frame
+        // reserves' refill below (zeroing up to `reserve_pages` frames per CPU).
+        self.chunk_refills.fetch_add(1, Ordering::Release);
+        os::futex_wake(&self.chunk_refills);
         // Blocks for first-touch windows, while a region touches in windows.
         let windows = self.ft_regions.load(Ordering::Acquire) > 0;
         for (nid, r) in self.blocks.iter().enumerate() {
@@ -794,6 +857,17 @@ impl Shared {
         collapse::pass(self, &regions, &mut cur, pages)
     }
 
+    /// Retires the destination blocks windows stopped using (see `dest`), region by region
+    /// under the scan lock, which keeps a region from being torn down meanwhile.
+    fn retire_idle_dests(&self) {
+        for r in self.live_regions() {
+            let dead = r.scan_lock.lock().unwrap_or_else(|p| p.into_inner());
+            if !*dead {
+                r.retire_idle_dests();
+            }
+        }
+    }
+
     /// The live regions, dropping the dead ones from the list.
     fn live_regions(&self) -> Vec<Arc<RegionShared>> {
         let mut l = self.regions.lock().unwrap_or_else(|p| p.into_inner());
@@ -829,6 +903,11 @@ impl Drop for Shared {
 
 /// Pages of a chunk migration: an aligned 2 MiB, order 9.
 pub const CHUNK_PAGES: usize = 512;
+
+/// Order-9 blocks a node's reserve (`Shared::chunks`) keeps ready, and the most it holds
+/// when windows' first migrations ask for more at once.
+const CHUNK_RESERVE: usize = 2;
+const CHUNK_RESERVE_MAX: usize = 8;
 
 /// NUMA balancing over one zonal handle: the regions, the reserves, the scanner.
 pub struct Balancer {
@@ -871,7 +950,18 @@ impl Balancer {
             },
             stats: Counters::default(),
             reserves: (0..nodes).map(|_| NodeReserve::new(cfg.reserve_pages.max(1), z.topology().nr_cpus())).collect(),
-            chunks: (0..nodes).map(|_| Reserve::new(if cfg.chunk_migration { 2 } else { 0 })).collect(),
+            chunks: (0..nodes)
+                .map(|_| match (cfg.chunk_migration, cfg.window_migration) {
+                    (_, true) => Reserve::new(CHUNK_RESERVE_MAX),
+                    (true, false) => Reserve::new(CHUNK_RESERVE),
+                    (false, false) => Reserve::new(0),
+                })
+                .collect(),
+            chunk_misses: (0..nodes).map(|_| AtomicUsize::new(0)).collect(),
+            chunk_want: (0..nodes).map(|_| AtomicUsize::new(0)).collect(),
+            chunk_refills: AtomicU32::new(0),
+            chunk_migration: cfg.chunk_migration,
+            aligned_migration: cfg.window_migration,
             blocks: (0..nodes).map(|_| Reserve::new(2)).collect(),
             blocks_out: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
             ft_regions: AtomicUsize::new(0),
@@ -982,6 +1072,7 @@ impl Balancer {
             carve: (0..nodes).map(|_| AtomicUsize::new(0)).collect(),
             dead: AtomicBool::new(false),
             entries: (0..pages).map(|_| PageEntry::default()).collect(),
+            dest: dest::table(pages),
             policy,
             fallback,
             scan_seq: AtomicUsize::new(0),
@@ -1181,6 +1272,7 @@ fn worker(weak: Weak<Shared>) {
         if now >= next_collapse {
             let pages = (s.cfg.collapse_mb.load(Ordering::Relaxed) as usize).saturating_mul(256) / 10;
             s.collapse(pages);
+            s.retire_idle_dests();
             next_collapse = now + COLLAPSE_EVERY;
         }
         let wait = if short {
@@ -1234,6 +1326,8 @@ pub struct RegionShared {
     /// Set once, under `scan_lock`, when the region is torn down.
     dead: AtomicBool,
     pub(crate) entries: Box<[PageEntry]>,
+    /// Per whole 2 MiB window: its destination block for pages migrating one by one.
+    pub(crate) dest: Box<[dest::Dest]>,
     policy: MemPolicy,
     /// Per node: the other nodes the policy allows, nearest first (first-touch fallback).
     pub(crate) fallback: Vec<Vec<u16>>,
@@ -1257,14 +1351,22 @@ fn allowed(policy: &MemPolicy, nid: u16) -> bool {
 
 impl RegionShared {
     /// Runs of pages mapped as one (consecutive frames with the same access), what the
-    /// region adds to the process's mappings (`vm.max_map_count`) at most.
+    /// region adds to the process's mappings (`vm.max_map_count`) at most. The access that
+    /// splits a mapping is the protection under mprotect (a hidden page is `PROT_NONE`), and
+    /// the registration under userfaultfd (a hidden page is only zapped, in a mapping that
+    /// the kernel merges with its neighbours' when both are registered or both are not).
     pub(crate) fn vma_runs(&self) -> usize {
         let mut runs = 0;
         let mut prev: Option<(usize, u8)> = None;
+        let uffd = self.bal.uffd.is_some();
         for e in self.entries.iter() {
             let f = e.frame.load(Ordering::Relaxed);
             let s = e.state.load(Ordering::Relaxed);
-            let class = if s == PRESENT { 1 } else { 2 };
+            let class = match uffd {
+                true => 1 + e.unregistered.load(Ordering::Relaxed) as u8,
+                false if s == PRESENT => 1,
+                false => 2,
+            };
             let cur = (f != 0).then_some((f, class));
             match (prev, cur) {
                 (Some((pf, pc)), Some((f, c))) if f == pf + PAGE && c == pc => {}
@@ -1395,6 +1497,7 @@ impl RegionShared {
                 self.bal.free_frame(f);
             }
         }
+        self.free_dests();
         for w in self.carve.iter() {
             let cur = w.swap(0, Ordering::AcqRel);
             let (blk, used) = (cur & !(CHUNK_PAGES * PAGE - 1), cur & (CHUNK_PAGES * PAGE - 1));

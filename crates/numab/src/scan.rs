@@ -21,8 +21,10 @@ use std::sync::Arc;
 const PERIOD_SLOTS: u64 = 10;
 const PERIOD_THRESHOLD: u64 = 7;
 
-/// Most pages one `mprotect`/`MADV_DONTNEED` of the scanner covers (2 MiB).
-const RUN_PAGES: usize = 512;
+/// Most pages one `mprotect`/`MADV_DONTNEED` of the scanner covers: a window (2 MiB), the
+/// unit of destination blocks (`dest`), so a window whose pages migrated one by one is one
+/// call over one mapping.
+const RUN_PAGES: usize = crate::dest::WINDOW;
 
 /// Where the scanner stopped: a region (by registration order) and a page in it.
 #[derive(Default)]
@@ -71,53 +73,151 @@ pub fn scan_pass(bal: &Shared, regions: &[Arc<RegionShared>], cur: &mut Cursor) 
 fn mark_from(bal: &Shared, r: &RegionShared, from: usize, want: usize, virt: &mut usize) -> (usize, usize) {
     let mut marked = 0;
     let mut i = from;
-    let mut run_start = None;
+    let mut run = Run::new(r.scan_seq.load(Ordering::Relaxed) as u32);
     while i < r.entries.len() && marked < want && *virt > 0 {
+        // A window that pages are migrating into, split into many mappings, waits for the
+        // next pass (`RegionShared::scan_skips`).
+        if i % RUN_PAGES == 0 && r.scan_skips(i / RUN_PAGES) {
+            bal.stats.scan_skips.fetch_add(1, Ordering::Relaxed);
+            *virt = virt.saturating_sub(RUN_PAGES);
+            i += RUN_PAGES;
+            continue;
+        }
         *virt -= 1;
         let e = &r.entries[i];
-        // A pinned page is put back at once (the pin is read after the claim: see `table`).
-        let claimed = e.claim(PRESENT) && (!e.pinned() || (e.release(PRESENT), false).1);
-        if claimed {
-            run_start.get_or_insert(i);
-            marked += 1;
-        } else if let Some(s) = run_start.take() {
-            marked -= protect_run(bal, r, s, i);
+        match e.state.load(Ordering::Relaxed) {
+            // A pinned page is put back at once (the pin is read after the claim: see
+            // `table`), and ends the call: it must stay mapped.
+            PRESENT if e.claim(PRESENT) => {
+                if e.pinned() {
+                    e.release(PRESENT);
+                    marked -= run.hide(bal, r);
+                } else {
+                    run.present(i, e.frame.load(Ordering::Relaxed));
+                    marked += 1;
+                }
+            }
+            // Hidden already: covered by the call only between pages to hide, where it
+            // saves splitting the call (and a shootdown per call it would split into).
+            HINT if run.is_open() => {
+                if e.claim(HINT) {
+                    run.hinted(i);
+                } else {
+                    marked -= run.hide(bal, r);
+                }
+            }
+            HINT => {}
+            _ => marked -= run.hide(bal, r),
         }
         i += 1;
-        // At most a chunk per call: `mprotect` and `MADV_DONTNEED` hold the mmap lock for
+        // A call per window at most: `mprotect` and `MADV_DONTNEED` hold the mmap lock for
         // the whole range, and a migration's `mmap` waiting for it behind a long one stalls
         // every fault queued after it (the lock is fair), as Linux's scanner works a huge
         // page-aligned chunk at a time.
-        if let Some(s) = run_start.filter(|&s| i - s == RUN_PAGES) {
-            run_start = None;
-            marked -= protect_run(bal, r, s, i);
+        if i % RUN_PAGES == 0 {
+            marked -= run.hide(bal, r);
         }
     }
-    if let Some(s) = run_start {
-        marked -= protect_run(bal, r, s, i);
-    }
+    marked -= run.hide(bal, r);
     (marked, i)
 }
 
-/// Protects pages `s..e` (all claimed by this thread) and marks them `HINT`; on failure (out
-/// of VMAs) puts them back to `PRESENT` and returns how many were not marked after all.
-fn protect_run(bal: &Shared, r: &RegionShared, s: usize, e: usize) -> usize {
-    // Counted before the pages can fault, so a hint fault never runs ahead of its count
-    // (`numa_pte_updates >= numa_hint_faults` at every instant).
-    bal.stats.pte_updates.fetch_add((e - s) as u64, Ordering::Relaxed);
-    // SAFETY: the pages are mapped pages of this region, claimed (BUSY) by this thread: no
-    // handler or other path changes them until they are released below.
-    let res = unsafe { r.hide_new(r.start + s * PAGE, (e - s) * PAGE) };
-    let to = if res.is_ok() { HINT } else { PRESENT };
-    for p in &r.entries[s..e] {
-        p.release(to);
+/// The pages of one window the scanner has claimed for its next call: those to hide
+/// (claimed from `PRESENT`) and, between them, those hidden already (claimed from `HINT`),
+/// so that the call covers the window's mapping once instead of once per run of pages to
+/// hide (a zap costs a shootdown per call and mapping it empties an entry in).
+struct Run {
+    /// The first page claimed, `None` when nothing is.
+    start: Option<usize>,
+    /// One past the last page to hide, and one past the last page claimed.
+    end: usize,
+    claimed_end: usize,
+    /// Pages to hide, by bit from `start` (within one window).
+    to_hide: [u64; RUN_PAGES / 64],
+    count: usize,
+    /// Runs of pages to hide on consecutive frames, each a mapping of its own under
+    /// mprotect (a hint fault's `mprotect` splits the window), and the last such page.
+    mappings: usize,
+    last: (usize, usize),
+    /// The region's scan sequence, stamped on each page hidden.
+    seq: u32,
+}
+
+impl Run {
+    fn new(seq: u32) -> Run {
+        Run {
+            start: None,
+            end: 0,
+            claimed_end: 0,
+            to_hide: [0; RUN_PAGES / 64],
+            count: 0,
+            mappings: 0,
+            last: (0, 0),
+            seq,
+        }
     }
-    if res.is_ok() {
-        return 0;
+
+    fn is_open(&self) -> bool {
+        self.start.is_some()
     }
-    bal.stats.pte_updates.fetch_sub((e - s) as u64, Ordering::Relaxed);
-    bal.stats.scan_fail.fetch_add(1, Ordering::Relaxed);
-    e - s
+
+    /// Page `i` (claimed from `PRESENT`, on `frame`) is to be hidden.
+    fn present(&mut self, i: usize, frame: usize) {
+        let s = *self.start.get_or_insert(i);
+        self.to_hide[(i - s) / 64] |= 1 << ((i - s) % 64);
+        self.count += 1;
+        if self.count == 1 || self.last != (i - 1, frame.wrapping_sub(PAGE)) {
+            self.mappings += 1;
+        }
+        self.last = (i, frame);
+        self.end = i + 1;
+        self.claimed_end = i + 1;
+    }
+
+    /// Page `i` (claimed from `HINT`) is covered.
+    fn hinted(&mut self, i: usize) {
+        self.claimed_end = i + 1;
+    }
+
+    /// Hides the pages claimed (one call, from the first to the last page to hide), marks
+    /// them `HINT` and releases the hidden ones claimed along; on failure (out of VMAs) puts
+    /// everything back as it was. Returns how many pages to hide were not hidden after all.
+    fn hide(&mut self, bal: &Shared, r: &RegionShared) -> usize {
+        let Some(s) = self.start.take() else { return 0 };
+        let (e, count) = (self.end, self.count);
+        let is_new = |i: usize| self.to_hide[(i - s) / 64] & (1 << ((i - s) % 64)) != 0;
+        // Hidden pages claimed past the last page to hide need no call.
+        for p in &r.entries[e..self.claimed_end] {
+            p.release(HINT);
+        }
+        let mut failed = 0;
+        if count > 0 {
+            // Counted before the pages can fault, so a hint fault never runs ahead of its
+            // count (`numa_pte_updates >= numa_hint_faults` at every instant).
+            bal.stats.pte_updates.fetch_add(count as u64, Ordering::Relaxed);
+            bal.stats.scan_calls.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: the pages are mapped pages of this region, claimed (BUSY) by this
+            // thread: no handler or other path changes them until they are released below.
+            let res = unsafe { r.hide_new(r.start + s * PAGE, (e - s) * PAGE, self.mappings > 1) };
+            for (i, p) in r.entries[s..e].iter().enumerate().map(|(k, p)| (s + k, p)) {
+                match (res.is_ok(), is_new(i)) {
+                    (true, true) => {
+                        p.hidden_seq.store(self.seq, Ordering::Relaxed);
+                        p.release(HINT);
+                    }
+                    (false, true) => p.release(PRESENT),
+                    (_, false) => p.release(HINT),
+                }
+            }
+            if res.is_err() {
+                bal.stats.pte_updates.fetch_sub(count as u64, Ordering::Relaxed);
+                bal.stats.scan_fail.fetch_add(1, Ordering::Relaxed);
+                failed = count;
+            }
+        }
+        *self = Run::new(self.seq);
+        failed
+    }
 }
 
 /// `update_task_scan_period`: after a scan window with `local` and `remote` hint faults and

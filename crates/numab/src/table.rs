@@ -7,7 +7,9 @@
 //!
 //! States and who moves them:
 //! - `UNMAPPED -> BUSY -> PRESENT`: the first touch (fault handler) maps a frame.
-//! - `PRESENT -> HINT`: the scanner, before it makes the page inaccessible.
+//! - `PRESENT -> BUSY -> HINT`: the scanner, which makes the page inaccessible in between.
+//! - `HINT -> BUSY -> HINT`: the scanner, hiding a whole window in one call across pages
+//!   hinted already (the call then covers the window's mapping once, see `scan`).
 //! - `HINT -> BUSY -> PRESENT`: the hint fault (fault handler): it maps the page back, or
 //!   migrates it and maps the new frame.
 //! - `PRESENT -> BUSY -> PRESENT`: `Region::prefault`, a pin, the repair of a mapping taken
@@ -50,6 +52,10 @@ pub struct PageEntry {
     /// Pins held on the page (`Region::pin`): while non-zero the scanner, migrations and
     /// collapses leave it alone.
     pub pins: AtomicU32,
+    /// The region's scan sequence (`numa_scan_seq`) when the scanner last hid the page: a
+    /// page still hinted two sequences later went a whole scan period untouched
+    /// ([`PageEntry::cold`]).
+    pub hidden_seq: AtomicU32,
 }
 
 impl PageEntry {
@@ -64,6 +70,15 @@ impl PageEntry {
     #[inline]
     pub fn pinned(&self) -> bool {
         self.pins.load(Ordering::SeqCst) != 0
+    }
+
+    /// Whether a hinted page was hidden two scan sequences before `seq` (the region's now)
+    /// or earlier: a whole scan period went by without a touch. Read by the page's owner
+    /// (`BUSY`, claimed from `HINT`): a page nobody uses may move along with a neighbour's
+    /// migration (`fault`'s `migrate_run`).
+    #[inline]
+    pub fn cold(&self, seq: u32) -> bool {
+        seq.wrapping_sub(self.hidden_seq.load(Ordering::Relaxed)) >= 2
     }
 
     /// Ends a change: `BUSY -> to`, publishing the frame written before it.
