@@ -387,6 +387,22 @@ fn kernel_mappings(start: usize, len: usize) -> usize {
         .count()
 }
 
+/// A driven balancer whose pages migrating one by one take any frame of the node's reserve
+/// (`window_migration` off), so that a scattered wave leaves a mapping per page, as before
+/// windows had destination blocks: what collapses exist to merge.
+fn scattering_balancer(z: &Arc<Zonal>, backend: Backend) -> Balancer {
+    let cfg = zonal_numab::Config {
+        backend,
+        scan_delay_ms: 3_600_000,
+        reserve_pages: 1024,
+        collapse_mb: 0,
+        chunk_migration: false,
+        window_migration: false,
+        ..Default::default()
+    };
+    Balancer::new(z.clone(), cfg).unwrap()
+}
+
 /// Pages migrated one by one in a scattered order map a frame each; a collapse pass copies
 /// every aligned window of pages on one node into one block of that node and maps it once
 /// (orders 7, 8 and 9 here, around 128 pages left on the other node), leaves a window with a
@@ -396,7 +412,7 @@ fn collapse_merges_what_single_page_migrations_split() {
     for backend in backends() {
         let z = zonal();
         // Room for every migration at once: a burst larger than the reserve fails some.
-        let b = driven_balancer(&z, backend, MigrateMode::Delayed, 1024);
+        let b = scattering_balancer(&z, backend);
         let n = 1024;
         let stay = 128;
         let r = b.region(n * PAGE, MemPolicy::Local).unwrap();
@@ -473,7 +489,7 @@ fn collapse_merges_what_single_page_migrations_split() {
 #[test]
 fn a_collapse_pass_copies_at_most_its_budget() {
     let z = zonal();
-    let b = driven_balancer(&z, Backend::Mprotect, MigrateMode::Delayed, 1024);
+    let b = scattering_balancer(&z, Backend::Mprotect);
     let n = 512;
     let r = b.region(n * PAGE, MemPolicy::Local).unwrap();
     let p = r.as_ptr() as usize;
