@@ -12,10 +12,13 @@
 //! `TLB_REMOTE_SEND_IPI`, counted by perf on every CPU where tracefs is mounted and perf
 //! allows it; under KVM a preempted vCPU is skipped, so fewer are received than requested),
 //! both machine-wide, so anything else flushing on the machine counts too, and both split
-//! into those while a scan pass ran and the rest (faults and migrations), accesses/s
-//! per phase, migration cost per page (`numab_migrate_ns / pgmigrate_success`), the local
-//! share of hint faults per 100 ms window, the most VMAs the region needed
-//! (`Region::vma_runs`), and a log2 histogram of sampled access latencies. Every page carries
+//! into those while a scan pass ran and the rest (faults, migrations and collapses) and
+//! summed (every flush of the migration phase, what seed 004 counts), with a control: the
+//! flushes outside scan passes before the eater's free, when no page can migrate, at the same
+//! rate; accesses/s per phase and over the whole run, migration cost per page
+//! (`numab_migrate_ns / pgmigrate_success`), the local share of hint faults per 100 ms
+//! window, the most VMAs the region needed (`Region::vma_runs`), and a log2 histogram of
+//! sampled access latencies. Every page carries
 //! a pattern and per-thread counters updated with atomics, checked byte by byte at the end;
 //! the allocator's invariants are checked after everything is freed.
 //!
@@ -490,6 +493,14 @@ struct RunResult {
     scan_flushes_during: Flushes,
     /// Accesses/s before, during, after.
     rate: [f64; 3],
+    /// Accesses/s over the whole run, the three phases together.
+    rate_run: f64,
+    /// The control: flushes outside scan passes before the eater's free, when no page can
+    /// migrate (the machine's other flushes and the balancer's thread's), and the lengths of
+    /// that phase and of the migration phase, s.
+    control: Flushes,
+    before_s: f64,
+    during_s: f64,
     /// Time from the eater's free until 95% of the run's migrations were done.
     converge_ms: f64,
     /// ns per successful migration.
@@ -742,12 +753,12 @@ fn run_one(v: Variant, setup: &Setup) -> Result<RunResult, String> {
         scan_size_mb: SCAN_SIZE_MB,
         reserve_pages: RESERVE_PAGES,
         // The seed's experiment moves pages one at a time; chunk migration (2 MiB at once)
-        // would amortize eager's flushes over 512 pages and hide what the mapping order costs.
+        // would amortize eager's flushes over 512 pages and hide what the mapping order costs:
+        // right after a pass hides a window, its first hint fault finds all 512 pages hinted.
         chunk_migration: false,
-        // Collapses (one block and one mapping for a window of pages migrated one at a
-        // time) would add their own flushes to the migration phase: the run collapses once,
-        // after it, and measures that apart.
-        collapse_mb: 0,
+        // Everything else as shipped: the balancer's thread collapses fragmented windows
+        // (`collapse_mb`, its flushes counted with the migration phase's), and pages
+        // migrating one by one take their windows' destination blocks (`window_migration`).
         ..Default::default()
     };
     let bal = Balancer::new(z.clone(), cfg).map_err(|e| format!("numab: {}: {e}", v.name()))?;
@@ -831,6 +842,10 @@ fn run_one(v: Variant, setup: &Setup) -> Result<RunResult, String> {
         scan_flushes_during: a.scan_flushes.since(d.scan_flushes),
         flushes_during: a.flushes.since(d.flushes).since(a.scan_flushes.since(d.scan_flushes)),
         rate: [rate(b, d), rate(d, a), rate(a, e)],
+        rate_run: rate(b, e),
+        control: d.flushes.since(b.flushes).since(d.scan_flushes.since(b.scan_flushes)),
+        before_s: (d.at - b.at).as_secs_f64(),
+        during_s: (a.at - d.at).as_secs_f64(),
         converge_ms: (converged - d.at).as_secs_f64() * 1e3,
         cost_ns: end_stats.migrate_ns as f64 / end_stats.pgmigrate_success.max(1) as f64,
         pass_ms,
@@ -853,6 +868,24 @@ impl RunResult {
     /// (`in_scans` false) or inside them, received or requested.
     fn per_page(&self, in_scans: bool, requested: bool) -> Option<f64> {
         let f = if in_scans { self.scan_flushes_during } else { self.flushes_during };
+        self.per_migrated(f, requested)
+    }
+
+    /// Every flush of the migration phase, scan passes included (what seed 004 counts), per
+    /// page migrated in it.
+    fn per_page_all(&self, requested: bool) -> Option<f64> {
+        self.per_migrated(self.flushes_during.plus(self.scan_flushes_during), requested)
+    }
+
+    /// The control (flushes outside scans before the eater's free, when nothing migrates),
+    /// at its rate over the migration phase's length, per page migrated in it: what the
+    /// machine and the balancer's thread flush anyway.
+    fn control_per_page(&self, requested: bool) -> Option<f64> {
+        let n = if requested { self.control.requested } else { self.control.received };
+        n.map(|n| n as f64 * self.during_s / self.before_s.max(1e-9) / self.migrated_during.max(1) as f64)
+    }
+
+    fn per_migrated(&self, f: Flushes, requested: bool) -> Option<f64> {
         let n = if requested { f.requested } else { f.received };
         n.map(|n| n as f64 / self.migrated_during.max(1) as f64)
     }
@@ -967,9 +1000,15 @@ fn report(
                 med(i, &|r| opt(r.per_page(true, false))),
                 fmt_opt(med(i, &|r| opt(r.per_page(true, true))), 2)
             ),
+            format!(
+                "{:.3} / {}",
+                med(i, &|r| opt(r.per_page_all(false))),
+                fmt_opt(med(i, &|r| opt(r.per_page_all(true))), 3)
+            ),
             fmt_rate(med(i, &|r| r.rate[0])),
             fmt_rate(med(i, &|r| r.rate[1])),
             fmt_rate(med(i, &|r| r.rate[2])),
+            fmt_rate(med(i, &|r| r.rate_run)),
             format!("{:.1}", med(i, &|r| r.cost_ns) / 1e3),
             format!("{:.0}", med(i, &|r| r.converge_ms)),
             format!("{:.1}", med(i, &|r| r.pass_ms)),
@@ -986,9 +1025,11 @@ fn report(
             "fail",
             "TLB/page recv / req",
             "scan TLB/page recv / req",
+            "all TLB/page recv / req",
             "acc/s before",
             "during",
             "after",
+            "run",
             "µs/migration",
             "conv ms",
             "ms/pass",
@@ -1003,7 +1044,9 @@ fn report(
         "  migrated: numa_pages_migrated; fail: pgmigrate_fail, nearly all before the eater's free (node 1 below its \
          high watermark); TLB/page: TLB shootdowns received (recv: /proc/interrupts TLB:, summed over CPUs) and remote \
          flushes requested (req: tlb:tlb_flush), machine-wide, during the migration phase outside scan passes, per page \
-         migrated in it; scan TLB/page: those while scan passes ran, per migrated page; µs/migration: numab_migrate_ns / pgmigrate_success; conv ms: from the \
+         migrated in it; scan TLB/page: those while scan passes ran, per migrated page; all TLB/page: both, every \
+         flush of the migration phase per page migrated in it (what seed 004 counts); acc/s run: over the three phases; \
+         µs/migration: numab_migrate_ns / pgmigrate_success; conv ms: from the \
          eater's free to 95% of the pages migrated; ms/pass: a scan pass's mean time; local: numa_hint_faults_local / numa_hint_faults after \
          convergence and in the last window; peak VMAs: Region::vma_runs at its highest; bytes bad: every byte of every \
          page checked after the run"
@@ -1076,6 +1119,7 @@ fn report(
     // Targets, from this run's medians.
     let idx = |b: Backend, m: MigrateMode| variants.iter().position(|v| v.backend == b && v.mode == m);
     let mut lines = Vec::new();
+    let mut controls = Vec::new();
     for (b, limit) in [(Backend::Userfaultfd, 0.05), (Backend::Mprotect, 0.60)] {
         let (Some(d), Some(e)) = (idx(b, MigrateMode::Delayed), idx(b, MigrateMode::Eager)) else {
             lines.push(format!("{} delayed against eager: not measured (backend unavailable)", backend_name(b)));
@@ -1109,6 +1153,49 @@ fn report(
             backend_name(b),
             r * 100.0,
             verdict(r <= 0.30)
+        ));
+        // Seed 004's count: every shootdown of the migration phase, the scanner's included.
+        let all = |i, req| Summary::of(&col(i, &|r: &RunResult| opt(r.per_page_all(req)))).median;
+        let (ad, ae) = (all(d, false), all(e, false));
+        let req = match (all(d, true), all(e, true)) {
+            (x, y) if x.is_nan() || y.is_nan() => String::new(),
+            (x, y) => format!(" (requested: {x:.3} against {y:.3}, {:.1}%)", x / y * 100.0),
+        };
+        lines.push(format!(
+            "{} every TLB shootdown of the migration phase (scan passes included) per migrated page, delayed \
+             {ad:.3} against eager's {ae:.3}: {:.1}%{req} (≤ 5%: {})",
+            backend_name(b),
+            ad / ae * 100.0,
+            verdict(ad / ae <= 0.05)
+        ));
+        lines.push(format!(
+            "{} delayed, every TLB shootdown of the migration phase per migrated page: {ad:.3} (≤ 0.2: {})",
+            backend_name(b),
+            verdict(ad <= 0.2)
+        ));
+        let r = paired_ratio(&col(d, &|r| r.rate_run), &col(e, &|r| r.rate_run));
+        let same = paired_ratio(&col(d, &|r| r.rate[0]), &col(e, &|r| r.rate[0]));
+        lines.push(format!(
+            "{} delayed accesses/s over the whole run against eager's: {r:.3} (≥ 1: {}; control: {same:.3} before \
+             the eater's free, where both run the same code)",
+            backend_name(b),
+            verdict(r >= 1.0)
+        ));
+        // The control for the shootdown targets: what the machine and the balancer's thread
+        // flush when nothing migrates, at the same rate over the migration phase.
+        let ctl = |i, req| Summary::of(&col(i, &|r: &RunResult| opt(r.control_per_page(req)))).median;
+        let req = match (ctl(d, true), ctl(e, true)) {
+            (x, y) if x.is_nan() || y.is_nan() => String::new(),
+            (x, y) => format!(" (requested: {x:.3} and {y:.3})"),
+        };
+        controls.push(format!(
+            "{}: outside scan passes before the eater's free (no page can migrate), at the migration phase's \
+             length, per page migrated in it: delayed runs {:.3}, eager runs {:.3}{req}; delayed's total less its \
+             control, against eager's less its: {:.1}%",
+            backend_name(b),
+            ctl(d, false),
+            ctl(e, false),
+            (ad - ctl(d, false)).max(0.0) / (ae - ctl(e, false)).max(1e-9) * 100.0
         ));
     }
     let migrated: Vec<f64> = (0..variants.len()).map(|i| med(i, &|r| r.migrated as f64)).collect();
@@ -1151,6 +1238,9 @@ fn report(
     for l in lines {
         println!("  target: {l}");
     }
+    for c in controls {
+        println!("  control, {c}");
+    }
     let max_map = std::fs::read_to_string("/proc/sys/vm/max_map_count").ok().and_then(|s| s.trim().parse::<u64>().ok());
     let peak = results.iter().flatten().map(|r| r.peak_vmas).max().unwrap_or(0);
     println!(
@@ -1183,10 +1273,19 @@ fn report(
                     Summary::of(&col(i, &|r| opt(r.per_page(false, true)))),
                 "remote_flushes_requested_per_migrated_page_in_scans":
                     Summary::of(&col(i, &|r| opt(r.per_page(true, true)))),
+                "tlb_shootdowns_received_per_migrated_page_all":
+                    Summary::of(&col(i, &|r| opt(r.per_page_all(false)))),
+                "remote_flushes_requested_per_migrated_page_all":
+                    Summary::of(&col(i, &|r| opt(r.per_page_all(true)))),
+                "control_tlb_shootdowns_received_per_migrated_page":
+                    Summary::of(&col(i, &|r| opt(r.control_per_page(false)))),
+                "control_remote_flushes_requested_per_migrated_page":
+                    Summary::of(&col(i, &|r| opt(r.control_per_page(true)))),
                 "accesses_per_s": {
                     "before": Summary::of(&col(i, &|r| r.rate[0])),
                     "during": Summary::of(&col(i, &|r| r.rate[1])),
                     "after": Summary::of(&col(i, &|r| r.rate[2])),
+                    "run": Summary::of(&col(i, &|r| r.rate_run)),
                 },
                 "converge_ms": Summary::of(&col(i, &|r| r.converge_ms)),
                 "scan_pass_ms": Summary::of(&col(i, &|r| r.pass_ms)),
