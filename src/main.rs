@@ -488,7 +488,14 @@ fn sysctl_doc(items: &[String], json: bool) -> Result<(), String> {
     }
     out(&rows
         .iter()
-        .map(|t| format!("{} (default {}, {}, unit {}): {}\n", t.name, t.default, t.bounds.describe(), t.unit, t.doc))
+        .map(|t| {
+            // A choice's words are its values; "unit mode" would say nothing.
+            let unit = match t.bounds {
+                zonal::tunables::Bounds::Choice(_) => String::new(),
+                _ => format!(", unit {}", t.unit),
+            };
+            format!("{} (default {}, {}{unit}): {}\n", t.name, t.default, t.bounds.describe(), t.doc)
+        })
         .collect::<String>())
 }
 

@@ -52,6 +52,7 @@ fn sysctl_refuses_unknown_names_everywhere_and_speaks_json() {
     let doc = ok(&zonal(&["sysctl", "--doc"]));
     assert!(!doc.contains("Choice(") && !doc.contains("Range(") && !doc.contains("18446744073709551615"), "{doc}");
     assert!(doc.contains("numa_stats_mode (default auto, one of auto, strict, coarse"), "{doc}");
+    assert!(!doc.contains("unit mode") && doc.contains("stat_interval (default 1000, 1 to 3600000, unit ms)"), "{doc}");
     let one: serde_json::Value =
         serde_json::from_str(&ok(&zonal(&["sysctl", "--doc", "--json", "stat_interval"]))).unwrap();
     assert_eq!(one.as_array().unwrap().len(), 1);
