@@ -10,12 +10,52 @@
 use std::time::{Duration, Instant};
 use zonal::{Config, Gfp, NodeId, Topology, Zonal};
 
+const USAGE: &str = "usage: zlc_hog [ROUNDS] [on|off] [THREADS] [touch]
+  ROUNDS   rounds of 1024 order-0 allocations and frees per thread (default 20000)
+  on|off   the zonelist cache (default on)
+  THREADS  allocating threads, each on its own CPU when there are enough (default 1)
+  touch    write a word of each frame between the allocations and the frees";
+
+/// The arguments, each checked: a word out of place is an error, never a silent default.
+fn args() -> Result<(usize, bool, usize, bool), String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        return Err(String::new());
+    }
+    let num = |i: usize, what: &str, default: usize| match args.get(i) {
+        None => Ok(default),
+        Some(a) => a.parse().ok().filter(|&n| n > 0).ok_or_else(|| format!("{what} `{a}`: give a positive number")),
+    };
+    let rounds = num(0, "ROUNDS", 20_000)?;
+    let on = match args.get(1).map(String::as_str) {
+        None | Some("on") => true,
+        Some("off") => false,
+        Some(a) => return Err(format!("`{a}`: give on or off for the zonelist cache")),
+    };
+    let threads = num(2, "THREADS", 1)?;
+    let touch = match args.get(3).map(String::as_str) {
+        None => false,
+        Some("touch") => true,
+        Some(a) => return Err(format!("`{a}`: the fourth argument can only be `touch`")),
+    };
+    if args.len() > 4 {
+        return Err(format!("`{}`: too many arguments", args[4]));
+    }
+    Ok((rounds, on, threads, touch))
+}
+
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(20_000);
-    let on = args.next().is_none_or(|a| a != "off");
-    let threads: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
-    let touch = args.next().is_some_and(|a| a == "touch");
+    let (rounds, on, threads, touch) = match args() {
+        Ok(a) => a,
+        Err(e) if e.is_empty() => {
+            println!("{USAGE}");
+            return;
+        }
+        Err(e) => {
+            eprintln!("zlc_hog: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
     let nodes = 28;
     let ncpu = zonal::cpu::nr_cpus_online();
     let spec = format!("nodes={nodes},size=256M,cpus=0-{}{}", ncpu - 1, ":".repeat(nodes - 1));
