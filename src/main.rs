@@ -316,6 +316,18 @@ fn config(cli: &Cli) -> Result<Config, String> {
     Ok(config)
 }
 
+/// Under `numa_stats_mode=auto` the NUMA counters start at their first read (seed 001), so
+/// a workload run before the report leaves them at zero: say so rather than print zeros
+/// that look like a finding.
+fn note_uncounted_numa(z: &Zonal, ran_workload: bool) {
+    if ran_workload && z.sysctl_get("numa_stats_mode").is_ok_and(|m| m == "auto") {
+        eprintln!(
+            "note: numa_stats_mode is auto, so the NUMA counters (numa_hit, numa_miss, ...) start counting at their \
+             first read, after this workload: they read 0. Add --set numa_stats_mode=strict to count the workload."
+        );
+    }
+}
+
 fn with_workload(z: &Zonal, workload: Option<&str>) -> Result<(), String> {
     if let Some(w) = workload {
         let w = Workload::parse(w)?;
@@ -569,6 +581,7 @@ fn run(cli: Cli, publish: bool) -> Result<(), String> {
         }
         Command::Numastat { node, workload, json } => {
             with_workload(&z, workload.as_deref())?;
+            note_uncounted_numa(&z, workload.is_some());
             match (node, json) {
                 (Some(n), false) => print!("{}", z.numastat_node(zonal::NodeId(*n)).map_err(|e| e.to_string())?),
                 (Some(n), true) => {
@@ -586,6 +599,7 @@ fn run(cli: Cli, publish: bool) -> Result<(), String> {
         }
         Command::Vmstat { workload, json, prometheus } => {
             with_workload(&z, workload.as_deref())?;
+            note_uncounted_numa(&z, workload.is_some());
             if *prometheus {
                 print!("{}", z.prometheus());
             } else if *json {

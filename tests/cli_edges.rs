@@ -96,3 +96,20 @@ fn commands_of_every_handle_refuse_pid() {
         assert!(e.contains("`ps` and `exporter` cover every published handle"), "{cmd}: {e}");
     }
 }
+
+#[test]
+fn numastat_after_a_workload_says_why_auto_mode_reads_zero() {
+    let auto = zonal(&["numastat", "--workload", "allocs=100"]);
+    ok(&auto);
+    let said = String::from_utf8_lossy(&auto.stderr);
+    assert!(said.contains("numa_stats_mode is auto") && said.contains("numa_stats_mode=strict"), "{said}");
+    let strict = zonal(&["--set", "numa_stats_mode=strict", "numastat", "--workload", "allocs=100"]);
+    let counted = ok(&strict);
+    assert!(!String::from_utf8_lossy(&strict.stderr).contains("numa_stats_mode is auto"));
+    let hits: u64 = counted
+        .lines()
+        .find(|l| l.starts_with("numa_hit"))
+        .map(|l| l.split_whitespace().skip(1).filter_map(|v| v.parse::<u64>().ok()).sum())
+        .unwrap();
+    assert_eq!(hits, 100, "strict mode counts the workload: {counted}");
+}
