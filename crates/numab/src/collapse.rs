@@ -16,12 +16,19 @@
 //! another node than its frame's): the balancer is about to move it, and a collapse would
 //! copy it for nothing.
 //!
+//! While balancing runs with window migration, a window to collapse first gets a destination
+//! block on its node instead (`RegionShared::defer_collapse`): the scanner hides its pages
+//! anyway, and each local hint fault then moves its page into its slot, with no shootdown,
+//! where hiding the window here costs one per mapping. A window whose block took no page
+//! for two visits is collapsed as below.
+//!
 //! The window's pages are claimed (`PRESENT`/`HINT -> BUSY`) one by one, hidden in one call,
 //! copied and mapped; a thread that touches one meanwhile waits in the fault handler, as for
 //! a migration. Hinted pages come back mapped (their hint is dropped, as khugepaged's
 //! collapse maps the huge page accessible). The work is bounded per pass (`collapse_mb` per
 //! second), as khugepaged's `pages_to_scan` bounds its.
 
+use crate::fault::Hide;
 use crate::os::{self, PAGE};
 use crate::scan::Cursor;
 use crate::table::{Cpupid, HINT, PRESENT};
@@ -108,6 +115,9 @@ fn window(bal: &Shared, r: &RegionShared, c: usize, order: u32, left: &mut usize
     }
     match look(bal, r, c, n) {
         Look::Leave => ControlFlow::Continue(()),
+        // The window's destination block takes the pages on their local hint faults, which
+        // need no shootdown (see `RegionShared::defer_collapse`).
+        Look::Collapse(nid) if r.defer_collapse(c / crate::dest::WINDOW, nid) => ControlFlow::Continue(()),
         Look::Collapse(_) if n > budget => halves(left),
         Look::Collapse(_) if n > *left => ControlFlow::Break(()),
         Look::Collapse(nid) => match collapse(bal, r, c, order, nid) {
@@ -207,7 +217,7 @@ fn collapse(bal: &Shared, r: &RegionShared, c: usize, order: u32, nid: u16) -> R
     }
     let addr = r.start + c * PAGE;
     // SAFETY: the window's pages are this region's, mapped and claimed by this thread.
-    if unsafe { r.hide_new(addr, n * PAGE, true) }.is_err() {
+    if unsafe { r.hide_new(addr, n * PAGE, Hide::ProtectFirst) }.is_err() {
         r.remap_old(c, n);
         st.collapse_fail.fetch_add(1, Ordering::Relaxed);
         free_block();

@@ -21,6 +21,14 @@
 //! block's, or of a page whose slot went already (it was there and left), takes a reserve
 //! frame as before.
 //!
+//! The same blocks merge windows without a collapse: a *local* hint fault on a page off its
+//! slot while its window has a block on the page's node moves the page into its slot (a
+//! window of many mappings without a block gets one at such a fault, and the collapse, which
+//! would first hide the window at a shootdown per mapping, gives its windows to this while
+//! balancing runs: [`RegionShared::defer_collapse`]). The page is hidden, its entry empty, so
+//! the move costs no shootdown; the scanner hides such pages with a zap (`scan`), not with
+//! the entry kept.
+//!
 //! Frames: a slot's frame is handed out (its bit set: it became the page's frame, or went
 //! back to be freed when the migration failed) or still the block's (bit clear). The block's
 //! frames are freed when it is retired: by the balancer's thread once the window took no slot
@@ -62,6 +70,10 @@ pub(crate) struct Dest {
     idle: AtomicU32,
     /// A slot was taken since the scanner's last visit (see [`RegionShared::scan_skips`]).
     recent: AtomicBool,
+    /// A slot was taken since the collapse's last visit, and the collapse's visits in a row
+    /// without one (see [`RegionShared::defer_collapse`]).
+    progress: AtomicBool,
+    stalls: AtomicU32,
 }
 
 impl Dest {
@@ -72,6 +84,7 @@ impl Dest {
         if got {
             self.idle.store(0, Ordering::Relaxed);
             self.recent.store(true, Ordering::Relaxed);
+            self.progress.store(true, Ordering::Relaxed);
         }
         got
     }
@@ -157,21 +170,125 @@ impl RegionShared {
         if !d.recent.swap(false, Ordering::Relaxed) {
             return false;
         }
-        let pages = &self.entries[w * WINDOW..(w + 1) * WINDOW];
+        self.frame_runs(w) > SKIP_MAPPINGS
+    }
+
+    /// Whether the collapse leaves window `w` (its pages, or some, on node `nid` in several
+    /// mappings) to its destination block: while balancing runs with window migration, the
+    /// window gets a block on `nid` (one from the node's reserve; none there yet, it asks the
+    /// next refill for one and waits for the next visit), and the scanner hides its pages
+    /// each pass, so each page moves into its slot on its next local hint fault (as a delayed
+    /// migration, over an empty entry: no shootdown), where a collapse hides the window at a
+    /// shootdown per mapping. Not when the window's block is on another node, nor after two
+    /// visits in a row in which no page moved in (its pages are not faulting: a collapse
+    /// copies them).
+    pub(crate) fn defer_collapse(&self, w: usize, nid: u16) -> bool {
+        let Some(d) = self.dest.get(w) else { return false };
+        if !self.bal.aligned_migration || !self.bal.enabled() {
+            return false;
+        }
+        let b = d.block.load(Ordering::Acquire);
+        if b == 0 {
+            if !self.bal.has_room_for(nid, WINDOW) {
+                return false;
+            }
+            let Some(nb) = self.bal.chunks[nid as usize].take() else {
+                self.bal.chunk_misses[nid as usize].fetch_add(1, Ordering::AcqRel);
+                self.bal.kick();
+                return d.stalls.fetch_add(1, Ordering::Relaxed) < 2;
+            };
+            if d.block.compare_exchange(0, nb, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                self.bal.give_back_chunk(nid, nb);
+                return true;
+            }
+            self.bal.stats.window_blocks.fetch_add(1, Ordering::Relaxed);
+            d.stalls.store(0, Ordering::Relaxed);
+            d.progress.store(false, Ordering::Relaxed);
+            return true;
+        }
+        if !self.bal.z.page_to_nid(b as *const u8).is_ok_and(|n| n.0 == nid) {
+            return false;
+        }
+        if d.progress.swap(false, Ordering::Relaxed) {
+            d.stalls.store(0, Ordering::Relaxed);
+            return true;
+        }
+        d.stalls.fetch_add(1, Ordering::Relaxed) < 2
+    }
+
+    /// Whether page `idx`, on frame `frame`, sits off its slot in its window's destination
+    /// block while the block is on the page's node: a page its next local hint fault moves
+    /// into the slot (so its entry must be emptied when it is hidden, see `scan`).
+    pub(crate) fn off_slot(&self, idx: usize, frame: usize) -> bool {
+        let Some(d) = self.dest.get(idx / WINDOW) else { return false };
+        let b = d.block.load(Ordering::Relaxed);
+        let z = &self.bal.z;
+        b != 0
+            && frame != b + (idx % WINDOW) * PAGE
+            && z.page_to_nid(b as *const u8).ok() == z.page_to_nid(frame as *const u8).ok()
+    }
+
+    /// Runs of consecutive frames in window `w` (a page without a frame a run of its own):
+    /// the mappings it is at least.
+    fn frame_runs(&self, w: usize) -> usize {
         let mut runs = 0;
         let mut prev = 0;
-        for e in pages {
+        for e in &self.entries[w * WINDOW..(w + 1) * WINDOW] {
             let f = e.frame.load(Ordering::Relaxed);
             runs += (f == 0 || f != prev + PAGE) as usize;
             prev = f;
         }
-        runs > SKIP_MAPPINGS
+        runs
     }
 
-    /// Slot `k` of page `idx`'s window, for a neighbour moving along with page `idx`'s
-    /// migration (the neighbour claimed): whether it was taken.
+    /// Page `idx`'s slot (the page claimed, a neighbour moving along with another page's
+    /// move into its slot): whether it was taken; never when the page is in it already.
     pub(crate) fn take_neighbour_slot(&self, idx: usize) -> bool {
-        self.dest.get(idx / WINDOW).is_some_and(|d| d.take_slot(idx % WINDOW))
+        let Some(d) = self.dest.get(idx / WINDOW) else { return false };
+        let (b, k) = (d.block.load(Ordering::Acquire), idx % WINDOW);
+        b != 0 && self.entries[idx].frame.load(Ordering::Relaxed) != b + k * PAGE && d.take_slot(k)
+    }
+
+    /// The frame of page `idx` (claimed, hinted, on node `nid`) in its window's destination
+    /// block when the block is on `nid`, the page not in its slot and the slot free, taken:
+    /// a local hint fault's move into the window's mapping. A window without a block gets
+    /// one here when it is more than `SKIP_MAPPINGS` mappings and the page ends one of them
+    /// (pages first touched onto scattered frames, say): its pages then move into it on
+    /// their local faults, one scan period, where a collapse would first have to hide the
+    /// window at a shootdown per mapping. Never waits. Async-signal-safe.
+    pub(crate) fn free_slot(&self, idx: usize, nid: u16) -> Option<usize> {
+        if !self.bal.aligned_migration {
+            return None;
+        }
+        let (w, k) = (idx / WINDOW, idx % WINDOW);
+        let d = self.dest.get(w)?;
+        let mut b = d.block.load(Ordering::Acquire);
+        if b == 0 {
+            let f = |j: usize| self.entries[j].frame.load(Ordering::Relaxed);
+            let at_edge = (k > 0 && f(idx - 1) + PAGE != f(idx)) || (k + 1 < WINDOW && f(idx) + PAGE != f(idx + 1));
+            if !at_edge || self.frame_runs(w) <= SKIP_MAPPINGS || !self.bal.has_room_for(nid, WINDOW) {
+                return None;
+            }
+            let Some(nb) = self.bal.chunks[nid as usize].take() else {
+                self.bal.chunk_misses[nid as usize].fetch_add(1, Ordering::AcqRel);
+                self.bal.kick();
+                return None;
+            };
+            self.bal.kick();
+            match d.block.compare_exchange(0, nb, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    self.bal.stats.window_blocks.fetch_add(1, Ordering::Relaxed);
+                    b = nb;
+                }
+                Err(cur) => {
+                    self.bal.give_back_chunk(nid, nb);
+                    b = cur;
+                }
+            }
+        }
+        let here = b != 0 && self.bal.z.page_to_nid(b as *const u8).is_ok_and(|n| n.0 == nid);
+        (here && self.entries[idx].frame.load(Ordering::Relaxed) != b + k * PAGE && d.take_slot(k))
+            .then_some(b + k * PAGE)
     }
 
     /// A visit of the balancer's thread: retires the blocks of windows that took no slot for

@@ -98,6 +98,29 @@ impl Unresolved {
 /// What became of a fault on a region page.
 pub(crate) type Outcome = Result<(), Unresolved>;
 
+/// How pages are taken away under mprotect (under userfaultfd a hide is always a zap, which
+/// empties the entries: a hint fault there is a fault on an empty entry).
+///
+/// A zap costs a TLB shootdown per mapping it empties an entry in, an `mprotect` one for the
+/// whole call (the kernel gathers it), and an `mprotect` over neighbouring mappings of
+/// consecutive frames merges them (measured on 6.18: 4,096 one-page mappings, one
+/// `MADV_DONTNEED` over them 4,096 shootdowns, one `mprotect(PROT_NONE)` 1). The zap is what
+/// lets a migration map its new frame over an empty entry, with no shootdown, where mapping
+/// over a `PROT_NONE` entry (present to the kernel) flushes every CPU the process ran on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Hide {
+    /// Zapped, then protected (at no cost: the entries are empty): a shootdown per mapping,
+    /// for a range of one or two.
+    ZapFirst,
+    /// Protected, one shootdown after which the range's mappings of consecutive frames are
+    /// one, then zapped, one more: for a range a hint fault's `mprotect`s split.
+    ProtectFirst,
+    /// Protected only, one shootdown whatever the range's mappings, the entries kept: for
+    /// pages none of which looks set to move (each is where its last hint fault came from).
+    /// One that moves after all pays a shootdown for its new mapping.
+    ProtectOnly,
+}
+
 /// Whether this process is a child of `fork()` that inherited the balancer's state.
 pub(crate) fn forked() -> bool {
     FORKED.load(Ordering::Relaxed)
@@ -490,6 +513,19 @@ impl RegionShared {
                 should_migrate(e, Cpupid::new(here, tid), src, d, early, Some(&self.group)) && d != src
             });
         let Some(dst) = dst.filter(|_| wanted) else {
+            // A local fault on a page off its slot in its window's destination block here
+            // (first touched onto a frame of its own, say): into its slot, as a delayed
+            // migration moves a page (no flush: the page is hidden, its entry empty), so
+            // that the window becomes one mapping without a collapse.
+            if src == here
+                && !e.pinned()
+                && !e.kept.load(Ordering::Relaxed)
+                && !self.bal.over_budget.load(Ordering::Relaxed)
+            {
+                if let Some(new) = self.free_slot(idx, here) {
+                    return self.move_pages(idx, here, new, true, false, os::now_ns());
+                }
+            }
             return self.map_back(idx);
         };
         // Pinned while it was hinted (the pinner waits for it): the kernel may hold the
@@ -531,14 +567,27 @@ impl RegionShared {
         if slot.is_none() {
             self.bal.kick_if_low(dst);
         }
+        self.move_pages(idx, dst, new, slot.is_some(), eager, t0)
+    }
+
+    /// Moves page `idx` (claimed, hidden, or accessible again when `eager`) to node `dst`
+    /// onto frame `new`, taken for it: its slot in its window's destination block (`slot`),
+    /// with the untouched neighbours that come along into theirs (`gather_cold`), or a
+    /// reserve frame alone. Counts the pages whose node changed as migrated, the others
+    /// (a local fault's move into its slot) as `numab_coalesced`.
+    fn move_pages(&self, idx: usize, dst: u16, new: usize, slot: bool, eager: bool, t0: u64) -> Outcome {
+        let e = &self.entries[idx];
+        let addr = self.start + idx * PAGE;
+        let st = &self.bal.stats;
+        let z = &self.bal.z;
         // Into a slot, the cold neighbours come along into theirs: a page used among pages
         // nobody touches would otherwise stay a mapping of its own.
-        let (a, b) = if slot.is_some() { self.gather_cold(idx, dst) } else { (idx, idx + 1) };
+        let (a, b) = if slot { self.gather_cold(idx) } else { (idx, idx + 1) };
         // The new frame of page `a`; page j's is `first + (j - a) * PAGE` (consecutive in a
         // block, or the one reserve frame when a..b is the page alone).
         let first = new - (idx - a) * PAGE;
-        // SAFETY: as above.
-        if eager && unsafe { self.hide(addr, PAGE, false) }.is_err() {
+        // SAFETY: a mapped page of this region, claimed.
+        if eager && unsafe { self.hide(addr, PAGE, Hide::ZapFirst) }.is_err() {
             self.drop_run(a, b, idx, first);
             return self.fail_done(idx);
         }
@@ -562,16 +611,22 @@ impl RegionShared {
             self.bal.kick();
             return self.fail_and_map_back(idx);
         }
+        let (mut moved, mut own) = (0u64, false);
         for j in a..b {
             let old = self.entries[j].frame.swap(first + (j - a) * PAGE, Ordering::Relaxed);
+            let across = z.page_to_nid(old as *const u8).map_or(true, |n| n.0 != dst);
+            moved += across as u64;
+            own |= across && j == idx;
             // SAFETY: the old frame is mapped nowhere now but the arena, and ours alone.
             unsafe { self.bal.to_free.push(old) };
         }
-        let n = (b - a) as u64;
-        st.pages_migrated.fetch_add(n, Ordering::Relaxed);
-        st.migrate_success.fetch_add(n, Ordering::Relaxed);
-        st.migrated_along.fetch_add(n - 1, Ordering::Relaxed);
-        st.migrate_ns.fetch_add(os::now_ns().saturating_sub(t0), Ordering::Relaxed);
+        st.pages_migrated.fetch_add(moved, Ordering::Relaxed);
+        st.migrate_success.fetch_add(moved, Ordering::Relaxed);
+        st.migrated_along.fetch_add(moved - own as u64, Ordering::Relaxed);
+        st.coalesced.fetch_add((b - a) as u64 - moved, Ordering::Relaxed);
+        if own {
+            st.migrate_ns.fetch_add(os::now_ns().saturating_sub(t0), Ordering::Relaxed);
+        }
         for j in (a..b).filter(|&j| j != idx) {
             self.entries[j].release(PRESENT);
         }
@@ -579,21 +634,20 @@ impl RegionShared {
         Ok(())
     }
 
-    /// Claims the cold neighbours of page `idx` (claimed, migrating into its slot of its
-    /// window's destination block on `dst`) that can come along, and takes their slots:
-    /// contiguous with it in the window, hidden since before the last scan period began
+    /// Claims the cold neighbours of page `idx` (claimed, moving into its slot of its
+    /// window's destination block) that can come along, and takes their slots: contiguous
+    /// with it in the window, hidden since before the last scan period began
     /// (`PageEntry::cold`), never hint-faulted on (no `last` on record: the program has not
-    /// touched them since the scanner first hid them), on another node than `dst`, not
-    /// pinned. Pages used in a window thus move with the pages nobody uses between them,
-    /// which keeps the window one mapping instead of a mapping per used page; every page
-    /// in use moves on its own hint fault, as Linux moves it (one only waiting for its turn
+    /// touched them since the scanner first hid them), not pinned, not in their slots
+    /// already. Pages used in a window thus move with the pages nobody uses between them,
+    /// which keeps the window one mapping instead of a mapping per used page; every page in
+    /// use moves on its own hint fault, as Linux moves it (one only waiting for its turn
     /// while the threads are busy faulting may look cold, but it has a hint fault on record
     /// from before). Returns the run `a..b` around `idx`.
-    fn gather_cold(&self, idx: usize, dst: u16) -> (usize, usize) {
+    fn gather_cold(&self, idx: usize) -> (usize, usize) {
         let c = idx / crate::dest::WINDOW * crate::dest::WINDOW;
         let end = (c + crate::dest::WINDOW).min(self.entries.len());
         let seq = self.scan_seq.load(Ordering::Relaxed) as u32;
-        let z = &self.bal.z;
         let comes = |j: usize| {
             let e = &self.entries[j];
             // A look first, then the claim, then every test again (a pin is read after the
@@ -601,12 +655,12 @@ impl RegionShared {
             if e.state.load(Ordering::Relaxed) != HINT || e.pinned() || !e.cold(seq) || !e.claim(HINT) {
                 return false;
             }
-            let f = e.frame.load(Ordering::Relaxed);
             let last = Cpupid(e.last.load(Ordering::Relaxed));
+            // A page hidden with its entry kept would cost its run's mapping a shootdown.
             let ok = !e.pinned()
                 && e.cold(seq)
                 && last.is_unset()
-                && z.page_to_nid(f as *const u8).is_ok_and(|n| n.0 != dst)
+                && !e.kept.load(Ordering::Relaxed)
                 && self.take_neighbour_slot(j);
             if !ok {
                 e.release(HINT);
@@ -681,7 +735,7 @@ impl RegionShared {
         let addr = self.start + c * PAGE;
         let eager = self.bal.mode() == MigrateMode::Eager;
         // SAFETY: the chunk's pages are this region's, mapped and claimed by this thread.
-        if eager && (!self.reveal_pages(addr, n) || unsafe { self.hide(addr, n * PAGE, false) }.is_err()) {
+        if eager && (!self.reveal_pages(addr, n) || unsafe { self.hide(addr, n * PAGE, Hide::ZapFirst) }.is_err()) {
             // Revealed or not, the pages are hidden or mapped as before: map each back.
             for j in (c..c + n).filter(|&j| j != idx) {
                 // A page that cannot be mapped back stays hinted: its own fault says so.
@@ -847,7 +901,7 @@ impl RegionShared {
     ///
     /// # Safety
     /// As for [`RegionShared::hide`].
-    pub(crate) unsafe fn hide_new(&self, addr: usize, len: usize, gather: bool) -> Result<(), i32> {
+    pub(crate) unsafe fn hide_new(&self, addr: usize, len: usize, how: Hide) -> Result<(), i32> {
         if let Some(u) = &self.bal.uffd {
             // Only when a page of the range was mapped anew since it was registered: an
             // `UFFDIO_REGISTER` takes the mmap lock for writing, so a scan pass registering
@@ -863,34 +917,26 @@ impl RegionShared {
             }
         }
         // SAFETY: per the caller's contract.
-        unsafe { self.hide(addr, len, gather) }
+        unsafe { self.hide(addr, len, how) }
     }
 
     /// Takes pages away so the next access faults: `PROT_NONE`, or a zap under userfaultfd
     /// (of pages whose mapping is registered: ones this layer hid before and has only
-    /// revealed since, in place; others go through [`RegionShared::hide_new`]).
-    ///
-    /// Under mprotect the pages are zapped too: a migration then maps its new frame over an
-    /// empty entry, which needs no TLB flush, where replacing a PROT_NONE entry (present to
-    /// the kernel) flushes every CPU the process ran on (NUMAB.md). A zap costs a shootdown
-    /// per mapping it empties an entry in, an `mprotect` one for the whole call (the kernel
-    /// gathers it), and an `mprotect` over mappings of consecutive frames merges them into
-    /// one. So with `gather` (the range is several mappings, as a hint fault's `mprotect`
-    /// leaves a scanned window) the range is protected first, one shootdown and one mapping,
-    /// and then zapped, one more; without, zapped first, a shootdown per mapping, and then
-    /// protected at no cost (its entries are empty). Either way a page touched in between
-    /// faults or is taken away by the second call.
+    /// revealed since, in place; others go through [`RegionShared::hide_new`]). Under
+    /// mprotect, `how` says in which order, or whether the pages are zapped too (see
+    /// [`Hide`]).
     ///
     /// # Safety
     /// The pages are mapped pages of this region that the caller has claimed.
-    pub(crate) unsafe fn hide(&self, addr: usize, len: usize, gather: bool) -> Result<(), i32> {
+    pub(crate) unsafe fn hide(&self, addr: usize, len: usize, how: Hide) -> Result<(), i32> {
         // SAFETY: per the caller's contract; the region's pages map the arena's memfd shared,
         // so a zap drops page-table entries and keeps the data.
         unsafe {
-            match &self.bal.uffd {
-                Some(_) => os::zap(addr, len),
-                None if gather => os::protect(addr, len, true).and_then(|()| os::zap(addr, len)),
-                None => os::zap(addr, len).and_then(|()| os::protect(addr, len, true)),
+            match (&self.bal.uffd, how) {
+                (Some(_), _) => os::zap(addr, len),
+                (None, Hide::ZapFirst) => os::zap(addr, len).and_then(|()| os::protect(addr, len, true)),
+                (None, Hide::ProtectFirst) => os::protect(addr, len, true).and_then(|()| os::zap(addr, len)),
+                (None, Hide::ProtectOnly) => os::protect(addr, len, true),
             }
         }
     }

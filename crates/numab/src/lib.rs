@@ -348,6 +348,7 @@ pub(crate) struct Counters {
     pub(crate) window_blocks: AtomicU64,
     pub(crate) scan_calls: AtomicU64,
     pub(crate) scan_skips: AtomicU64,
+    pub(crate) coalesced: AtomicU64,
     pub(crate) scans: AtomicU64,
 }
 
@@ -417,6 +418,10 @@ pub struct Stats {
     pub scan_calls: u64,
     /// Windows a scan pass left alone while pages migrated into them (many mappings then).
     pub scan_skips: u64,
+    /// Pages moved into their slots of their window's destination block on their own node
+    /// (a local hint fault's page, or an untouched page coming along): a window made one
+    /// mapping without a collapse.
+    pub coalesced: u64,
     /// Scan passes made.
     pub scans: u64,
     /// The current scan period in ms.
@@ -456,6 +461,7 @@ impl Stats {
             ("numab_window_blocks", self.window_blocks),
             ("numab_scan_calls", self.scan_calls),
             ("numab_scan_skips", self.scan_skips),
+            ("numab_coalesced", self.coalesced),
             ("numab_scans", self.scans),
             ("numab_scan_period_ms", self.scan_period_ms),
         ]
@@ -683,6 +689,7 @@ impl Shared {
             window_blocks: l(&s.window_blocks),
             scan_calls: l(&s.scan_calls),
             scan_skips: l(&s.scan_skips),
+            coalesced: l(&s.coalesced),
             scans: l(&s.scans),
             scan_period_ms: self.period_ms.load(Ordering::Relaxed),
         }

@@ -11,8 +11,9 @@
 //! `pte_same` under the PTE lock for the same reason). The end of a region's pages ends its
 //! scan sequence (`numa_scan_seq`).
 
+use crate::fault::Hide;
 use crate::os::PAGE;
-use crate::table::{HINT, PRESENT};
+use crate::table::{Cpupid, HINT, PRESENT};
 use crate::{RegionShared, Shared};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -93,7 +94,14 @@ fn mark_from(bal: &Shared, r: &RegionShared, from: usize, want: usize, virt: &mu
                     e.release(PRESENT);
                     marked -= run.hide(bal, r);
                 } else {
-                    run.present(i, e.frame.load(Ordering::Relaxed));
+                    let f = e.frame.load(Ordering::Relaxed);
+                    // Where its last hint fault would have it, and in its slot if its window
+                    // has a block on its node: set to move nowhere.
+                    let last = Cpupid(e.last.load(Ordering::Relaxed));
+                    let on = bal.z.page_to_nid(f as *const u8).ok().map(|n| n.0);
+                    let settled =
+                        !last.is_unset() && r.target(i, last.nid()).is_none_or(|t| Some(t) == on) && !r.off_slot(i, f);
+                    run.present(i, f, settled);
                     marked += 1;
                 }
             }
@@ -139,6 +147,8 @@ struct Run {
     /// mprotect (a hint fault's `mprotect` splits the window), and the last such page.
     mappings: usize,
     last: (usize, usize),
+    /// Every page to hide is where its last hint fault came from (none set to move).
+    settled: bool,
     /// The region's scan sequence, stamped on each page hidden.
     seq: u32,
 }
@@ -153,6 +163,7 @@ impl Run {
             count: 0,
             mappings: 0,
             last: (0, 0),
+            settled: true,
             seq,
         }
     }
@@ -161,8 +172,10 @@ impl Run {
         self.start.is_some()
     }
 
-    /// Page `i` (claimed from `PRESENT`, on `frame`) is to be hidden.
-    fn present(&mut self, i: usize, frame: usize) {
+    /// Page `i` (claimed from `PRESENT`, on `frame`, `settled` where its last hint fault
+    /// would have it) is to be hidden.
+    fn present(&mut self, i: usize, frame: usize, settled: bool) {
+        self.settled &= settled;
         let s = *self.start.get_or_insert(i);
         self.to_hide[(i - s) / 64] |= 1 << ((i - s) % 64);
         self.count += 1;
@@ -198,15 +211,31 @@ impl Run {
             bal.stats.scan_calls.fetch_add(1, Ordering::Relaxed);
             // SAFETY: the pages are mapped pages of this region, claimed (BUSY) by this
             // thread: no handler or other path changes them until they are released below.
-            let res = unsafe { r.hide_new(r.start + s * PAGE, (e - s) * PAGE, self.mappings > 1) };
+            // Under mprotect (see `Hide`): pages none of which is set to move keep their
+            // entries, one shootdown; else they are zapped, so that a migration maps over
+            // an empty entry, protecting first (a shootdown, the mappings merged, then one
+            // more for the zap) past two mappings, each a shootdown to zap.
+            let how = match (self.settled, self.mappings > 2) {
+                (true, _) => Hide::ProtectOnly,
+                (false, true) => Hide::ProtectFirst,
+                (false, false) => Hide::ZapFirst,
+            };
+            let res = unsafe { r.hide_new(r.start + s * PAGE, (e - s) * PAGE, how) };
             for (i, p) in r.entries[s..e].iter().enumerate().map(|(k, p)| (s + k, p)) {
                 match (res.is_ok(), is_new(i)) {
                     (true, true) => {
                         p.hidden_seq.store(self.seq, Ordering::Relaxed);
+                        p.kept.store(how == Hide::ProtectOnly && r.bal.uffd.is_none(), Ordering::Relaxed);
                         p.release(HINT);
                     }
                     (false, true) => p.release(PRESENT),
-                    (_, false) => p.release(HINT),
+                    (ok, false) => {
+                        // Hidden before; zapped now, if the call zapped.
+                        if ok && how != Hide::ProtectOnly {
+                            p.kept.store(false, Ordering::Relaxed);
+                        }
+                        p.release(HINT)
+                    }
                 }
             }
             if res.is_err() {

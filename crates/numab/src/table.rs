@@ -56,6 +56,10 @@ pub struct PageEntry {
     /// page still hinted two sequences later went a whole scan period untouched
     /// ([`PageEntry::cold`]).
     pub hidden_seq: AtomicU32,
+    /// Hidden under mprotect with its entry kept (`PROT_NONE` over a present entry, not
+    /// zapped: `fault::Hide::ProtectOnly`), so that mapping another frame over it flushes.
+    /// Changed only by the page's owner (`BUSY`).
+    pub kept: AtomicBool,
 }
 
 impl PageEntry {
