@@ -18,6 +18,10 @@ const WINDOW: usize = 512;
 /// Windows of the test regions.
 const WINDOWS: usize = 4;
 const PAGES: usize = WINDOW * WINDOWS;
+/// Mappings a wave may leave beyond one a window: a migration that finds its node's reserve
+/// of blocks empty, and the balancer's thread too slow to refill it (a loaded machine), moves
+/// its page onto a reserve frame, a mapping of its own. Far below one per page moved.
+const SLACK: usize = 16;
 
 fn backends() -> Vec<Backend> {
     let mut v = vec![Backend::Mprotect];
@@ -78,17 +82,20 @@ fn a_migration_wave_leaves_a_mapping_per_window_not_per_page() {
             let what = format!("{backend:?} {mode:?}: {s:?}");
             assert_eq!(r.node_pages(), vec![0, PAGES], "{what}");
             assert_eq!(s.numa_pages_migrated, PAGES as u64, "{what}");
-            assert_eq!(s.window_blocks, WINDOWS as u64, "{what}");
+            assert!((1..=WINDOWS as u64).contains(&s.window_blocks), "{what}");
             // The balancer's count and the kernel's: a mapping a window, not one a page.
             let runs = r.vma_runs();
-            assert!(runs <= WINDOWS, "{what}: {runs} runs after moving {PAGES} pages");
+            assert!(runs <= WINDOWS + SLACK, "{what}: {runs} runs after moving {PAGES} pages");
             let kernel = kernel_mappings(p, PAGES * PAGE);
-            assert!(kernel <= 2 * WINDOWS, "{what}: {kernel} kernel mappings after moving {PAGES} pages");
-            // The next pass: one call a window, whatever order the pages moved in.
-            assert_eq!(b.scan_now(), PAGES);
-            let calls = b.stats().scan_calls - s.scan_calls;
-            assert_eq!(calls, WINDOWS as u64, "{what}");
-            assert!(kernel_mappings(p, PAGES * PAGE) <= 2 * WINDOWS, "{what}");
+            assert!(kernel <= 2 * WINDOWS + SLACK, "{what}: {kernel} kernel mappings after moving {PAGES} pages");
+            // The next pass: one call a window, whatever order the pages moved in (or none
+            // for a window still many mappings, which waits: `numab_scan_skips`).
+            b.scan_now();
+            let t = b.stats();
+            let (calls, skips) = (t.scan_calls - s.scan_calls, t.scan_skips - s.scan_skips);
+            assert_eq!(calls + skips, WINDOWS as u64, "{what}");
+            assert!(skips <= 1, "{what}");
+            assert!(kernel_mappings(p, PAGES * PAGE) <= 2 * WINDOWS + SLACK, "{what}");
             // Every byte came along, and the pages are writable.
             on_cpu(1, || {
                 for i in 0..PAGES {
@@ -142,9 +149,9 @@ fn untouched_neighbours_move_along_and_pins_stay() {
         assert_eq!(r.node_pages(), vec![2, PAGES - 2], "{what}");
         assert!(s.migrated_along as usize >= PAGES - PAGES / 4, "{what}");
         let runs = r.vma_runs();
-        assert!(runs <= WINDOWS + 4, "{what}: {runs} runs");
+        assert!(runs <= WINDOWS + 4 + SLACK, "{what}: {runs} runs");
         let kernel = kernel_mappings(p, PAGES * PAGE);
-        assert!(kernel <= 2 * WINDOWS + 4, "{what}: {kernel} kernel mappings");
+        assert!(kernel <= 2 * WINDOWS + 4 + SLACK, "{what}: {kernel} kernel mappings");
         drop(pin);
         on_cpu(1, || {
             for i in 0..PAGES {
@@ -188,5 +195,56 @@ fn without_window_migration_a_wave_leaves_a_mapping_per_page() {
         assert_eq!(b.stats().window_blocks, 0);
         let runs = r.vma_runs();
         assert!(runs > n / 2, "{backend:?}: {runs} runs");
+    }
+}
+
+/// Pages first touched in a scattered order map frames in the order they were touched: a
+/// mapping each. Their local hint faults move them into a destination block of their own
+/// node, with no shootdown (each is hidden, its entry empty), so the window becomes one
+/// mapping without a collapse; a collapse pass meanwhile leaves the window to them.
+#[test]
+fn local_faults_merge_a_scattered_window() {
+    for backend in backends() {
+        let z = zonal();
+        let cfg = zonal_numab::Config {
+            backend,
+            scan_delay_ms: 3_600_000,
+            reserve_pages: 1024,
+            collapse_mb: 0,
+            chunk_migration: false,
+            ..Default::default()
+        };
+        let b = zonal_numab::Balancer::new(z.clone(), cfg).unwrap();
+        let r = b.region(WINDOW * PAGE, MemPolicy::Local).unwrap();
+        let p = r.as_ptr() as usize;
+        // SAFETY: pages of the region.
+        on_cpu(0, || (0..WINDOW).for_each(|k| unsafe { page(p, k * 9 % WINDOW).write_volatile(k as u64) }));
+        let before = r.vma_runs();
+        assert!(before > WINDOW / 2, "{backend:?}: {before} runs after a scattered first touch");
+        for round in 0..3 {
+            b.scan_now();
+            // Local faults; the collapse would copy the window, it waits for them instead.
+            on_cpu(0, || {
+                for k in 0..WINDOW {
+                    // SAFETY: pages of the region.
+                    unsafe { assert_eq!(page(p, k * 9 % WINDOW).read_volatile(), k as u64, "round {round}") };
+                }
+            });
+            assert_eq!(b.collapse_now(usize::MAX), 0, "{backend:?}: the collapse leaves the window to the faults");
+            b.housekeep();
+        }
+        // A last pass: pages moved in the last round are new mappings, which it registers
+        // under userfaultfd (merging them with their registered neighbours).
+        b.scan_now();
+        let s = b.stats();
+        let what = format!("{backend:?}: {s:?}");
+        assert_eq!(r.node_pages(), vec![WINDOW, 0], "{what}");
+        assert_eq!(s.numa_pages_migrated, 0, "{what}");
+        assert!(s.coalesced as usize >= WINDOW - SLACK, "{what}");
+        assert!(r.vma_runs() <= 2 + SLACK, "{what}: {} runs", r.vma_runs());
+        assert!(kernel_mappings(p, WINDOW * PAGE) <= 3 + SLACK, "{what}");
+        drop(r);
+        drop(b);
+        assert_eq!(z.check_invariants().unwrap(), 0, "{backend:?}: every frame back");
     }
 }
