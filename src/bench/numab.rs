@@ -161,28 +161,43 @@ fn tlb_shootdowns() -> Option<u64> {
 
 /// Flush counts at one instant (or their difference over a span): TLB shootdowns received
 /// (`/proc/interrupts`) and remote flushes requested (the `tlb:tlb_flush` tracepoint with
-/// reason `TLB_REMOTE_SEND_IPI`), each `None` where it cannot be read. Both are machine-wide.
+/// reason `TLB_REMOTE_SEND_IPI`), both machine-wide, and of those requested the ones this
+/// process's threads requested (`own`); each `None` where it cannot be read.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Flushes {
     received: Option<u64>,
     requested: Option<u64>,
+    own: Option<u64>,
 }
 
 impl Flushes {
     /// `self - earlier`, per count.
     fn since(self, earlier: Flushes) -> Flushes {
         let d = |a: Option<u64>, b: Option<u64>| a.zip(b).map(|(a, b)| a.saturating_sub(b));
-        Flushes { received: d(self.received, earlier.received), requested: d(self.requested, earlier.requested) }
+        Flushes {
+            received: d(self.received, earlier.received),
+            requested: d(self.requested, earlier.requested),
+            own: d(self.own, earlier.own),
+        }
     }
 
     /// `self + other`, per count.
     fn plus(self, other: Flushes) -> Flushes {
         let s = |a: Option<u64>, b: Option<u64>| a.zip(b).map(|(a, b)| a + b);
-        Flushes { received: s(self.received, other.received), requested: s(self.requested, other.requested) }
+        Flushes {
+            received: s(self.received, other.received),
+            requested: s(self.requested, other.requested),
+            own: s(self.own, other.own),
+        }
+    }
+
+    /// Nothing yet, every count readable as `zero` says.
+    fn zero_like(f: Flushes) -> Flushes {
+        Flushes { received: f.received.map(|_| 0), requested: f.requested.map(|_| 0), own: f.own.map(|_| 0) }
     }
 }
 
-/// Reads both flush counts.
+/// Reads the flush counts.
 struct FlushMeter {
     /// The tracepoint's counters, or why there are none.
     requests: Result<TracepointCounter, String>,
@@ -193,8 +208,11 @@ impl FlushMeter {
         FlushMeter { requests: TracepointCounter::open() }
     }
 
-    fn read(&self) -> Flushes {
-        Flushes { received: tlb_shootdowns(), requested: self.requests.as_ref().ok().map(TracepointCounter::read) }
+    /// The meter of one run: the machine's counts, and the tracepoint counted on every thread
+    /// the process has now (the run's workers, the balancer's threads and this one), so that
+    /// the flushes of other processes on the machine can be told from this run's.
+    fn for_run(&self) -> RunMeter<'_> {
+        RunMeter { meter: self, own: self.requests.as_ref().ok().and_then(|t| t.on_threads().ok()) }
     }
 
     /// What the requested count is, or why it is n/a.
@@ -209,12 +227,29 @@ impl FlushMeter {
     }
 }
 
+/// A [`FlushMeter`] with this run's threads' own requests.
+struct RunMeter<'a> {
+    meter: &'a FlushMeter,
+    own: Option<TracepointCounter>,
+}
+
+impl RunMeter<'_> {
+    fn read(&self) -> Flushes {
+        Flushes {
+            received: tlb_shootdowns(),
+            requested: self.meter.requests.as_ref().ok().map(TracepointCounter::read),
+            own: self.own.as_ref().map(TracepointCounter::read),
+        }
+    }
+}
+
 /// `tlb:tlb_flush` events with reason `TLB_REMOTE_SEND_IPI`, counted on every CPU by perf
 /// counters on the tracepoint (system-wide, so root or `CAP_PERFMON`, and tracefs mounted
-/// for the tracepoint's id).
+/// for the tracepoint's id), or on given threads of this process.
 struct TracepointCounter {
     counters: Vec<std::fs::File>,
     reason: u32,
+    id: u64,
 }
 
 /// The first 64 bytes of `struct perf_event_attr` (`PERF_ATTR_SIZE_VER0`): all a counting
@@ -258,44 +293,55 @@ impl TracepointCounter {
             .map_err(|_| format!("{dir}/id is not a number"))?;
         let format = std::fs::read_to_string(format!("{dir}/format")).unwrap_or_default();
         let reason = remote_ipi_reason(&format).unwrap_or(4);
+        let counters = (0..zonal::cpu::nr_cpus_online())
+            .map(|cpu| Self::counter(id, reason, -1, cpu as i32))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(TracepointCounter { counters, reason, id })
+    }
+
+    /// The same events requested by the threads this process has now, each counted on its
+    /// thread (the tracepoint fires in the context of the thread that sends the flush).
+    fn on_threads(&self) -> Result<TracepointCounter, String> {
+        let tids: Vec<i32> = std::fs::read_dir("/proc/self/task")
+            .map_err(|e| format!("/proc/self/task: {e}"))?
+            .filter_map(|d| d.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        let counters =
+            tids.iter().map(|&t| Self::counter(self.id, self.reason, t, -1)).collect::<Result<Vec<_>, _>>()?;
+        Ok(TracepointCounter { counters, reason: self.reason, id: self.id })
+    }
+
+    /// One counter of the tracepoint filtered on `reason`: on `cpu` for every task (`pid`
+    /// -1), or on thread `pid` wherever it runs (`cpu` -1).
+    fn counter(id: u64, reason: u32, pid: i32, cpu: i32) -> Result<std::fs::File, String> {
         let filter = std::ffi::CString::new(format!("reason == {reason}")).expect("no NUL in the filter");
-        let mut counters = Vec::new();
-        for cpu in 0..zonal::cpu::nr_cpus_online() {
-            let attr = PerfEventAttr {
-                type_: PERF_TYPE_TRACEPOINT,
-                size: std::mem::size_of::<PerfEventAttr>() as u32,
-                config: id,
-                sample_period: 1,
-                ..Default::default()
-            };
-            // SAFETY: perf_event_open reads `size` bytes of a valid, initialised attr that
-            // outlives the call; pid -1 with a CPU counts every task on that CPU.
-            let fd = unsafe {
-                libc::syscall(
-                    libc::SYS_perf_event_open,
-                    &attr as *const PerfEventAttr,
-                    -1,
-                    cpu as i32,
-                    -1,
-                    PERF_FLAG_FD_CLOEXEC,
-                )
-            };
-            if fd < 0 {
-                return Err(format!("perf_event_open on the tracepoint: {}", std::io::Error::last_os_error()));
-            }
-            // SAFETY: `fd` was just returned by perf_event_open and nothing else owns it.
-            let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
-            // SAFETY: the ioctl reads a NUL-terminated string that outlives the call, from a
-            // perf event fd this function owns.
-            let r = unsafe {
-                libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&file), PERF_EVENT_IOC_SET_FILTER as _, filter.as_ptr())
-            };
-            if r != 0 {
-                return Err(format!("setting the filter `reason == {reason}`: {}", std::io::Error::last_os_error()));
-            }
-            counters.push(file);
+        let attr = PerfEventAttr {
+            type_: PERF_TYPE_TRACEPOINT,
+            size: std::mem::size_of::<PerfEventAttr>() as u32,
+            config: id,
+            sample_period: 1,
+            ..Default::default()
+        };
+        // SAFETY: perf_event_open reads `size` bytes of a valid, initialised attr that
+        // outlives the call; pid -1 with a CPU counts every task on that CPU, a thread id
+        // with CPU -1 that thread on every CPU.
+        let fd = unsafe {
+            libc::syscall(libc::SYS_perf_event_open, &attr as *const PerfEventAttr, pid, cpu, -1, PERF_FLAG_FD_CLOEXEC)
+        };
+        if fd < 0 {
+            return Err(format!("perf_event_open on the tracepoint: {}", std::io::Error::last_os_error()));
         }
-        Ok(TracepointCounter { counters, reason })
+        // SAFETY: `fd` was just returned by perf_event_open and nothing else owns it.
+        let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+        // SAFETY: the ioctl reads a NUL-terminated string that outlives the call, from a
+        // perf event fd this function owns.
+        let r = unsafe {
+            libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&file), PERF_EVENT_IOC_SET_FILTER as _, filter.as_ptr())
+        };
+        if r != 0 {
+            return Err(format!("setting the filter `reason == {reason}`: {}", std::io::Error::last_os_error()));
+        }
+        Ok(file)
     }
 
     /// Events so far, summed over CPUs.
@@ -314,6 +360,8 @@ impl TracepointCounter {
 /// The value of `TLB_REMOTE_SEND_IPI` in a `tlb_flush` format file, from its print format's
 /// `{ 4, "remote ipi send" }`.
 fn remote_ipi_reason(format: &str) -> Option<u32> {
+    // Its case differs between kernels ("remote IPI send" on 6.18).
+    let format = format.to_ascii_lowercase();
     let at = format.find("\"remote ipi send\"")?;
     let open = format[..at].rfind('{')?;
     format[open + 1..at].trim().trim_end_matches(',').trim().parse().ok()
@@ -648,14 +696,14 @@ fn drive(
     setup: &Setup,
     eater: Eater,
 ) -> Result<Timeline, String> {
-    let (ph, meter) = (setup.phases, &setup.meter);
+    let (ph, meter) = (setup.phases, &setup.meter.for_run());
     let mut eater = Some(eater);
     let mut release_err = Ok(());
     bal.set_enabled(true);
     let t0 = Instant::now();
     // Flushes while a scan pass ran, cumulative: the scanner's own, told apart from those of
     // hint faults and migrations, which happen outside the passes.
-    let mut scan_flushes = Flushes { received: Some(0), requested: Some(0) };
+    let mut scan_flushes = Flushes::zero_like(meter.read());
     let mut next_scan = t0;
     let (mut scan_time, mut passes) = (Duration::ZERO, 0u32);
     let take = |at: Duration, scan_flushes: Flushes| Sample {
@@ -885,6 +933,20 @@ impl RunResult {
         n.map(|n| n as f64 * self.during_s / self.before_s.max(1e-9) / self.migrated_during.max(1) as f64)
     }
 
+    /// Of every flush of the migration phase requested, those this process's threads
+    /// requested, per page migrated in it: the run's own, whatever else the machine runs.
+    fn own_per_page_all(&self) -> Option<f64> {
+        let f = self.flushes_during.plus(self.scan_flushes_during);
+        f.own.map(|n| n as f64 / self.migrated_during.max(1) as f64)
+    }
+
+    /// Of the flushes requested on the machine during the migration phase, the share other
+    /// processes requested.
+    fn others_share(&self) -> Option<f64> {
+        let f = self.flushes_during.plus(self.scan_flushes_during);
+        f.requested.zip(f.own).map(|(r, o)| r.saturating_sub(o) as f64 / r.max(1) as f64)
+    }
+
     fn per_migrated(&self, f: Flushes, requested: bool) -> Option<f64> {
         let n = if requested { f.requested } else { f.received };
         n.map(|n| n as f64 / self.migrated_during.max(1) as f64)
@@ -1001,9 +1063,10 @@ fn report(
                 fmt_opt(med(i, &|r| opt(r.per_page(true, true))), 2)
             ),
             format!(
-                "{:.3} / {}",
+                "{:.3} / {} / {}",
                 med(i, &|r| opt(r.per_page_all(false))),
-                fmt_opt(med(i, &|r| opt(r.per_page_all(true))), 3)
+                fmt_opt(med(i, &|r| opt(r.per_page_all(true))), 3),
+                fmt_opt(med(i, &|r| opt(r.own_per_page_all())), 3)
             ),
             fmt_rate(med(i, &|r| r.rate[0])),
             fmt_rate(med(i, &|r| r.rate[1])),
@@ -1025,7 +1088,7 @@ fn report(
             "fail",
             "TLB/page recv / req",
             "scan TLB/page recv / req",
-            "all TLB/page recv / req",
+            "all TLB/page recv / req / own",
             "acc/s before",
             "during",
             "after",
@@ -1045,7 +1108,8 @@ fn report(
          high watermark); TLB/page: TLB shootdowns received (recv: /proc/interrupts TLB:, summed over CPUs) and remote \
          flushes requested (req: tlb:tlb_flush), machine-wide, during the migration phase outside scan passes, per page \
          migrated in it; scan TLB/page: those while scan passes ran, per migrated page; all TLB/page: both, every \
-         flush of the migration phase per page migrated in it (what seed 004 counts); acc/s run: over the three phases; \
+         flush of the migration phase per page migrated in it (what seed 004 counts), and of those requested the ones \
+         this process's threads requested (own: the tracepoint counted per thread); acc/s run: over the three phases; \
          µs/migration: numab_migrate_ns / pgmigrate_success; conv ms: from the \
          eater's free to 95% of the pages migrated; ms/pass: a scan pass's mean time; local: numa_hint_faults_local / numa_hint_faults after \
          convergence and in the last window; peak VMAs: Region::vma_runs at its highest; bytes bad: every byte of every \
@@ -1157,9 +1221,17 @@ fn report(
         // Seed 004's count: every shootdown of the migration phase, the scanner's included.
         let all = |i, req| Summary::of(&col(i, &|r: &RunResult| opt(r.per_page_all(req)))).median;
         let (ad, ae) = (all(d, false), all(e, false));
-        let req = match (all(d, true), all(e, true)) {
-            (x, y) if x.is_nan() || y.is_nan() => String::new(),
-            (x, y) => format!(" (requested: {x:.3} against {y:.3}, {:.1}%)", x / y * 100.0),
+        let own = |i| Summary::of(&col(i, &|r: &RunResult| opt(r.own_per_page_all()))).median;
+        let req = match (all(d, true), all(e, true), own(d), own(e)) {
+            (x, y, ..) if x.is_nan() || y.is_nan() => String::new(),
+            (x, y, o, p) if o.is_nan() || p.is_nan() => {
+                format!(" (requested: {x:.3} against {y:.3}, {:.1}%)", x / y * 100.0)
+            }
+            (x, y, o, p) => format!(
+                " (requested: {x:.3} against {y:.3}, {:.1}%; by this process: {o:.3} against {p:.3}, {:.1}%)",
+                x / y * 100.0,
+                o / p * 100.0
+            ),
         };
         lines.push(format!(
             "{} every TLB shootdown of the migration phase (scan passes included) per migrated page, delayed \
@@ -1197,6 +1269,16 @@ fn report(
             ctl(e, false),
             (ad - ctl(d, false)).max(0.0) / (ae - ctl(e, false)).max(1e-9) * 100.0
         ));
+        let others = |i| Summary::of(&col(i, &|r: &RunResult| opt(r.others_share()))).median;
+        if !others(d).is_nan() {
+            controls.push(format!(
+                "{}: of the flushes requested on the machine during the migration phase, other processes' (not \
+                 this run's threads'): delayed runs {:.0}%, eager runs {:.0}%",
+                backend_name(b),
+                others(d) * 100.0,
+                others(e) * 100.0
+            ));
+        }
     }
     let migrated: Vec<f64> = (0..variants.len()).map(|i| med(i, &|r| r.migrated as f64)).collect();
     let (lo_m, hi_m) = migrated.iter().fold((f64::INFINITY, 0.0f64), |(a, b), &m| (a.min(m), b.max(m)));
@@ -1277,6 +1359,10 @@ fn report(
                     Summary::of(&col(i, &|r| opt(r.per_page_all(false)))),
                 "remote_flushes_requested_per_migrated_page_all":
                     Summary::of(&col(i, &|r| opt(r.per_page_all(true)))),
+                "remote_flushes_requested_by_this_process_per_migrated_page_all":
+                    Summary::of(&col(i, &|r| opt(r.own_per_page_all()))),
+                "share_of_requested_flushes_from_other_processes":
+                    Summary::of(&col(i, &|r| opt(r.others_share()))),
                 "control_tlb_shootdowns_received_per_migrated_page":
                     Summary::of(&col(i, &|r| opt(r.control_per_page(false)))),
                 "control_remote_flushes_requested_per_migrated_page":
