@@ -1,0 +1,865 @@
+//! The balancer: what its thread, the regions and the fault handler share (`Shared`: the
+//! reserves, the counters, the regions), the `Balancer` handle, and the thread that refills,
+//! scans, collapses and frees.
+
+use crate::region::allowed;
+use crate::reserve::{FreeStack, NodeReserve, Reserve};
+use crate::table::PageEntry;
+use crate::{
+    collapse, dest, fault, os, scan, table, uffd, Backend, Config, Counters, Error, MigrateMode, Region, RegionShared,
+    Result, Stats, Tunables, MAX_REGION_BYTES, PAGE,
+};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+use zonal::zone::Watermark;
+use zonal::{Gfp, MemPolicy, NodeId, Zonal};
+
+/// What the balancer's thread, the regions and the fault handler share.
+pub(crate) struct Shared {
+    pub(crate) z: Arc<Zonal>,
+    pub(crate) cfg: Tunables,
+    pub(crate) stats: Counters,
+    /// Frames ready for the handler, per node (a slot per CPU).
+    pub(crate) reserves: Vec<NodeReserve>,
+    /// Per node: whether its last refill found the node without a free frame.
+    pub(crate) node_out: Vec<AtomicBool>,
+    /// Per node: blocks of `CHUNK_PAGES` consecutive frames (order 9, split) for chunk
+    /// migrations and windows' destination blocks, by first frame; empty when both are off.
+    pub(crate) chunks: Vec<Reserve>,
+    /// `Config::chunk_migration` and `Config::window_migration`.
+    pub(crate) chunk_migration: bool,
+    pub(crate) aligned_migration: bool,
+    /// Per node: windows that found `chunks` empty since the last refill (each asks for one
+    /// more block at the next), and the refills of `chunks` ended, which a migration waiting
+    /// for a block sleeps on.
+    pub(crate) chunk_misses: Vec<AtomicUsize>,
+    pub(crate) chunk_refills: AtomicU32,
+    /// Per node: the blocks `chunks` is kept at (the balancer's thread's own).
+    chunk_want: Vec<AtomicUsize>,
+    /// Per node: blocks of `CHUNK_PAGES` consecutive frames (split) that regions carve their
+    /// first-touch windows from, filled while a region touches in windows.
+    pub(crate) blocks: Vec<Reserve>,
+    /// Per node: whether its last refill found no free block of that order.
+    pub(crate) blocks_out: Vec<AtomicBool>,
+    /// Live regions that touch in windows.
+    pub(crate) ft_regions: AtomicUsize,
+    /// Refill passes ended: a handler waiting for frames sleeps on it (`FUTEX_WAIT`), and
+    /// gives up only once a pass that started after it asked found no frame anywhere.
+    refills: AtomicU32,
+    /// Frames to free (old frames of migrated pages, frames a handler could not use).
+    pub(crate) to_free: FreeStack,
+    /// Regions to scan, in registration order.
+    regions: Mutex<Vec<Weak<RegionShared>>>,
+    /// Bumped to wake the balancer's thread (refill, a new region, a setting).
+    kick: AtomicU32,
+    stop: AtomicBool,
+    /// The scan window's local and remote hint faults and failed migrations.
+    win_local: AtomicU64,
+    win_remote: AtomicU64,
+    win_fail: AtomicU64,
+    period_ms: AtomicU64,
+    /// Per node: its zones' high watermarks summed (`migrate_balanced_pgdat`'s test).
+    high: Vec<usize>,
+    /// The userfaultfd of the userfaultfd backend; `None` under mprotect.
+    pub(crate) uffd: Option<uffd::Uffd>,
+    /// The id of the counters added to the zonal handle's reports.
+    source: std::sync::OnceLock<u64>,
+    /// The mapping budget, the mappings at the last check and the most seen, and whether
+    /// the process is at the budget (scans and migrations wait).
+    vma_budget: AtomicUsize,
+    vmas: AtomicUsize,
+    vmas_peak: AtomicUsize,
+    pub(crate) over_budget: AtomicBool,
+    last_vma_check: Mutex<Option<Instant>>,
+    /// Where `Balancer::scan_now` stopped.
+    scan_cursor: Mutex<scan::Cursor>,
+    /// Where the last collapse pass stopped.
+    collapse_cursor: Mutex<scan::Cursor>,
+}
+
+impl Shared {
+    pub(crate) fn enabled(&self) -> bool {
+        self.cfg.enabled.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn mode(&self) -> MigrateMode {
+        if self.cfg.mode.load(Ordering::Relaxed) == 1 {
+            MigrateMode::Eager
+        } else {
+            MigrateMode::Delayed
+        }
+    }
+
+    /// Wakes the balancer's thread (async-signal-safe).
+    pub(crate) fn kick(&self) {
+        self.kick.fetch_add(1, Ordering::Release);
+        os::futex_wake(&self.kick);
+    }
+
+    /// Wakes the balancer's thread when a reserve fell below half.
+    pub(crate) fn kick_if_low(&self, nid: u16) {
+        let r = &self.reserves[nid as usize];
+        if r.len() < r.capacity() / 2 {
+            self.kick();
+        }
+    }
+
+    pub(crate) fn window_fault(&self, local: bool) {
+        if local {
+            self.win_local.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.win_remote.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn window_fail(&self) {
+        self.win_fail.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether node `nid` has room for one more page above its high watermark
+    /// (`migrate_balanced_pgdat`).
+    pub(crate) fn has_room(&self, nid: u16) -> bool {
+        self.has_room_for(nid, 1)
+    }
+
+    /// Whether node `nid` has room for `pages` more above its high watermark, by
+    /// [`Zonal::nr_free_pages_approx`] (as Linux's `migrate_balanced_pgdat` reads
+    /// `zone_page_state`): atomics only, no lock, so the signal handler may ask.
+    pub(crate) fn has_room_for(&self, nid: u16, pages: usize) -> bool {
+        self.z.nr_free_pages_approx(NodeId(nid)).is_ok_and(|free| free > self.high[nid as usize] + pages)
+    }
+
+    /// Returns a chunk a handler took but could not use (to its queue, or frame by frame to
+    /// the free stack).
+    pub(crate) fn give_back_chunk(&self, nid: u16, block: usize) {
+        if self.chunks[nid as usize].put(block).is_err() {
+            for i in 0..CHUNK_PAGES {
+                // SAFETY: the chunk's frames are allocated, split and mapped nowhere else.
+                unsafe { self.to_free.push(block + i * PAGE) };
+            }
+            self.kick();
+        }
+    }
+
+    /// A frame for node `nid`, or the nearest node that has one in reserve, waiting for the
+    /// balancer's thread to refill when every reserve is empty (however long that takes).
+    /// `None` only when a refill pass that started after the first look found none of these
+    /// nodes with a free frame: out of memory. Async-signal-safe (a futex wait).
+    pub(crate) fn frame_for(&self, nid: u16, fallback: &[u16]) -> Option<usize> {
+        let asked = self.refills.load(Ordering::Acquire);
+        loop {
+            // The node's own reserve; the others only once the node itself has run out (an
+            // empty reserve is only a refill behind), as a first touch falls back by distance
+            // when the node is full.
+            let mut all_out = true;
+            for &n in std::iter::once(&nid).chain(fallback) {
+                if let Some(f) = self.reserves[n as usize].take(self.z.current_cpu()) {
+                    self.kick_if_low(n);
+                    return Some(f);
+                }
+                if !self.node_out[n as usize].load(Ordering::Acquire) {
+                    all_out = false;
+                    break;
+                }
+            }
+            let seen = self.refills.load(Ordering::Acquire);
+            // Two ends past the first look: a whole pass ran after it.
+            if all_out && seen.wrapping_sub(asked) >= 2 {
+                return None;
+            }
+            self.wait_refill(seen);
+        }
+    }
+
+    /// Wakes the balancer's thread and sleeps until its next refill pass ends (at most
+    /// 10 ms, then the caller looks again). Async-signal-safe.
+    fn wait_refill(&self, seen: u32) {
+        self.kick();
+        os::futex_wait(&self.refills, seen, Duration::from_millis(10));
+    }
+
+    /// A block of `CHUNK_PAGES` consecutive frames of node `nid` (split, zeroed) for
+    /// first-touch windows, waiting for a refill when the node's reserve is behind; `None`
+    /// when the node's last refill found no free block of that order. Async-signal-safe.
+    pub(crate) fn block_for(&self, nid: u16) -> Option<usize> {
+        let r = self.blocks.get(nid as usize)?;
+        loop {
+            if let Some(b) = r.take() {
+                self.kick();
+                return Some(b);
+            }
+            if r.capacity() == 0 || self.blocks_out[nid as usize].load(Ordering::Acquire) {
+                return None;
+            }
+            self.wait_refill(self.refills.load(Ordering::Acquire));
+        }
+    }
+
+    /// Returns a frame a handler took but could not use.
+    pub(crate) fn give_back(&self, frame: usize) {
+        // SAFETY: the frame was taken from a reserve and is mapped nowhere but the arena.
+        unsafe { self.to_free.push(frame) };
+        self.kick();
+    }
+
+    fn stats(&self) -> Stats {
+        let s = &self.stats;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            numa_pte_updates: l(&s.pte_updates),
+            numa_huge_pte_updates: 0,
+            numa_hint_faults: l(&s.hint_faults),
+            numa_hint_faults_local: l(&s.hint_faults_local),
+            numa_pages_migrated: l(&s.pages_migrated),
+            pgmigrate_success: l(&s.migrate_success),
+            pgmigrate_fail: l(&s.migrate_fail),
+            pgmigrate_fail_reserve: l(&s.fail_reserve),
+            pgmigrate_fail_room: l(&s.fail_room),
+            pgmigrate_fail_pinned: l(&s.fail_pinned),
+            map_fail: l(&s.map_fail),
+            scan_fail: l(&s.scan_fail),
+            register_fail: l(&s.register_fail),
+            registered: l(&s.registered),
+            migrate_ns: l(&s.migrate_ns),
+            pgmigrate_fail_vma: l(&s.fail_vma),
+            scan_capped: l(&s.scan_capped),
+            chunks_migrated: l(&s.chunks_migrated),
+            collapsed: l(&s.collapsed),
+            collapsed_pages: l(&s.collapsed_pages),
+            collapse_fail: l(&s.collapse_fail),
+            vma_runs: self.live_regions().iter().map(|r| r.vma_runs() as u64).sum(),
+            vmas: self.vmas.load(Ordering::Relaxed) as u64,
+            vmas_peak: self.vmas_peak.load(Ordering::Relaxed) as u64,
+            first_touch: l(&s.first_touch),
+            migrated_along: l(&s.migrated_along),
+            window_blocks: l(&s.window_blocks),
+            scan_calls: l(&s.scan_calls),
+            scan_skips: l(&s.scan_skips),
+            coalesced: l(&s.coalesced),
+            scans: l(&s.scans),
+            scan_period_ms: self.period_ms.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Frees the frames handlers left, and tops the reserves up (zeroed frames, as a first
+    /// touch of anonymous memory reads zeros). Returns whether any reserve is still empty.
+    fn housekeep(&self) -> bool {
+        let short = self.refill();
+        // The pass's end, for the handlers waiting on it (`frame_for`, `block_for`).
+        self.refills.fetch_add(1, Ordering::Release);
+        os::futex_wake(&self.refills);
+        short
+    }
+
+    /// A block of `2^order` frames of node `nid`, held ([`Zonal::hold`]: no safe code given
+    /// the handle can free a frame the balancer's unsafe code relies on) and split, each
+    /// frame then freed alone with [`Shared::free_frame`]; `None` when the node has no free
+    /// block of the order.
+    pub(crate) fn alloc_held(&self, nid: u16, order: u32) -> Option<*mut u8> {
+        let b = self.z.alloc_pages_node(NodeId(nid), Gfp::THISNODE, order).ok()?.as_ptr();
+        if self.z.hold(b, order).is_err() {
+            let _ = self.z.free_pages(b, order);
+            return None;
+        }
+        if order > 0 && self.z.split_pages(b, order).is_err() {
+            // SAFETY: the block was held just above, by this balancer, and is freed once.
+            let _ = unsafe { self.z.free_held(b, order) };
+            return None;
+        }
+        Some(b)
+    }
+
+    /// Frees a frame this balancer holds (from [`Shared::alloc_held`]).
+    pub(crate) fn free_frame(&self, f: usize) {
+        // SAFETY: every frame the balancer frees it holds, and it frees each once (a frame is
+        // in exactly one of: a reserve, the free stack, a region page, a carve block).
+        let _ = unsafe { self.z.free_held(f as *mut u8, 0) };
+    }
+
+    /// A split block of `CHUNK_PAGES` frames of node `nid`, held, zeroed when `zero`, or
+    /// `None` when the node has no free block of that order.
+    fn alloc_block(&self, nid: usize, zero: bool) -> Option<usize> {
+        let b = self.alloc_held(nid as u16, 9)?;
+        if zero {
+            // SAFETY: a block zonal just handed out, 512 frames, ours.
+            unsafe { std::ptr::write_bytes(b, 0, CHUNK_PAGES * PAGE) };
+        }
+        Some(b as usize)
+    }
+
+    /// Frees a split block's frames `from..CHUNK_PAGES`.
+    pub(crate) fn free_block_from(&self, block: usize, from: usize) {
+        for i in from..CHUNK_PAGES {
+            self.free_frame(block + i * PAGE);
+        }
+    }
+
+    /// [`Shared::housekeep`]'s work: frees, then fills every reserve.
+    fn refill(&self) -> bool {
+        self.check_mappings(false);
+        for f in self.to_free.take_all() {
+            self.free_frame(f);
+        }
+        for (nid, c) in self.chunks.iter().enumerate() {
+            // Two blocks for chunk migrations; for windows' destination blocks, one more for
+            // each window that found the reserve empty since the last pass (a migration wave
+            // starts in many windows at once), up to the capacity, and one fewer each pass
+            // nobody missed one: no block is held for windows before a migration asks. Only
+            // from a node with room for them above its high watermark: a block held in
+            // reserve is memory the node's own allocations cannot have.
+            let base = if self.chunk_migration { CHUNK_RESERVE.min(c.capacity()) } else { 0 };
+            let misses = self.chunk_misses[nid].swap(0, Ordering::AcqRel);
+            let want = match (misses, self.chunk_want[nid].load(Ordering::Relaxed)) {
+                (0, w) => w.saturating_sub(1).max(base),
+                (m, w) => (w.max(base) + m).min(c.capacity()),
+            };
+            self.chunk_want[nid].store(want, Ordering::Relaxed);
+            while c.len() < want && self.has_room_for(nid as u16, CHUNK_PAGES * want) {
+                let Some(b) = self.alloc_block(nid, false) else { break };
+                if c.put(b).is_err() {
+                    self.free_block_from(b, 0);
+                }
+            }
+            if c.len() > want {
+                if let Some(b) = c.take() {
+                    self.free_block_from(b, 0);
+                }
+            }
+        }
+        // The blocks' own wake-up: a migration waiting for one need not wait for the frame
+        // reserves' refill below (zeroing up to `reserve_pages` frames per CPU).
+        self.chunk_refills.fetch_add(1, Ordering::Release);
+        os::futex_wake(&self.chunk_refills);
+        // Blocks for first-touch windows, while a region touches in windows.
+        let windows = self.ft_regions.load(Ordering::Acquire) > 0;
+        for (nid, r) in self.blocks.iter().enumerate() {
+            while windows && r.len() < r.capacity() {
+                let Some(b) = self.alloc_block(nid, true) else {
+                    self.blocks_out[nid].store(true, Ordering::Release);
+                    break;
+                };
+                self.blocks_out[nid].store(false, Ordering::Release);
+                if r.put(b).is_err() {
+                    self.free_block_from(b, 0);
+                }
+            }
+        }
+        let mut short = false;
+        for (nid, r) in self.reserves.iter().flat_map(|nr| nr.slots()).enumerate() {
+            let nid = nid / self.reserves[0].slots().len();
+            while r.len() < r.capacity() {
+                // Runs of consecutive frames (a block split into frames, queued in order), so
+                // pages first touched in order get consecutive frames and their mappings
+                // merge into one VMA: the largest block that fits the room left, down to a
+                // single frame when the node has no larger block.
+                let room = r.capacity() - r.len();
+                let mut order = (usize::BITS - 1 - room.leading_zeros()).min(9);
+                let block = loop {
+                    match self.alloc_held(nid as u16, order) {
+                        Some(p) => break Some(p),
+                        None if order > 0 => order -= 1,
+                        None => break None,
+                    }
+                };
+                let Some(block) = block else {
+                    short |= self.reserves[nid].len() == 0;
+                    self.node_out[nid].store(true, Ordering::Relaxed);
+                    break;
+                };
+                self.node_out[nid].store(false, Ordering::Relaxed);
+                // SAFETY: a block zonal just handed out, 2^order frames, ours.
+                unsafe { std::ptr::write_bytes(block, 0, PAGE << order) };
+                for i in 0..1usize << order {
+                    let f = block as usize + i * PAGE;
+                    if r.put(f).is_err() {
+                        self.free_frame(f);
+                    }
+                }
+            }
+        }
+        short
+    }
+
+    /// Counts the process's mappings (unless `now`, every second while below half the
+    /// budget, every 50 ms above: a read of `/proc/self/maps` costs ~0.1 µs a line) and sets
+    /// `over_budget`: a region must never push the process past `vm.max_map_count`, and both
+    /// a scan (`mprotect` splits) and a migration (a mapping of another frame) can add some.
+    fn check_mappings(&self, now: bool) {
+        let mut last = self.last_vma_check.lock().unwrap_or_else(|p| p.into_inner());
+        let near = self.vmas.load(Ordering::Relaxed) * 2 >= self.vma_budget.load(Ordering::Relaxed);
+        let every = Duration::from_millis(if near { 50 } else { 1000 });
+        if !now && last.is_some_and(|t| t.elapsed() < every) {
+            return;
+        }
+        *last = Some(Instant::now());
+        if let Some(n) = os::nr_mappings() {
+            self.vmas.store(n, Ordering::Relaxed);
+            self.vmas_peak.fetch_max(n, Ordering::Relaxed);
+            self.over_budget.store(n >= self.vma_budget.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
+    /// One collapse pass copying at most `pages`, from where the last one stopped; returns
+    /// the pages copied.
+    fn collapse(&self, pages: usize) -> usize {
+        if pages == 0 {
+            return 0;
+        }
+        let regions = self.live_regions();
+        let mut cur = self.collapse_cursor.lock().unwrap_or_else(|p| p.into_inner());
+        collapse::pass(self, &regions, &mut cur, pages)
+    }
+
+    /// Retires the destination blocks windows stopped using (see `dest`), region by region
+    /// under the scan lock, which keeps a region from being torn down meanwhile.
+    fn retire_idle_dests(&self) {
+        for r in self.live_regions() {
+            let dead = r.scan_lock.lock().unwrap_or_else(|p| p.into_inner());
+            if !*dead {
+                r.retire_idle_dests();
+            }
+        }
+    }
+
+    /// The live regions, dropping the dead ones from the list.
+    fn live_regions(&self) -> Vec<Arc<RegionShared>> {
+        let mut l = self.regions.lock().unwrap_or_else(|p| p.into_inner());
+        l.retain(|w| w.upgrade().is_some_and(|r| !r.is_dead()));
+        l.iter().filter_map(Weak::upgrade).collect()
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // In a child of fork(): nothing here is the child's to free (see `fault::in_child`).
+        if fault::forked() {
+            return;
+        }
+        if let Some(&id) = self.source.get() {
+            self.z.remove_counter_source(id);
+        }
+        for f in self.to_free.take_all() {
+            self.free_frame(f);
+        }
+        for r in &self.reserves {
+            while let Some(f) = r.take(0) {
+                self.free_frame(f);
+            }
+        }
+        for c in self.chunks.iter().chain(&self.blocks) {
+            while let Some(b) = c.take() {
+                self.free_block_from(b, 0);
+            }
+        }
+    }
+}
+
+/// Pages of a chunk migration: an aligned 2 MiB, order 9.
+pub const CHUNK_PAGES: usize = 512;
+
+/// Order-9 blocks a node's reserve (`Shared::chunks`) keeps ready, and the most it holds
+/// when windows' first migrations ask for more at once.
+const CHUNK_RESERVE: usize = 2;
+const CHUNK_RESERVE_MAX: usize = 8;
+
+/// NUMA balancing over one zonal handle: the regions, the reserves, the scanner.
+pub struct Balancer {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// The handler thread of the userfaultfd handler-thread backend.
+    server: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Balancer {
+    /// A balancer over `z` with `cfg`: installs the fault handler (once per process) and
+    /// starts the balancer's thread, which fills the reserves and scans.
+    pub fn new(z: Arc<Zonal>, cfg: Config) -> Result<Balancer> {
+        fault::install().map_err(|errno| Error::Os { call: "sigaction", errno })?;
+        let uffd = match cfg.backend {
+            Backend::Mprotect => None,
+            Backend::Userfaultfd => Some(uffd::Uffd::open().map_err(|(call, errno)| Error::Os { call, errno })?),
+            Backend::UserfaultfdThread => {
+                Some(uffd::Uffd::open_for_thread().map_err(|(call, errno)| Error::Os { call, errno })?)
+            }
+            Backend::Auto => uffd::Uffd::open().ok(),
+        };
+        let nodes = z.topology().nr_nodes();
+        let high = (0..nodes)
+            .map(|n| {
+                z.node_zones(NodeId(n as u16))
+                    .map(|ids| ids.iter().map(|id| z.zones()[id.0 as usize].watermark(Watermark::High)).sum())
+                    .unwrap_or(0)
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            cfg: Tunables {
+                enabled: AtomicBool::new(cfg.enabled),
+                mode: AtomicU8::new((cfg.mode == MigrateMode::Eager) as u8),
+                scan_delay_ms: AtomicU64::new(cfg.scan_delay_ms),
+                scan_period_min_ms: AtomicU64::new(cfg.scan_period_min_ms.max(1)),
+                scan_period_max_ms: AtomicU64::new(cfg.scan_period_max_ms.max(1)),
+                scan_size_mb: AtomicU64::new(cfg.scan_size_mb.max(1)),
+                collapse_mb: AtomicU64::new(cfg.collapse_mb),
+            },
+            stats: Counters::default(),
+            reserves: (0..nodes).map(|_| NodeReserve::new(cfg.reserve_pages.max(1), z.topology().nr_cpus())).collect(),
+            chunks: (0..nodes)
+                .map(|_| match (cfg.chunk_migration, cfg.window_migration) {
+                    (_, true) => Reserve::new(CHUNK_RESERVE_MAX),
+                    (true, false) => Reserve::new(CHUNK_RESERVE),
+                    (false, false) => Reserve::new(0),
+                })
+                .collect(),
+            chunk_misses: (0..nodes).map(|_| AtomicUsize::new(0)).collect(),
+            chunk_want: (0..nodes).map(|_| AtomicUsize::new(0)).collect(),
+            chunk_refills: AtomicU32::new(0),
+            chunk_migration: cfg.chunk_migration,
+            aligned_migration: cfg.window_migration,
+            blocks: (0..nodes).map(|_| Reserve::new(2)).collect(),
+            blocks_out: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
+            ft_regions: AtomicUsize::new(0),
+            refills: AtomicU32::new(0),
+            node_out: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
+            to_free: FreeStack::default(),
+            regions: Mutex::new(Vec::new()),
+            kick: AtomicU32::new(0),
+            stop: AtomicBool::new(false),
+            win_local: AtomicU64::new(0),
+            win_remote: AtomicU64::new(0),
+            win_fail: AtomicU64::new(0),
+            period_ms: AtomicU64::new(cfg.scan_period_min_ms.max(1)),
+            high,
+            uffd,
+            source: std::sync::OnceLock::new(),
+            vma_budget: AtomicUsize::new(cfg.vma_budget.unwrap_or(os::max_map_count() / 4 * 3)),
+            vmas: AtomicUsize::new(0),
+            vmas_peak: AtomicUsize::new(0),
+            over_budget: AtomicBool::new(false),
+            last_vma_check: Mutex::new(None),
+            scan_cursor: Mutex::new(scan::Cursor::default()),
+            collapse_cursor: Mutex::new(scan::Cursor::default()),
+            z,
+        });
+        // The layer's counters in the handle's vmstat, JSON and Prometheus reports. A weak
+        // reference: the handle must not keep the balancer alive (it holds the handle).
+        let weak = Arc::downgrade(&shared);
+        let id = shared.z.add_counter_source(Box::new(move || {
+            weak.upgrade()
+                .map(|s| s.stats().items().into_iter().map(|(n, v)| (n.to_string(), v)).collect())
+                .unwrap_or_default()
+        }));
+        let _ = shared.source.set(id);
+        shared.housekeep();
+        let weak = Arc::downgrade(&shared);
+        let thread = std::thread::Builder::new()
+            .name("zonal-numab".into())
+            .spawn(move || worker(weak))
+            .map_err(|e| Error::Os { call: "pthread_create", errno: e.raw_os_error().unwrap_or(0) })?;
+        let server = match shared.uffd.as_ref().is_some_and(|u| u.is_thread()) {
+            true => {
+                let weak = Arc::downgrade(&shared);
+                Some(
+                    std::thread::Builder::new()
+                        .name("zonal-numab-faults".into())
+                        .spawn(move || fault_server(weak))
+                        .map_err(|e| Error::Os { call: "pthread_create", errno: e.raw_os_error().unwrap_or(0) })?,
+                )
+            }
+            false => None,
+        };
+        Ok(Balancer { shared, thread: Some(thread), server })
+    }
+
+    /// A region of `bytes` (rounded up to pages) under `policy`: no frame until a page is
+    /// touched.
+    pub fn region(&self, bytes: usize, policy: MemPolicy) -> Result<Region> {
+        if fault::forked() {
+            return Err(Error::Forked);
+        }
+        if bytes == 0 || bytes > MAX_REGION_BYTES {
+            return Err(Error::InvalidSize { bytes });
+        }
+        let z = &self.shared.z;
+        policy.validate(z.topology().nr_nodes())?;
+        if let MemPolicy::Bind(m) | MemPolicy::Interleave(m) = &policy {
+            if m.is_empty() {
+                return Err(Error::Zonal(zonal::Error::InvalidNode {
+                    node: NodeId(u16::MAX),
+                    nr_nodes: z.topology().nr_nodes(),
+                }));
+            }
+        }
+        let pages = bytes.div_ceil(PAGE);
+        let start = os::reserve(pages * PAGE, 2 << 20).map_err(|errno| Error::Os { call: "mmap", errno })?;
+        let nodes = z.topology().nr_nodes();
+        let fallback = (0..nodes)
+            .map(|n| {
+                let order: Vec<u16> = z
+                    .zonelists(NodeId(n as u16))
+                    .map(|l| l.fallback.iter().map(|id| z.zones()[id.0 as usize].node.0).collect())
+                    .unwrap_or_default();
+                let mut seen = Vec::new();
+                for x in order {
+                    if x as usize != n && !seen.contains(&x) && allowed(&policy, x) {
+                        seen.push(x);
+                    }
+                }
+                seen
+            })
+            .collect();
+        // First touches in windows of 2^ft_order pages, so that the region adds at most a
+        // quarter of the mapping budget however it is touched (a region of up to a quarter
+        // of the budget in pages touches page by page, as before).
+        let share = (self.shared.vma_budget.load(Ordering::Relaxed) / 4).max(1);
+        let mut ft_order = 0;
+        while ft_order < collapse::MAX_ORDER && pages >> ft_order > share {
+            ft_order += 1;
+        }
+        if ft_order > 0 {
+            self.shared.ft_regions.fetch_add(1, Ordering::AcqRel);
+            self.shared.kick();
+        }
+        let r = Arc::new(RegionShared {
+            start,
+            ft_order,
+            carve: (0..nodes).map(|_| AtomicUsize::new(0)).collect(),
+            dead: AtomicBool::new(false),
+            entries: (0..pages).map(|_| PageEntry::default()).collect(),
+            dest: dest::table(pages),
+            policy,
+            fallback,
+            scan_seq: AtomicUsize::new(0),
+            group: table::Group::new(z.topology().nr_nodes()),
+            born: Instant::now(),
+            slot: AtomicUsize::new(usize::MAX),
+            scan_lock: Mutex::new(false),
+            bal: self.shared.clone(),
+        });
+        let Some(slot) = fault::register(Arc::as_ptr(&r)) else {
+            // SAFETY: the reservation was just made and is not registered: nothing uses it.
+            unsafe { os::unmap(start, pages * PAGE) };
+            // Nothing to undo in `r`: no frame yet, and no slot to leave.
+            return Err(Error::TooManyRegions);
+        };
+        r.slot.store(slot, Ordering::Relaxed);
+        self.shared.regions.lock().unwrap_or_else(|p| p.into_inner()).push(Arc::downgrade(&r));
+        self.shared.kick();
+        Ok(Region { shared: r })
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> Stats {
+        self.shared.stats()
+    }
+
+    /// Turns balancing on or off (`numa_balancing`): off, the scanner stops and hint faults
+    /// already pending map pages back without moving them.
+    pub fn set_enabled(&self, on: bool) {
+        self.shared.cfg.enabled.store(on, Ordering::Relaxed);
+        self.shared.kick();
+    }
+
+    /// Whether balancing is on.
+    pub fn enabled(&self) -> bool {
+        self.shared.enabled()
+    }
+
+    /// Sets the mapping order (`numa_balancing_migrate`).
+    pub fn set_mode(&self, mode: MigrateMode) {
+        self.shared.cfg.mode.store((mode == MigrateMode::Eager) as u8, Ordering::Relaxed);
+    }
+
+    /// The mapping order.
+    pub fn mode(&self) -> MigrateMode {
+        self.shared.mode()
+    }
+
+    /// The backend in use (`Auto` resolved).
+    pub fn backend(&self) -> Backend {
+        match &self.shared.uffd {
+            Some(u) if u.is_thread() => Backend::UserfaultfdThread,
+            Some(_) => Backend::Userfaultfd,
+            None => Backend::Mprotect,
+        }
+    }
+
+    /// Sets the scan period bounds and size; `scan_period_min_ms <= scan_period_max_ms`, all
+    /// at least 1.
+    pub fn set_scan(&self, delay_ms: u64, period_min_ms: u64, period_max_ms: u64, size_mb: u64) -> Result<()> {
+        if period_min_ms == 0 || period_max_ms < period_min_ms || size_mb == 0 {
+            return Err(Error::InvalidSize { bytes: size_mb as usize });
+        }
+        let c = &self.shared.cfg;
+        c.scan_delay_ms.store(delay_ms, Ordering::Relaxed);
+        c.scan_period_min_ms.store(period_min_ms, Ordering::Relaxed);
+        c.scan_period_max_ms.store(period_max_ms, Ordering::Relaxed);
+        c.scan_size_mb.store(size_mb, Ordering::Relaxed);
+        let p = self.shared.period_ms.load(Ordering::Relaxed).clamp(period_min_ms, period_max_ms);
+        self.shared.period_ms.store(p, Ordering::Relaxed);
+        self.shared.kick();
+        Ok(())
+    }
+
+    /// Runs one scan pass now, from the calling thread, over every region past its scan
+    /// delay; returns the pages marked. For tests and benchmarks that drive the scanner.
+    pub fn scan_now(&self) -> usize {
+        if fault::forked() {
+            return 0;
+        }
+        let _signals = os::SignalsBlocked::new();
+        self.shared.check_mappings(true);
+        if self.shared.over_budget.load(Ordering::Relaxed) {
+            return 0;
+        }
+        let regions = self.shared.live_regions();
+        self.shared.stats.scans.fetch_add(1, Ordering::Relaxed);
+        // Resumes where the last call stopped, as the balancer's own passes do.
+        let mut cur = self.shared.scan_cursor.lock().unwrap_or_else(|p| p.into_inner());
+        scan::scan_pass(&self.shared, &regions, &mut cur)
+    }
+
+    /// Runs one collapse pass now, from the calling thread, copying at most `max_pages`
+    /// (see [`Config::collapse_mb`]); returns the pages copied. For tests and benchmarks.
+    pub fn collapse_now(&self, max_pages: usize) -> usize {
+        if fault::forked() {
+            return 0;
+        }
+        let _signals = os::SignalsBlocked::new();
+        let n = self.shared.collapse(max_pages);
+        self.shared.check_mappings(true);
+        n
+    }
+
+    /// Frees what handlers left, refills the reserves and counts the process's mappings
+    /// now, from the calling thread.
+    pub fn housekeep(&self) {
+        if fault::forked() {
+            return;
+        }
+        self.shared.check_mappings(true);
+        self.shared.housekeep();
+    }
+
+    /// Sets the mapping budget (see [`Config::vma_budget`]) and checks it now.
+    pub fn set_vma_budget(&self, mappings: usize) {
+        self.shared.vma_budget.store(mappings, Ordering::Relaxed);
+        self.shared.check_mappings(true);
+    }
+
+    /// The zonal handle.
+    pub fn zonal(&self) -> &Arc<Zonal> {
+        &self.shared.z
+    }
+}
+
+impl Drop for Balancer {
+    fn drop(&mut self) {
+        // In a child of fork() the threads do not exist (joining or detaching their stale
+        // handles would touch threads of the parent), and nothing is the child's to free.
+        if fault::forked() {
+            std::mem::forget(self.thread.take());
+            std::mem::forget(self.server.take());
+            return;
+        }
+        // The thread runs while a region lives (it holds only a weak reference and stops when
+        // the last one goes); a balancer dropped before its regions leaves it to them.
+        // Without regions it stops the thread and waits for it, so that the reserves are back
+        // with zonal when this returns.
+        if self.shared.live_regions().is_empty() {
+            self.shared.stop.store(true, Ordering::Release);
+            self.shared.kick();
+            for t in [self.thread.take(), self.server.take()].into_iter().flatten() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// How often the balancer's thread runs a collapse pass.
+const COLLAPSE_EVERY: Duration = Duration::from_millis(100);
+
+/// The balancer's thread: frees and refills, scans every period, and collapses fragmented
+/// windows.
+fn worker(weak: Weak<Shared>) {
+    // The program's asynchronous signals go to its own threads: this one holds pages BUSY.
+    let _signals = os::SignalsBlocked::new();
+    let mut cur = scan::Cursor::default();
+    let mut next_scan: Option<Instant> = None;
+    let mut next_collapse = Instant::now();
+    loop {
+        let Some(s) = weak.upgrade() else { return };
+        if s.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let kick = s.kick.load(Ordering::Acquire);
+        let short = s.housekeep();
+        let now = Instant::now();
+        let regions = s.live_regions();
+        let delay = Duration::from_millis(s.cfg.scan_delay_ms.load(Ordering::Relaxed));
+        let due: Vec<Arc<RegionShared>> = regions.into_iter().filter(|r| now.duration_since(r.born) >= delay).collect();
+        let over = s.over_budget.load(Ordering::Relaxed);
+        if s.enabled() && !over && !due.is_empty() && next_scan.is_none_or(|t| now >= t) {
+            s.stats.scans.fetch_add(1, Ordering::Relaxed);
+            scan::scan_pass(&s, &due, &mut cur);
+            let cost = now.elapsed();
+            let (min, max) =
+                (s.cfg.scan_period_min_ms.load(Ordering::Relaxed), s.cfg.scan_period_max_ms.load(Ordering::Relaxed));
+            let p = scan::next_period(
+                s.period_ms.load(Ordering::Relaxed),
+                s.win_local.swap(0, Ordering::Relaxed),
+                s.win_remote.swap(0, Ordering::Relaxed),
+                s.win_fail.swap(0, Ordering::Relaxed),
+                min,
+                max,
+            );
+            // The overhead cap: a pass may take at most `SCAN_OVERHEAD_PCT` of the time
+            // between passes (Linux keeps `task_numa_work` near 3% of the task's run time).
+            let capped = scan::capped_period(p, cost, max);
+            if capped > p {
+                s.stats.scan_capped.fetch_add(1, Ordering::Relaxed);
+            }
+            s.period_ms.store(capped, Ordering::Relaxed);
+            next_scan = Some(now + Duration::from_millis(capped));
+        }
+        // Collapses at most a tenth of `collapse_mb` each tenth of a second.
+        if now >= next_collapse {
+            let pages = (s.cfg.collapse_mb.load(Ordering::Relaxed) as usize).saturating_mul(256) / 10;
+            s.collapse(pages);
+            s.retire_idle_dests();
+            next_collapse = now + COLLAPSE_EVERY;
+        }
+        let wait = if short {
+            Duration::from_millis(1)
+        } else {
+            next_scan.map_or(Duration::from_millis(100), |t| t.saturating_duration_since(Instant::now()))
+        };
+        let wait = wait.clamp(Duration::from_micros(100), Duration::from_millis(100));
+        // Let go of the shared state while waiting, so that dropping the last region or the
+        // balancer ends this thread.
+        let word: *const AtomicU32 = &s.kick;
+        let keep = Arc::downgrade(&s);
+        drop(s);
+        if let Some(s) = keep.upgrade() {
+            // SAFETY: `word` points into `s`, alive for this call.
+            os::futex_wait(unsafe { &*word }, kick, wait);
+            drop(s);
+        }
+    }
+}
+
+/// The handler thread of the userfaultfd handler-thread backend: serves faults until the
+/// balancer and its regions are gone.
+fn fault_server(weak: Weak<Shared>) {
+    let _signals = os::SignalsBlocked::new();
+    loop {
+        let Some(s) = weak.upgrade() else { return };
+        if s.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(u) = &s.uffd else { return };
+        if let Some(f) = u.next_fault(50) {
+            fault::serve_thread_fault(&s, f);
+        }
+    }
+}
