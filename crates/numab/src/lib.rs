@@ -60,6 +60,15 @@ use zonal::{Gfp, MemPolicy, NodeId, Zonal};
 pub use fault::MAX_REGIONS;
 pub use os::PAGE;
 
+/// README.md's Rust examples, compiled and run as this crate's doc-tests (`cargo test
+/// --release -p zonal-numab --doc`), so the README cannot drift from the API. Here because
+/// the balancing example needs both zonal and zonal-numab, and this crate sees both. Only
+/// under `cfg(doctest)`: the README is not this crate's documentation. (Its C examples are
+/// built and run by tests/install.rs at the root.)
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
 /// What can go wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {
