@@ -64,3 +64,12 @@ pub use os::PAGE;
 pub use region::{Pin, Region, RegionShared, MAX_REGION_BYTES};
 pub(crate) use stats::Counters;
 pub use stats::Stats;
+
+/// README.md's Rust examples, compiled and run as this crate's doc-tests (`cargo test
+/// --release -p zonal-numab --doc`), so the README cannot drift from the API. Here because
+/// the balancing example needs both zonal and zonal-numab, and this crate sees both. Only
+/// under `cfg(doctest)`: the README is not this crate's documentation. (Its C examples are
+/// built and run by tests/install.rs at the root.)
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

@@ -22,8 +22,8 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// README.md's step for linking against target/release: the loader looks for the SONAME,
-/// so `libzonal_numab.so.0` is a link to `libzonal_numab.so` beside it.
+/// The link `make install` makes (README.md), made here in target/release: the loader looks
+/// for the SONAME, so `libzonal_numab.so.0` is a link to `libzonal_numab.so` beside it.
 fn soname_link(libdir: &Path) {
     let link = libdir.join(SONAME);
     match std::os::unix::fs::symlink("libzonal_numab.so", &link) {

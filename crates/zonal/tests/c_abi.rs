@@ -1,6 +1,6 @@
 //! Real C programs against include/zonal.h, built with the system compilers: tests/c/zonal_test.c
-//! linked once against libzonal.so (found by the loader through its SONAME, as README.md
-//! tells C users to set up) and once against libzonal.a, and run; the header compiled as
+//! linked once against libzonal.so (found by the loader through its SONAME, as after
+//! README.md's `make install`) and once against libzonal.a, and run; the header compiled as
 //! C89 and used from C++; and the SONAME itself.
 
 mod common;
@@ -23,8 +23,8 @@ fn temp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("zonal-{name}-{}", std::process::id()))
 }
 
-/// README.md's step for linking against target/release: the loader looks for the SONAME,
-/// so `libzonal.so.0` is a link to `libzonal.so` beside it.
+/// The link `make install` makes (README.md), made here in target/release: the loader looks
+/// for the SONAME, so `libzonal.so.0` is a link to `libzonal.so` beside it.
 fn soname_link(libdir: &Path) {
     let link = libdir.join(SONAME);
     match std::os::unix::fs::symlink("libzonal.so", &link) {
