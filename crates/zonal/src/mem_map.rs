@@ -500,7 +500,7 @@ impl MapRef {
     /// # Safety
     /// `pfn` is below the map's length.
     #[inline(always)]
-    pub(crate) unsafe fn run_owner(&self, pfn: usize) -> usize {
+    pub(crate) unsafe fn run_owner(&self, pfn: usize) -> u16 {
         debug_assert!(pfn < self.len, "frame {pfn} past the map's {}", self.len);
         #[cfg(not(loom))]
         {
@@ -509,12 +509,12 @@ impl MapRef {
             // the `Arc` keeps them alive.
             unsafe {
                 let owners = self.states.as_ptr().add(self.len).cast::<std::sync::atomic::AtomicU16>();
-                (*owners.add(pfn >> RUN_ORDER.0)).load(std::sync::atomic::Ordering::Relaxed) as usize
+                (*owners.add(pfn >> RUN_ORDER.0)).load(std::sync::atomic::Ordering::Relaxed)
             }
         }
         #[cfg(loom)]
         {
-            self._map.run_owner(Pfn(pfn)) as usize
+            self._map.run_owner(Pfn(pfn))
         }
     }
 }

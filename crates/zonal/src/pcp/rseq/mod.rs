@@ -252,7 +252,7 @@ pub unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
 /// spans of the lists' zones do not overlap, and a frame in a zone's span has that zone in
 /// `block_zone`.
 #[inline]
-pub unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize, owner: usize) -> usize {
+pub unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize, owner: u16) -> usize {
     // SAFETY: the caller's contract, which is the section's.
     unsafe { arch::push_frame(rseq, t, pfn, owner) }
 }
@@ -399,7 +399,7 @@ mod tests {
         // holds every frame, so the sections read no other table.
         unsafe {
             assert_eq!(push_frame(rseq, &ft, 0x1234, 0), usize::MAX);
-            assert_eq!(push_frame(rseq, &ft, 0x1234, usize::from(crate::mem_map::NO_OWNER)), usize::MAX);
+            assert_eq!(push_frame(rseq, &ft, 0x1234, crate::mem_map::NO_OWNER), usize::MAX);
             assert_eq!(push_small_frame(rseq, &ft, 0x1234, crate::types::Order(1)), usize::MAX);
             assert_eq!(push_small_frame(rseq, &ft, 0x1200, crate::pcp::PCP_THP_ORDER), usize::MAX);
         }

@@ -29,7 +29,7 @@ pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
 /// # Safety
 /// As [`super::push_frame`].
 #[inline]
-pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize, owner: usize) -> usize {
+pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize, owner: u16) -> usize {
     let _ = (rseq, t, pfn, owner);
     usize::MAX
 }

@@ -238,7 +238,8 @@ macro_rules! rseq_enter_frame_owned {
             "cmp byte ptr [{p} + {off_lock}], 0\n",
             "jne 25f\n",
             // This CPU's run: the cache (the path a pair takes, one branch taken).
-            "cmp {owner}, {cpu}\n",
+            // 16 bits: the CPU id is below `LOCAL_CPUS` here, and `NO_OWNER` is not one.
+            "cmp {owner:x}, {cpu:x}\n",
             "je 28f\n",
             "add {p}, {outbox_delta}\n",
             "jmp 28f\n",
@@ -437,7 +438,7 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
 /// # Safety
 /// As [`super::push_frame`].
 #[inline]
-pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize, owner: usize) -> usize {
+pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize, owner: u16) -> usize {
     let cpu: usize;
     // SAFETY: `rseq` places this thread's registered rseq area (at `fs:` plus it);
     // `t.local` holds `LOCAL_CPUS` addresses (of live `PerCpuPages` or of a stand-in, whose
