@@ -357,7 +357,10 @@ impl Zonal {
         let table = self.rseq_table(rseq);
         let zone = z.id.0 as usize;
         // The run's frames come from one CPU's refill, mostly: its owner looked up once per
-        // run of `RUN_ORDER` frames.
+        // run of `RUN_ORDER` frames. Only on the CPU's local zone, whose lists route frees
+        // (`PcpInner::routes`): another zone's frames go onto this CPU's cache of that zone,
+        // as the single free's section does.
+        let local = self.cpus.local_zone.get(cpu) == Some(&z.id.0);
         let mine = cpu as u16;
         let mut last = (usize::MAX, mine);
         let mut owned = |pfn: usize| {
@@ -366,7 +369,7 @@ impl Zonal {
             }
             last.1 == mine
         };
-        let (rest, pushed): (ArrayVec<usize, FREE_RUN>, usize) = if pfns.iter().all(|&p| owned(p)) {
+        let (rest, pushed): (ArrayVec<usize, FREE_RUN>, usize) = if !local || pfns.iter().all(|&p| owned(p)) {
             // SAFETY: `rseq` places this thread's rseq area, the table this handle's lists,
             // which outlive the call; `z` is one of this handle's zones.
             let k = unsafe { pcp::rseq::push_many(&table, zone, pfns) };

@@ -137,7 +137,7 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
     for &pfn in &list[first..] {
         zone.state(Pfn(pfn)).store(mem_map::state(PCP, order), Ordering::Relaxed);
     }
-    if order.0 == 0 {
+    if order.0 == 0 && pcp.routes {
         // These lists own the runs now (last writer wins, a partial run too).
         own_runs(zone, pcp.cpu, &list[first..]);
     }
@@ -166,7 +166,7 @@ fn own_runs(zone: &Zone, cpu: u32, frames: &[usize]) {
 #[inline]
 fn take_inbox(zone: &Zone, pcp: &mut PcpInner, want: usize) -> usize {
     match zone.lists(pcp.cpu as usize) {
-        Some(me) if want > 0 && me.inbox().len_hint() > 0 => take_frames(zone, pcp, me.inbox(), want, 1),
+        Some(me) if pcp.routes && want > 0 && me.inbox().len_hint() > 0 => take_frames(zone, pcp, me.inbox(), want, 1),
         _ => 0,
     }
 }
@@ -187,7 +187,9 @@ fn take_frames(zone: &Zone, pcp: &mut PcpInner, from: &crate::zone::Transfer, wa
     t.frames.truncate(start);
     drop(t);
     pcp.lists[0][at..].sort_unstable_by(|a, b| b.cmp(a));
-    own_runs(zone, pcp.cpu, &pcp.lists[0][at..]);
+    if pcp.routes {
+        own_runs(zone, pcp.cpu, &pcp.lists[0][at..]);
+    }
     pcp.count += n;
     pcp.transferred -= n as isize;
     n
@@ -207,6 +209,7 @@ fn take_frames(zone: &Zone, pcp: &mut PcpInner, from: &crate::zone::Transfer, wa
 /// free there touched a state line the other CPU had just written. Sorted, neighbours leave
 /// together and share their line's trips between the CPUs (`bench cross` 18% faster; see
 /// DESIGN.md, the transfer list). `sort_unstable` never allocates.
+///
 /// These lists take the frames' runs (last writer wins): a CPU that refills from frames
 /// another CPU drained becomes their owner, and that CPU's frees of the runs' other frames
 /// come here from then on.
@@ -465,7 +468,7 @@ pub fn free_to_pcp(zone: &Zone, pcp: &mut PcpInner, pfn: Pfn, order: Order) -> u
     if order == PCP_THP_ORDER {
         return free_thp(zone, pcp, pfn);
     }
-    if order.0 == 0 && foreign(zone, pcp, pfn) {
+    if order.0 == 0 && pcp.routes && foreign(zone, pcp, pfn) {
         // Toward its owner, a batch at a time (the guard delivers a full outbox on unlock).
         pcp.outbox.push(pfn.0);
         return 0;

@@ -99,6 +99,13 @@ pub struct PcpInner {
     /// The CPU these lists belong to (as `PerCpuPages::cpu`): the owner a refill names for
     /// the runs it takes, and whose frames a free keeps (see `mem_map::MemMap`'s owners).
     pub(crate) cpu: u32,
+    /// Whether these lists take part in run ownership: a CPU's lists of a zone on its own
+    /// node (the lists its fast paths use, `PerCpuPages::routing`). Their refills name their
+    /// CPU the owner of the runs they take, and their frees send frames of other CPUs' runs
+    /// back; another node's CPU's lists of the zone (which take only that CPU's fallback
+    /// allocations and its frees of the zone's frames) do neither, as the fast free's
+    /// section tests owners on its local branch alone.
+    pub(crate) routes: bool,
     /// Order-0 frames freed here whose runs another CPU owns, on their way to that CPU's
     /// inbox (`lists::deliver`), tagged `PCP` and counted as this CPU's pcp frames until
     /// then; not in `count`, and fewer than [`OUTBOX_CAP`] after every holder. The locked
@@ -424,6 +431,7 @@ impl PerCpuPages {
                 reported: 0,
                 transferred: 0,
                 cpu,
+                routes: false,
                 outbox: Vec::with_capacity(2 * OUTBOX_CAP),
                 sorting: Vec::with_capacity(2 * OUTBOX_CAP),
                 lists: std::array::from_fn(|o| Vec::with_capacity(cap(o))),
@@ -440,6 +448,14 @@ impl PerCpuPages {
     /// gate, the allocation sections' watermark test, the zone keeps: `Zone::install_gates`).
     pub fn watching(mut self, zone: &Zone) -> PerCpuPages {
         (self.span_start, self.span_pages) = (zone.start_pfn.0, zone.spanned);
+        self
+    }
+
+    /// These lists made a party to run ownership ([`PcpInner::routes`]): the lists of a zone on
+    /// their CPU's node.
+    pub fn routing(self) -> PerCpuPages {
+        // SAFETY: `self` is owned here, so no guard (nor any other access) exists.
+        unsafe { self.inner.with_mut(|i| i.routes = true) };
         self
     }
 
