@@ -215,12 +215,14 @@ macro_rules! rseq_enter_frame {
 
 /// The start of the order-0 free's section (`push_frame`): as `rseq_enter_frame!`, and then,
 /// for a frame of the local lists' zone (which their span says), the owner of the frame's
-/// run (`{owner}`, read before the section: a hint) compared with this CPU: a frame of
-/// another CPU's run (or of none) goes to the outbox, which lies at `{outbox_delta}` from
-/// the cache and is laid out as it is from there, so that `{p}` moved by that much serves
-/// the cache's body unchanged. The lock is tested before the owner, so that a stand-in
-/// (whose bytes past the lock and the span are not a `PerCpuPages`) gives way first. A
-/// frame of another zone goes to that zone's lists' cache, as before owners.
+/// run (`{owner}`, read before the section: a hint) compared with this CPU: this CPU's run
+/// goes on to the cache's body (label 28, the one branch the path a pair takes), another's
+/// (or nobody's) to the outbox's body here, which pushes onto the outbox and then moves
+/// `{p}` by [`OUTBOX_DELTA`] and joins the cache's commit (label 41), so that the commit,
+/// `[{p} + {off_len}]`, stores the outbox's word and stays the last instruction of the
+/// range. The lock is tested before the owner, so that a stand-in (whose bytes past the
+/// lock and the span are not a `PerCpuPages`) gives way first. A frame of another zone goes
+/// to that zone's lists' cache, as before owners.
 macro_rules! rseq_enter_frame_owned {
     () => {
         concat!(
@@ -237,12 +239,22 @@ macro_rules! rseq_enter_frame_owned {
             "jae 29f\n",
             "cmp byte ptr [{p} + {off_lock}], 0\n",
             "jne 25f\n",
-            // This CPU's run: the cache (the path a pair takes, one branch taken).
             // 16 bits: the CPU id is below `LOCAL_CPUS` here, and `NO_OWNER` is not one.
             "cmp {owner:x}, {cpu:x}\n",
             "je 28f\n",
+            // Another CPU's run: the outbox, as the cache's body below does the cache.
+            "mov rcx, qword ptr [{p} + {off_out_limit}]\n",
+            "mov {t}, qword ptr [{p} + {off_out_word}]\n",
+            "movzx {s}, {t:x}\n",
+            "cmp {s}, rcx\n",
+            "jae 25f\n",
+            "test {t}, {t}\n",
+            "js 25f\n",
+            "mov qword ptr [{p} + {s} * 8 + {off_out_slots}], {pfn}\n",
+            "mov rcx, {push_frame}\n",
+            "add {t}, rcx\n",
             "add {p}, {outbox_delta}\n",
-            "jmp 28f\n",
+            "jmp 41f\n",
             // Another zone's frame: its block's zone, that zone's lists of this CPU.
             "29:\n",
             "mov {t}, {pfn}\n",
@@ -265,20 +277,12 @@ macro_rules! rseq_enter_frame_owned {
     };
 }
 
-/// How far the outbox's word lies from the order-0 cache's: its bound and its slots lie as
-/// far from their own (the asserts below), so a section that adds this to the lists'
-/// address pushes onto the outbox with the cache's code.
+/// How far the outbox's word lies from the order-0 cache's: the outbox's body in
+/// `push_frame` moves the lists' address by this before the cache's commit, which then
+/// stores the outbox's word.
 pub(super) const OUTBOX_DELTA: usize =
     std::mem::offset_of!(PerCpuPages, outbox_word) - std::mem::offset_of!(PerCpuPages, cache_word);
 
-const _: () = assert!(
-    std::mem::offset_of!(PerCpuPages, outbox_limit) - std::mem::offset_of!(PerCpuPages, outbox_word)
-        == std::mem::offset_of!(PerCpuPages, cache_limit) - std::mem::offset_of!(PerCpuPages, cache_word)
-);
-const _: () = assert!(
-    std::mem::offset_of!(PerCpuPages, outbox) - std::mem::offset_of!(PerCpuPages, outbox_word)
-        == std::mem::offset_of!(PerCpuPages, cache) - std::mem::offset_of!(PerCpuPages, cache_word)
-);
 const _: () = assert!(crate::pcp::OUTBOX_CAP as u64 <= word::LEN);
 
 /// One critical section: `rseq_enter!`, the body, `rseq_leave!`, with the operands every
@@ -447,11 +451,12 @@ pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize, owner: 
     // `t.block_zone` is indexed only below `nr_blocks`, and `t.remote` (`zone * nr_cpus +
     // cpu`) only with a zone checked against `nr_zones`. The lists pushed onto are the
     // frame's zone's: the local ones when the frame lies in their zone's span (no other
-    // zone's overlaps it), else its block's zone's. A stand-in's lock is tested before
-    // `{p}` moves to the outbox, so the outbox's fields read are a `PerCpuPages`'s. The
-    // slot written before the commit lies below the bound read (`cache_limit <= CACHE_CAP`,
-    // or the outbox's `outbox_limit <= OUTBOX_CAP`), inside the cache's or the outbox's
-    // slots, and is dead until the commit.
+    // zone's overlaps it), else its block's zone's. A stand-in's lock is tested before the
+    // outbox's fields are read, so they are a `PerCpuPages`'s. The slot written before the
+    // commit lies below the bound read (`cache_limit <= CACHE_CAP`, or the outbox's
+    // `outbox_limit <= OUTBOX_CAP`), inside the cache's or the outbox's slots, and is dead
+    // until the commit, which stores the word of the same one (the outbox's body moves `{p}`
+    // by `OUTBOX_DELTA`, the distance between the two words).
     unsafe {
         std::arch::asm!(
             rseq_enter_frame_owned!(),
@@ -471,6 +476,8 @@ pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize, owner: 
             // memory operations, which bound it.
             "mov rcx, {push_frame}",
             "add {t}, rcx",
+            // The commit, the outbox's too (its body moved `{p}` by `OUTBOX_DELTA`).
+            "41:",
             "mov qword ptr [{p} + {off_len}], {t}",
             rseq_leave_cpu!(),
             push_frame = const word::PUSH_FRAME,
@@ -493,6 +500,9 @@ pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize, owner: 
             off_slots = const std::mem::offset_of!(PerCpuPages, cache),
             off_len = const std::mem::offset_of!(PerCpuPages, cache_word),
             off_limit = const std::mem::offset_of!(PerCpuPages, cache_limit),
+            off_out_word = const std::mem::offset_of!(PerCpuPages, outbox_word),
+            off_out_limit = const std::mem::offset_of!(PerCpuPages, outbox_limit),
+            off_out_slots = const std::mem::offset_of!(PerCpuPages, outbox),
             cpu = out(reg) cpu,
             p = out(reg) _,
             t = out(reg) _,
@@ -555,8 +565,8 @@ pub(super) unsafe fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUni
     unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<usize>(), n) }
 }
 
-/// The x86-64 body of [`super::push_many`] (`OUTBOX`: onto the outbox, which lies
-/// [`OUTBOX_DELTA`] from the cache and is laid out as it is from there).
+/// The x86-64 body of [`super::push_many`] (`OUTBOX`: onto the outbox, its word, bound and
+/// slots in place of the cache's).
 ///
 /// # Safety
 /// As [`super::push_many`].
@@ -594,9 +604,21 @@ pub(super) unsafe fn push_many<const OUTBOX: bool>(t: &Table, zone: usize, pfns:
             ],
             src = in(reg) pfns.as_ptr(),
             count = in(reg) pfns.len(),
-            off_len = const std::mem::offset_of!(PerCpuPages, cache_word) + if OUTBOX { OUTBOX_DELTA } else { 0 },
-            off_slots = const std::mem::offset_of!(PerCpuPages, cache) + if OUTBOX { OUTBOX_DELTA } else { 0 },
-            off_limit = const std::mem::offset_of!(PerCpuPages, cache_limit) + if OUTBOX { OUTBOX_DELTA } else { 0 },
+            off_len = const if OUTBOX {
+                std::mem::offset_of!(PerCpuPages, outbox_word)
+            } else {
+                std::mem::offset_of!(PerCpuPages, cache_word)
+            },
+            off_slots = const if OUTBOX {
+                std::mem::offset_of!(PerCpuPages, outbox)
+            } else {
+                std::mem::offset_of!(PerCpuPages, cache)
+            },
+            off_limit = const if OUTBOX {
+                std::mem::offset_of!(PerCpuPages, outbox_limit)
+            } else {
+                std::mem::offset_of!(PerCpuPages, cache_limit)
+            },
             n = out(reg) n,
             ok = out(reg) ok,
         );
