@@ -80,58 +80,162 @@ pub(crate) const RUN_ORDER: Order = Order((2 * FRAMES_PER_LINE).trailing_zeros()
 
 const _: () = assert!(1 << RUN_ORDER.0 == 2 * FRAMES_PER_LINE);
 
+/// The run-owner hint of a run nobody's refill has taken since the map was made: no CPU.
+pub(crate) const NO_OWNER: u16 = u16::MAX;
+
 /// The state bytes of every frame of a handle's arena, indexed by frame number, gaps
 /// included (always `NONE`). One map for all zones, so that the fast paths find a frame's
 /// state from its number alone: the free's claim no longer waits for the frame's zone
 /// (`block_zone`, then the zone), which put two more dependent loads on every pair. A zone
 /// holds the map and its own range of it (built from a [`ZoneMap`]).
+///
+/// After the states, in the same allocation, the *run owners*: one `u16` per run of
+/// [`RUN_ORDER`] frames (`pfn >> RUN_ORDER`), naming the CPU whose lists took the run (or
+/// frames of it) at their last refill, [`NO_OWNER`] until one does. A hint for routing
+/// frees back to the CPU whose state lines they are (`pcp`'s outbox and inboxes), never
+/// needed for correctness: written with relaxed stores by refills under their pcp lock,
+/// last writer wins. The states are padded to whole runs, so the owners start at the
+/// states' address plus their length, and a fast free that has checked a frame against that
+/// length finds its run's owner with no other load ([`MapRef::run_owner`]).
 pub(crate) struct MemMap {
+    #[cfg(not(loom))]
+    raw: RawMap,
+    #[cfg(loom)]
     states: Box<[AtomicU8]>,
+    #[cfg(loom)]
+    owners: Box<[std::sync::atomic::AtomicU16]>,
 }
 
+/// The states and the owners in one allocation of the global allocator: `len` state bytes
+/// from `base`, then `len >> RUN_ORDER` owners (see [`MemMap`]).
+#[cfg(not(loom))]
+struct RawMap {
+    base: std::ptr::NonNull<u8>,
+    len: usize,
+    /// The layout of the allocation, to free it with.
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: a `RawMap` owns its allocation, which holds only atomics; any thread may read and
+// write them, and the map frees it once (`Drop`).
+#[cfg(not(loom))]
+unsafe impl Send for RawMap {}
+// SAFETY: as for `Send`.
+#[cfg(not(loom))]
+unsafe impl Sync for RawMap {}
+
 impl MemMap {
-    /// `n` states, every one `NONE` (0).
+    /// `n` states, every one `NONE` (0), padded to whole runs (so the map's length is a
+    /// multiple of the run's frames), and their runs' owners, every one [`NO_OWNER`].
     pub(crate) fn new(n: usize) -> MemMap {
+        let n = n.next_multiple_of(RUN_ORDER.pages());
+        let runs = n >> RUN_ORDER.0;
         #[cfg(not(loom))]
         {
-            if n == 0 {
-                return MemMap { states: Box::new([]) };
+            use std::sync::atomic::AtomicU16;
+            let layout = std::alloc::Layout::array::<AtomicU8>(n)
+                .and_then(|states| states.extend(std::alloc::Layout::array::<AtomicU16>(runs.max(1))?))
+                .map(|(layout, at)| {
+                    assert_eq!(at, n, "the owners follow the states, which fill whole runs");
+                    layout
+                })
+                .expect("a zone's map fits in the address space");
+            // SAFETY: the layout has a non-zero size (at least one owner). The allocator
+            // returns zeroed memory (for large maps, fresh anonymous pages the OS backs on
+            // first write): every state `NONE`, a valid `AtomicU8`.
+            let base = unsafe { std::alloc::alloc_zeroed(layout) };
+            let Some(base) = std::ptr::NonNull::new(base) else { std::alloc::handle_alloc_error(layout) };
+            // SAFETY: the `runs` `u16`s from byte `n` (aligned: `n` is a multiple of 128) lie
+            // inside the allocation (`layout` holds them).
+            unsafe {
+                let owners = base.as_ptr().add(n).cast::<AtomicU16>();
+                for i in 0..runs {
+                    owners.add(i).write(AtomicU16::new(NO_OWNER));
+                }
             }
-            let layout = std::alloc::Layout::array::<AtomicU8>(n).expect("a zone's map fits in the address space");
-            // SAFETY: the layout has a non-zero size (n > 0). The allocator returns zeroed
-            // memory (for large maps, fresh anonymous pages the OS backs on first write).
-            let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut AtomicU8;
-            if ptr.is_null() {
-                std::alloc::handle_alloc_error(layout);
-            }
-            // SAFETY: `ptr` is an allocation of the global allocator with the layout of `n`
-            // `AtomicU8`s, so a `Box<[AtomicU8]>` of it frees it with that layout; a zero
-            // byte is a valid `AtomicU8`.
-            let states = unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) };
-            MemMap { states }
+            MemMap { raw: RawMap { base, len: n, layout } }
         }
         #[cfg(loom)]
         {
-            MemMap { states: (0..n).map(|_| AtomicU8::new(0)).collect() }
+            MemMap {
+                states: (0..n).map(|_| AtomicU8::new(0)).collect(),
+                owners: (0..runs).map(|_| std::sync::atomic::AtomicU16::new(NO_OWNER)).collect(),
+            }
+        }
+    }
+
+    /// Every state, by frame number.
+    #[inline(always)]
+    fn states(&self) -> &[AtomicU8] {
+        #[cfg(not(loom))]
+        {
+            // SAFETY: `len` states from `base`, initialised (zeroed) in `new`, live as long as
+            // the map.
+            unsafe { std::slice::from_raw_parts(self.raw.base.as_ptr().cast::<AtomicU8>(), self.raw.len) }
+        }
+        #[cfg(loom)]
+        {
+            &self.states
+        }
+    }
+
+    /// The owner hints, one per run.
+    #[inline(always)]
+    fn owners(&self) -> &[std::sync::atomic::AtomicU16] {
+        #[cfg(not(loom))]
+        {
+            // SAFETY: `len >> RUN_ORDER` owners from byte `len`, initialised in `new`, live as
+            // long as the map.
+            unsafe {
+                std::slice::from_raw_parts(self.raw.base.as_ptr().add(self.raw.len).cast(), self.raw.len >> RUN_ORDER.0)
+            }
+        }
+        #[cfg(loom)]
+        {
+            &self.owners
         }
     }
 
     /// The state of frame `pfn`.
     #[inline(always)]
     pub(crate) fn state(&self, pfn: Pfn) -> &AtomicU8 {
-        &self.states[pfn.0]
+        &self.states()[pfn.0]
     }
 
-    /// Frames in the map (the arena's span).
+    /// Frames in the map (the arena's span, padded to whole runs).
     #[inline]
     pub(crate) fn len(&self) -> usize {
-        self.states.len()
+        self.states().len()
     }
 
     /// The states of `len` frames from `start`, in frame order.
     #[inline]
     pub(crate) fn range(&self, start: Pfn, len: usize) -> &[AtomicU8] {
-        &self.states[start.0..start.0 + len]
+        &self.states()[start.0..start.0 + len]
+    }
+
+    /// The CPU whose lists last took frames of `pfn`'s run ([`NO_OWNER`] if none did): a hint.
+    #[inline]
+    pub(crate) fn run_owner(&self, pfn: Pfn) -> u16 {
+        self.owners()[pfn.0 >> RUN_ORDER.0].load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Names `cpu` the owner of `pfn`'s run, writing the line only when that changes it (the
+    /// owners' lines are read by every free of the zone).
+    #[inline]
+    pub(crate) fn set_run_owner(&self, pfn: Pfn, cpu: u16) {
+        let o = &self.owners()[pfn.0 >> RUN_ORDER.0];
+        if o.load(std::sync::atomic::Ordering::Relaxed) != cpu {
+            o.store(cpu, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(not(loom))]
+impl Drop for MemMap {
+    fn drop(&mut self) {
+        // SAFETY: `base` is the allocation `new` made with this layout, freed once, here.
+        unsafe { std::alloc::dealloc(self.raw.base.as_ptr(), self.raw.layout) };
     }
 }
 
@@ -362,7 +466,7 @@ unsafe impl Sync for MapRef {}
 impl MapRef {
     /// Holds `map`.
     pub(crate) fn new(map: Arc<MemMap>) -> MapRef {
-        let s: &[AtomicU8] = &map.states;
+        let s: &[AtomicU8] = map.states();
         MapRef { states: std::ptr::NonNull::from(s).cast(), len: s.len(), _map: map }
     }
 
@@ -386,6 +490,32 @@ impl MapRef {
         debug_assert!(pfn.0 < self.len, "frame {} past the map's {}", pfn.0, self.len);
         // SAFETY: `pfn.0 < len` (the caller's), and the states are alive (see `states`).
         unsafe { &*self.states.as_ptr().add(pfn.0) }
+    }
+
+    /// The owner hint of `pfn`'s run (see [`MemMap`]), as the CPU id it names or
+    /// [`NO_OWNER`], for a frame the caller has checked against the map's length: the owners
+    /// follow the states, so their address is the states' plus the length, both already in
+    /// registers after that check (one load, where the map's own field would be another).
+    ///
+    /// # Safety
+    /// `pfn` is below the map's length.
+    #[inline(always)]
+    pub(crate) unsafe fn run_owner(&self, pfn: usize) -> u16 {
+        debug_assert!(pfn < self.len, "frame {pfn} past the map's {}", self.len);
+        #[cfg(not(loom))]
+        {
+            // SAFETY: the map's owners start at its states plus their length (`MemMap::new`,
+            // aligned), one per run, so a frame below the length has its run's owner there;
+            // the `Arc` keeps them alive.
+            unsafe {
+                let owners = self.states.as_ptr().add(self.len).cast::<std::sync::atomic::AtomicU16>();
+                (*owners.add(pfn >> RUN_ORDER.0)).load(std::sync::atomic::Ordering::Relaxed)
+            }
+        }
+        #[cfg(loom)]
+        {
+            self._map.run_owner(Pfn(pfn))
+        }
     }
 }
 

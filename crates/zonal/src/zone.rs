@@ -198,8 +198,12 @@ pub struct Zone {
 /// the zone is at or above its high watermark, and gives them all back to the buddy in
 /// `drain_all_pages` (so before any allocation fails).
 ///
+/// Each CPU's inbox (`PerCpuPages::inbox`) is a list of this kind too: frames of that CPU's
+/// runs that other CPUs freed, at most `pcp::INBOX_CAP`.
+///
 /// Locking: the pcp lock of the CPU that drains or refills, then this lock; the zone lock is
-/// never taken while it is held.
+/// never taken while it is held, nor another list of this kind.
+#[derive(Debug)]
 pub(crate) struct Transfer {
     frames: Mutex<Vec<usize>>,
     /// `frames.len()` as of its last unlock, so that a refill finds an empty list without
@@ -208,7 +212,7 @@ pub(crate) struct Transfer {
 }
 
 impl Transfer {
-    fn new() -> Transfer {
+    pub(crate) fn new() -> Transfer {
         Transfer { frames: Mutex::new(Vec::new()), len: AtomicUsize::new(0) }
     }
 
@@ -353,6 +357,28 @@ impl Zone {
     pub(crate) fn state(&self, pfn: Pfn) -> &AtomicU8 {
         debug_assert!(self.contains(pfn), "frame {} outside zone {}", pfn.0, self.id.0);
         self.mem_map.state(pfn)
+    }
+
+    /// The CPU whose lists last took frames of `pfn`'s run, or `mem_map::NO_OWNER`: a hint
+    /// (see `mem_map::MemMap`).
+    #[inline]
+    pub(crate) fn run_owner(&self, pfn: Pfn) -> u16 {
+        self.mem_map.run_owner(pfn)
+    }
+
+    /// Names `cpu` the owner of `pfn`'s run (a refill's, under its pcp lock; last writer wins).
+    #[inline]
+    pub(crate) fn set_run_owner(&self, pfn: Pfn, cpu: u16) {
+        self.mem_map.set_run_owner(pfn, cpu);
+    }
+
+    /// CPU `cpu`'s lists of this zone, once the handle has given the zone its lists
+    /// ([`Zone::install_gates`]); `None` before (lists built apart from a handle, in tests)
+    /// and for a CPU the handle does not have.
+    #[inline]
+    pub(crate) fn lists(&self, cpu: usize) -> Option<&PerCpuPages> {
+        let g = self.gates.get()?;
+        g.pcps.get(g.first + cpu.checked_mul(g.stride.max(1))?)
     }
 
     /// This zone's state bytes, in frame order from its first frame (invariant walks).

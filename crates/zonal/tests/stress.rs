@@ -390,6 +390,18 @@ fn thp_blocks_cross_threads_and_cpus_pcp() {
     stress_orders("nodes=2,sizes=12M:10M,cpus=0:1", true, true, 10, &[0, 0, 1, 3, 9, 9]);
 }
 
+/// One zone that both CPUs share (issue 38): an order-0 frame freed on the CPU that does
+/// not own its run goes to that CPU's outbox, then to its owner's inbox (past it, to the
+/// transfer list or the buddy), and the owner's refills take it back, while threads move
+/// between CPUs, bulk calls free runs of mixed owners and the worker decays every
+/// millisecond (delivering outboxes, returning inboxes). Zones small enough that refills take
+/// partial runs too, so runs change owners all the time.
+#[test]
+fn cross_cpu_frees_on_one_shared_zone_pcp() {
+    stress_orders("nodes=1,size=2M", true, true, 10, &[0, 0, 0, 1, 3]);
+    stress_orders("nodes=1,size=64M", true, true, 10, &[0, 0, 0, 0, 2]);
+}
+
 #[test]
 fn threads_moving_between_cpus_pcp() {
     stress(FOUR_NODES, true, true);

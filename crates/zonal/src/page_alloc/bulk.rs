@@ -346,18 +346,49 @@ impl Zonal {
 
     /// Frees claimed order-0 frames of one zone: as many as fit onto this CPU's rseq cache in
     /// one critical section (with `rseq`, they were claimed to the cache's tag), the rest
-    /// onto the lists under one lock, or to the buddy when the lists are off or busy.
+    /// onto the lists under one lock, or to the buddy when the lists are off or busy. Frames
+    /// of runs another CPU owns go to this CPU's outbox instead of its cache (one more
+    /// section), on their way back to their owners, as the single free's do.
     pub(super) fn free_run(&self, cpu: usize, rseq: Option<isize>, z: &Zone, pfns: &[usize]) {
-        // SAFETY: `rseq` places this thread's rseq area, the table this handle's lists, which
-        // outlive the call; `z` is one of this handle's zones.
-        let k = rseq.map_or(0, |rseq| unsafe { pcp::rseq::push_many(&self.rseq_table(rseq), z.id.0 as usize, pfns) });
-        if k == pfns.len() {
+        let Some(rseq) = rseq else {
+            let rest: ArrayVec<Pfn, FREE_RUN> = pfns.iter().map(|&p| Pfn(p)).collect();
+            return self.free_claimed(cpu, z, &rest, Order(0));
+        };
+        let table = self.rseq_table(rseq);
+        let zone = z.id.0 as usize;
+        // The run's frames come from one CPU's refill, mostly: its owner looked up once per
+        // run of `RUN_ORDER` frames. Only on the CPU's local zone, whose lists route frees
+        // (`PcpInner::routes`): another zone's frames go onto this CPU's cache of that zone,
+        // as the single free's section does.
+        let local = self.cpus.local_zone.get(cpu) == Some(&z.id.0);
+        let mine = cpu as u16;
+        let mut last = (usize::MAX, mine);
+        let mut owned = |pfn: usize| {
+            if pfn >> mem_map::RUN_ORDER.0 != last.0 {
+                last = (pfn >> mem_map::RUN_ORDER.0, z.run_owner(Pfn(pfn)));
+            }
+            last.1 == mine
+        };
+        let (rest, pushed): (ArrayVec<usize, FREE_RUN>, usize) = if !local || pfns.iter().all(|&p| owned(p)) {
+            // SAFETY: `rseq` places this thread's rseq area, the table this handle's lists,
+            // which outlive the call; `z` is one of this handle's zones.
+            let k = unsafe { pcp::rseq::push_many(&table, zone, pfns) };
+            (pfns[k..].iter().copied().collect(), k)
+        } else {
+            let (own, foreign): (ArrayVec<usize, FREE_RUN>, ArrayVec<usize, FREE_RUN>) =
+                pfns.iter().copied().partition(|&p| owned(p));
+            // SAFETY: as above.
+            let (k, f) = unsafe {
+                (pcp::rseq::push_many(&table, zone, &own), pcp::rseq::push_outbox_many(&table, zone, &foreign))
+            };
+            (own[k..].iter().chain(&foreign[f..]).copied().collect(), k + f)
+        };
+        if pushed == pfns.len() {
             return;
         }
-        // With `rseq`, the frames were claimed to the cache's tag: back to "claimed" for the
-        // locked path, as in free_order0_fast, keeping those no racer took meanwhile.
-        let rest: ArrayVec<Pfn, FREE_RUN> =
-            pfns[k..].iter().map(|&p| Pfn(p)).filter(|&pfn| rseq.is_none() || unpush(z, pfn)).collect();
+        // The frames were claimed to the cache's tag: back to "claimed" for the locked path,
+        // as in free_order0_fast, keeping those no racer took meanwhile.
+        let rest: ArrayVec<Pfn, FREE_RUN> = rest.iter().map(|&p| Pfn(p)).filter(|&pfn| unpush(z, pfn)).collect();
         self.free_claimed(cpu, z, &rest, Order(0));
     }
 }

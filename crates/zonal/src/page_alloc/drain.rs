@@ -110,8 +110,9 @@ impl Zonal {
     /// order: the housekeeping pass (for writing, as a pass holds it; [`Zonal::settled`]'s
     /// readers wait), every CPU's lists of every zone (pcp before zone; `lock_lists`, which
     /// neither flushes nor fences a cache: the lock byte is what the sections test), then
-    /// every zone lock, then every zone's transfer list (taken only under a pcp lock, and
-    /// never nested with the zone lock elsewhere, so taking it here cannot deadlock).
+    /// every zone lock, then every zone's transfer list and every CPU's inbox (each taken only
+    /// under a pcp lock, and never nested with the zone lock or with one another elsewhere,
+    /// so taking them here cannot deadlock).
     /// Released in reverse order after `f` returns (or unwinds).
     ///
     /// For tests that prove a path takes no zonal lock (a signal handler's): run the path
@@ -128,7 +129,9 @@ impl Zonal {
             .collect();
         let locked: Vec<_> = zones.iter().map(|z| z.lock()).collect();
         let transfers: Vec<_> = zones.iter().map(|z| z.transfer().lock()).collect();
+        let inboxes: Vec<_> = self.cpus.pcps.iter().map(|p| p.inbox().lock()).collect();
         let r = f();
+        drop(inboxes);
         drop(transfers);
         drop(locked);
         drop(pcps);

@@ -284,6 +284,12 @@ impl Zonal {
         let Some(entry) = self.mem.map.states().get(pfn) else {
             return self.free_pages_general(addr as *mut u8, 0);
         };
+        // The CPU whose lists took the frame's run (a hint, read before the claim: nothing
+        // waits for it), which the section compares with its own: a frame of another CPU's
+        // run goes to the outbox, on its way back to that CPU, so that the state lines each
+        // CPU's pairs write stay its own (see `pcp::lists::deliver`).
+        // SAFETY: `pfn` is below the map's length (`get` just checked it).
+        let owner = unsafe { self.mem.map.run_owner(pfn) };
         if mem_map::try_claim_order0(entry, mem_map::state(mem_map::PCP, Order(0)), key.free_check_atomic()).is_err() {
             return self.free_pages_general(addr as *mut u8, 0);
         }
@@ -293,7 +299,7 @@ impl Zonal {
         // nr_cpus` of its lists, and `block_zone`, which gives each frame of a zone's span
         // (the lists' spans, which do not overlap) that zone.
         // The section counts the frame (`pgfree`) in the cache's word (`pcp::word`).
-        if unsafe { pcp::rseq::push_frame(rseq, &self.cpus.free_table, pfn) } == usize::MAX {
+        if unsafe { pcp::rseq::push_frame(rseq, &self.cpus.free_table, pfn, owner) } == usize::MAX {
             return self.free_unpushed(Pfn(pfn));
         }
         Ok(())

@@ -82,7 +82,13 @@ impl Zonal {
             .map(|(cpu, z)| {
                 let (batch, high_min, high_max) = pcp_sizes(&topo, z, fraction);
                 if config.pcp {
-                    PerCpuPages::new(cpu as u32, batch, high_min, high_max).watching(z)
+                    let lists = PerCpuPages::new(cpu as u32, batch, high_min, high_max).watching(z);
+                    // A zone of the CPU's node: its fast paths' lists, which route frees.
+                    if topo.cpu_to_node(CpuId(cpu as u32)) == z.node {
+                        lists.routing()
+                    } else {
+                        lists
+                    }
                 } else {
                     PerCpuPages::new(cpu as u32, 1, 0, 0)
                 }

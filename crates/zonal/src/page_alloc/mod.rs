@@ -623,6 +623,9 @@ const _: () = {
 };
 
 #[cfg(all(test, not(loom)))]
+mod owner_tests;
+
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::tune::STAT_INTERVAL_MS;
     use super::*;

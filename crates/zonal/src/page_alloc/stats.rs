@@ -12,10 +12,11 @@ impl Zonal {
         if cpu >= self.cpus.nr_cpus || zone.0 as usize >= self.mem.zones.len() {
             return None;
         }
-        // Lists only, no fence: the count is the lists' plus the cache's length as read.
+        // Lists only, no fence: the count is the lists' (and the locked outbox's) plus the
+        // caches', the rseq outbox's and the inbox's lengths as read.
         let pcp = self.pcp(cpu, zone);
         Some(pcp.lock_lists(&self.mem.zones[zone.0 as usize]).with(|p| PcpInfo {
-            count: p.pages() + pcp.every_cache_frames(),
+            count: p.held() + pcp.every_cache_frames() + pcp.inbox().len_hint(),
             high: p.high,
             batch: p.batch,
             high_min: p.high_min,
@@ -141,9 +142,10 @@ impl Zonal {
         Ok(self.zone(zone)?.percpu_drift_mark())
     }
 
-    /// Frames on every CPU's lists for a node's zones and on their transfer lists, read
-    /// without their locks (each list as of its last unlock, each rseq cache as it is) but
-    /// with the housekeeping pass held off ([`Zonal::settled`]): exact once allocation stops.
+    /// Frames on every CPU's lists for a node's zones (their caches, outboxes and inboxes
+    /// too) and on their transfer lists, read without their locks (each list as of its last
+    /// unlock, each rseq cache as it is) but with the housekeeping pass held off
+    /// ([`Zonal::settled`]): exact once allocation stops.
     pub fn nr_pcp_pages(&self, nid: NodeId) -> Result<usize> {
         let zones = self.node_zones(nid)?;
         let _settled = self.settled();
@@ -173,8 +175,10 @@ impl Zonal {
                 // Lists only, no fence: the caller keeps every section out, so the cache can
                 // be read as it stands.
                 let pcp = self.pcp(c, z.id);
+                on_pcp += pcp::check_inbox(z, c)?;
                 on_pcp += pcp.lock_lists(z).with(|p| -> std::result::Result<usize, String> {
                     let cached = pcp.check_cache(z)?;
+                    let outbox = pcp.check_outbox(z)?;
                     if p.count + cached > p.high + p.batch {
                         return Err(format!(
                             "zone {}: cpu {c} holds {} + {cached} cached above high {} + batch {}",
@@ -182,7 +186,7 @@ impl Zonal {
                         ));
                     }
                     let thp = pcp.check_thp_cache(z, p.list_len(PCP_THP_ORDER))?;
-                    Ok(pcp::check(z, p)? + cached + thp)
+                    Ok(pcp::check(z, p)? + cached + outbox + thp)
                 })?;
             }
             on_pcp += pcp::check_transfer(z)?;

@@ -17,8 +17,8 @@
 //! Invariant (checked by [`check`]): `count == sum(len(lists[o]) << o)`, every block on
 //! `lists[o]` has head state `PCP|o`, and `count <= high + batch`.
 
-use super::{PcpInner, NR_PCP_LISTS, PCP_BATCH_SCALE_MAX, PCP_THP_HIGH, PCP_THP_ORDER};
-use crate::mem_map::{self, PCP, RUN_ORDER};
+use super::{PcpInner, INBOX_CAP, NR_PCP_LISTS, OUTBOX_CAP, PCP_BATCH_SCALE_MAX, PCP_THP_HIGH, PCP_THP_ORDER};
+use crate::mem_map::{self, NO_OWNER, PCP, RUN_ORDER};
 use crate::sync::Ordering;
 use crate::types::{Order, Pfn, PAGE_SIZE};
 use crate::zone::{Watermark, Zone};
@@ -100,10 +100,17 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
     };
     let room = 1 + ((pcp.high + pcp.batch).saturating_sub(pcp.count) >> order.0);
     let want = want.min(room);
+    // Order 0 takes its inbox first (frames of its own runs that other CPUs freed), then the
+    // zone's transfer list, then the buddy, for what the inbox lacked.
+    let mine = if order.0 == 0 { take_inbox(zone, pcp, want) } else { 0 };
+    if mine >= want.min(pcp.batch).max(1) {
+        return mine;
+    }
+    let (want, room) = (want - mine, room - mine);
     if order.0 == 0 {
         let n = take_transfer(zone, pcp, want);
         if n > 0 {
-            return n;
+            return mine + n;
         }
     }
     let list = &mut pcp.lists[order.0 as usize];
@@ -130,7 +137,61 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
     for &pfn in &list[first..] {
         zone.state(Pfn(pfn)).store(mem_map::state(PCP, order), Ordering::Relaxed);
     }
+    if order.0 == 0 && pcp.routes {
+        // These lists own the runs now (last writer wins, a partial run too).
+        own_runs(zone, pcp.cpu, &list[first..]);
+    }
     pcp.count += n << order.0;
+    mine + n
+}
+
+/// Names `cpu` the owner of the runs of `frames` (one write per run that changes hands;
+/// neighbours of one run, which refills and sorted takes bring together, looked up once):
+/// frees of their frames on another CPU come back here (see `mem_map::MemMap`'s owners).
+#[inline]
+fn own_runs(zone: &Zone, cpu: u32, frames: &[usize]) {
+    debug_assert!(cpu < u32::from(NO_OWNER));
+    let mut last = usize::MAX;
+    for &pfn in frames {
+        if pfn >> RUN_ORDER.0 != last {
+            last = pfn >> RUN_ORDER.0;
+            zone.set_run_owner(Pfn(pfn), cpu as u16);
+        }
+    }
+}
+
+/// Refills the order-0 list with up to `want` frames of these lists' inbox (frames of their
+/// runs that other CPUs freed, see [`deliver`]), the newest first; returns how many. Sorted
+/// as [`take_transfer`] sorts. The frames stay counted as per-CPU pages.
+#[inline]
+fn take_inbox(zone: &Zone, pcp: &mut PcpInner, want: usize) -> usize {
+    match zone.lists(pcp.cpu as usize) {
+        Some(me) if pcp.routes && want > 0 && me.inbox().len_hint() > 0 => take_frames(zone, pcp, me.inbox(), want, 1),
+        _ => 0,
+    }
+}
+
+/// Moves up to `want` of the newest frames of `from` (the zone's transfer list, or an
+/// inbox) onto the order-0 list, when it holds at least `enough`, highest address first
+/// (see [`take_transfer`]), and names these lists the owner of their runs; returns how many.
+#[inline]
+fn take_frames(zone: &Zone, pcp: &mut PcpInner, from: &crate::zone::Transfer, want: usize, enough: usize) -> usize {
+    let mut t = from.lock();
+    let n = want.min(t.frames.len());
+    if n < enough {
+        return 0;
+    }
+    let start = t.frames.len() - n;
+    let at = pcp.lists[0].len();
+    pcp.lists[0].extend_from_slice(&t.frames[start..]);
+    t.frames.truncate(start);
+    drop(t);
+    pcp.lists[0][at..].sort_unstable_by(|a, b| b.cmp(a));
+    if pcp.routes {
+        own_runs(zone, pcp.cpu, &pcp.lists[0][at..]);
+    }
+    pcp.count += n;
+    pcp.transferred -= n as isize;
     n
 }
 
@@ -148,26 +209,17 @@ pub fn rmqueue_bulk(zone: &Zone, pcp: &mut PcpInner, order: Order) -> usize {
 /// free there touched a state line the other CPU had just written. Sorted, neighbours leave
 /// together and share their line's trips between the CPUs (`bench cross` 18% faster; see
 /// DESIGN.md, the transfer list). `sort_unstable` never allocates.
+///
+/// These lists take the frames' runs (last writer wins): a CPU that refills from frames
+/// another CPU drained becomes their owner, and that CPU's frees of the runs' other frames
+/// come here from then on.
 #[inline]
 fn take_transfer(zone: &Zone, pcp: &mut PcpInner, want: usize) -> usize {
     let enough = want.min(pcp.batch).max(1);
-    if zone.transfer().len_hint() < enough {
+    if want == 0 || zone.transfer().len_hint() < enough {
         return 0;
     }
-    let mut t = zone.transfer().lock();
-    let n = want.min(t.frames.len());
-    if n < enough {
-        return 0;
-    }
-    let from = t.frames.len() - n;
-    let at = pcp.lists[0].len();
-    pcp.lists[0].extend_from_slice(&t.frames[from..]);
-    t.frames.truncate(from);
-    drop(t);
-    pcp.lists[0][at..].sort_unstable_by(|a, b| b.cmp(a));
-    pcp.count += n;
-    pcp.transferred -= n as isize;
-    n
+    take_frames(zone, pcp, zone.transfer(), want, enough)
 }
 
 /// Moves the first `nr` frames of the order-0 list onto the zone's transfer list, as many as
@@ -175,7 +227,16 @@ fn take_transfer(zone: &Zone, pcp: &mut PcpInner, want: usize) -> usize {
 /// go back to the buddy, where they can merge); returns how many moved. They keep their tag.
 #[inline]
 fn give_transfer(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
-    if nr == 0 || zone.nr_free() < zone.watermark(Watermark::High) {
+    let n = give_transfer_frames(zone, &pcp.lists[0][..nr]);
+    pcp.transferred += n as isize;
+    n
+}
+
+/// [`give_transfer`] of a prefix of `frames`: returns how long a prefix the transfer list
+/// took (the caller accounts them: they stay per-CPU pages).
+#[inline]
+fn give_transfer_frames(zone: &Zone, frames: &[usize]) -> usize {
+    if frames.is_empty() || zone.nr_free() < zone.watermark(Watermark::High) {
         return 0;
     }
     let cap = zone.watermark(Watermark::Low);
@@ -183,11 +244,149 @@ fn give_transfer(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
         return 0;
     }
     let mut t = zone.transfer().lock();
-    let n = nr.min(cap.saturating_sub(t.frames.len()));
-    t.frames.extend_from_slice(&pcp.lists[0][..n]);
-    drop(t);
-    pcp.transferred += n as isize;
+    let n = frames.len().min(cap.saturating_sub(t.frames.len()));
+    t.frames.extend_from_slice(&frames[..n]);
     n
+}
+
+/// Whether an order-0 frame freed on these lists' CPU belongs to another CPU's run (its
+/// owner's lists, which a delivery reaches, exist): it goes to the outbox, and from there
+/// to the owner's inbox, so that the state lines each CPU writes stay its own. A frame of a
+/// run nobody owns is taken here: these lists own its run from now on.
+#[inline(always)]
+fn foreign(zone: &Zone, pcp: &PcpInner, pfn: Pfn) -> bool {
+    zone.run_owner(pfn) != pcp.cpu as u16 && foreign_owner(zone, pcp, pfn)
+}
+
+/// [`foreign`] for a frame whose run these lists do not own.
+#[cold]
+#[inline(never)]
+fn foreign_owner(zone: &Zone, pcp: &PcpInner, pfn: Pfn) -> bool {
+    let owner = zone.run_owner(pfn);
+    if owner == NO_OWNER {
+        zone.set_run_owner(pfn, pcp.cpu as u16);
+        return false;
+    }
+    zone.lists(owner as usize).is_some()
+}
+
+/// Hands the locked outbox's frames (order-0 frames freed here of runs other CPUs own) to
+/// their owners, grouped by owner, each group under one acquisition of the owner's inbox
+/// lock, as much as the inbox has room for ([`INBOX_CAP`]); what does not fit goes to the
+/// zone's transfer list (at or above the high watermark, as a drain past `high` does) or to
+/// the buddy (claimed first, as [`free_pcppages_bulk`] claims). A frame whose run is these
+/// lists' own by now (or nobody's) joins the order-0 list, drained past `high` as a free
+/// is. The frames keep their tag and stay per-CPU pages except those the buddy takes.
+/// Returns the frames freed to the buddy.
+///
+/// Locking: these lists' lock, then one inbox lock at a time, then the transfer list's or
+/// the zone lock, never two of them at once.
+pub(crate) fn deliver(zone: &Zone, pcp: &mut PcpInner) -> usize {
+    if pcp.outbox.is_empty() {
+        return 0;
+    }
+    let me = pcp.cpu as u16;
+    // Each frame's owner read once (a refill elsewhere may change it meanwhile: the sort
+    // needs fixed keys), as `owner << 48 | pfn`.
+    let mut keys = std::mem::take(&mut pcp.sorting);
+    keys.clear();
+    keys.extend(pcp.outbox.drain(..).map(|pfn| u64::from(zone.run_owner(Pfn(pfn))) << 48 | pfn as u64));
+    keys.sort_unstable();
+    let pfn_of = |k: u64| (k & ((1 << 48) - 1)) as usize;
+    let mut kept = false;
+    // The overflow collects in the (now empty) outbox.
+    for group in keys.chunk_by(|a, b| a >> 48 == b >> 48) {
+        let owner = (group[0] >> 48) as u16;
+        match zone.lists(owner as usize).filter(|_| owner != me && owner != NO_OWNER) {
+            Some(l) => {
+                let mut t = l.inbox().lock();
+                let k = group.len().min(INBOX_CAP.saturating_sub(t.frames.len()));
+                t.frames.extend(group[..k].iter().map(|&key| pfn_of(key)));
+                drop(t);
+                pcp.transferred += k as isize;
+                pcp.outbox.extend(group[k..].iter().map(|&key| pfn_of(key)));
+            }
+            None => {
+                for &key in group {
+                    if owner == NO_OWNER {
+                        zone.set_run_owner(Pfn(pfn_of(key)), me);
+                    }
+                    pcp.lists[0].push(pfn_of(key));
+                }
+                pcp.count += group.len();
+                kept = true;
+            }
+        }
+    }
+    pcp.sorting = keys;
+    let mut freed = 0;
+    if !pcp.outbox.is_empty() {
+        let moved = give_transfer_frames(zone, &pcp.outbox);
+        pcp.transferred += moved as isize;
+        freed = free_listed(zone, &pcp.outbox[moved..]);
+        pcp.outbox.clear();
+    }
+    if kept {
+        freed += drain_past_high(zone, pcp);
+    }
+    freed
+}
+
+/// Returns order-0 frames off a per-CPU list (tagged `PCP`, no longer on any list) to the
+/// buddy under one acquisition of the zone lock, each claimed first as
+/// [`free_pcppages_bulk`] claims (a copy two racing frees left is dropped); returns how many
+/// there were.
+fn free_listed(zone: &Zone, frames: &[usize]) -> usize {
+    if frames.is_empty() {
+        return 0;
+    }
+    let claimed: Vec<usize> =
+        frames.iter().copied().filter(|&pfn| mem_map::claim_listed(zone, Pfn(pfn), Order(0))).collect();
+    let mut l = zone.lock();
+    let mut b = l.buddy();
+    for &pfn in &claimed {
+        b.free_one(Pfn(pfn), Order(0));
+    }
+    frames.len()
+}
+
+/// Returns the locked outbox to the buddy (part of a drain); returns the frames freed.
+fn drain_outbox(zone: &Zone, pcp: &mut PcpInner) -> usize {
+    let n = free_listed(zone, &pcp.outbox);
+    pcp.outbox.clear();
+    n
+}
+
+/// Returns these lists' inbox to the buddy (a drain, or a decay: frames other CPUs handed
+/// back that no refill took); `pcp` is the inbox's lists, locked, whose report takes the
+/// frames off `nr_zone_pcp_pages`. Returns the frames freed.
+fn drain_inbox(zone: &Zone, pcp: &mut PcpInner) -> usize {
+    let Some(me) = zone.lists(pcp.cpu as usize).filter(|l| l.inbox().len_hint() > 0) else { return 0 };
+    let frames = std::mem::take(&mut *me.inbox().lock().frames);
+    pcp.transferred -= frames.len() as isize;
+    free_listed(zone, &frames)
+}
+
+/// Checks CPU `cpu`'s inbox of `zone`: every frame on it a frame of the zone tagged `PCP` at
+/// order 0, at most [`INBOX_CAP`] of them. Returns its frames (none for lists the zone does
+/// not know).
+pub fn check_inbox(zone: &Zone, cpu: usize) -> Result<usize, String> {
+    let Some(l) = zone.lists(cpu) else { return Ok(0) };
+    let t = l.inbox().lock();
+    if t.frames.len() > INBOX_CAP {
+        return Err(format!(
+            "zone {}: cpu {cpu}'s inbox holds {} frames, above {INBOX_CAP}",
+            zone.id.0,
+            t.frames.len()
+        ));
+    }
+    for &pfn in t.frames.iter() {
+        let s = if zone.contains(Pfn(pfn)) { zone.state(Pfn(pfn)).load(Ordering::Relaxed) } else { 0 };
+        if s != mem_map::state(PCP, Order(0)) {
+            return Err(format!("zone {}: frame {pfn:#x} in cpu {cpu}'s inbox has state {s:#x}", zone.id.0));
+        }
+    }
+    Ok(t.frames.len())
 }
 
 /// Returns the zone's transfer list to the buddy (part of `drain_all_pages`), each frame
@@ -200,14 +399,7 @@ pub fn drain_transfer(zone: &Zone, pcp: &mut PcpInner) -> usize {
     }
     let frames = std::mem::take(&mut *zone.transfer().lock().frames);
     pcp.transferred -= frames.len() as isize;
-    let claimed: Vec<usize> =
-        frames.iter().copied().filter(|&pfn| mem_map::claim_listed(zone, Pfn(pfn), Order(0))).collect();
-    let mut l = zone.lock();
-    let mut b = l.buddy();
-    for &pfn in &claimed {
-        b.free_one(Pfn(pfn), Order(0));
-    }
-    frames.len()
+    free_listed(zone, &frames)
 }
 
 /// Checks the zone's transfer list: every frame on it tagged `PCP` at order 0. Returns its
@@ -276,10 +468,23 @@ pub fn free_to_pcp(zone: &Zone, pcp: &mut PcpInner, pfn: Pfn, order: Order) -> u
     if order == PCP_THP_ORDER {
         return free_thp(zone, pcp, pfn);
     }
+    if order.0 == 0 && pcp.routes && foreign(zone, pcp, pfn) {
+        // Toward its owner, a batch at a time (the guard delivers a full outbox on unlock).
+        pcp.outbox.push(pfn.0);
+        return 0;
+    }
     pcp.lists[order.0 as usize].push(pfn.0);
     pcp.count += order.pages();
     pcp.free_count += order.pages();
     pcp.alloc_factor >>= 1;
+    drain_past_high(zone, pcp)
+}
+
+/// The end of a free onto the lists: when they reach `high` (tuned first, `nr_pcp_high`),
+/// drains `nr_pcp_free` frames, at least what brings them back within `high + batch`.
+/// Returns the frames drained.
+#[inline]
+fn drain_past_high(zone: &Zone, pcp: &mut PcpInner) -> usize {
     let high = nr_pcp_high(zone, pcp);
     if pcp.count >= high {
         // At least what brings the lists back within high + batch (a large block, or a high
@@ -432,9 +637,10 @@ fn free_thp_bulk(zone: &Zone, pcp: &mut PcpInner, nr: usize) -> usize {
     nr << PCP_THP_ORDER.0
 }
 
-/// Returns everything on the lists to the buddy (`drain_pages_zone`).
+/// Returns everything on the lists to the buddy (`drain_pages_zone`), the outbox's and the
+/// inbox's frames too (so that a drain of every CPU leaves nothing on any of them).
 pub fn drain(zone: &Zone, pcp: &mut PcpInner) -> usize {
-    let thp = free_thp_bulk(zone, pcp, pcp.thp.len());
+    let thp = free_thp_bulk(zone, pcp, pcp.thp.len()) + drain_outbox(zone, pcp) + drain_inbox(zone, pcp);
     let n = pcp.count;
     if n == 0 {
         return thp;
@@ -446,14 +652,17 @@ pub fn drain(zone: &Zone, pcp: &mut PcpInner) -> usize {
 /// `max(count - (batch << PCP_BATCH_SCALE_MAX), high - min(count_min, high / 5), high_min)`,
 /// and drains what is above it; returns the THP list's blocks that sat idle through the whole
 /// interval to the buddy. Returns the frames drained.
+///
+/// The outbox goes to its owners ([`deliver`]), and the inbox, which no refill took since
+/// the last unlock, to the buddy.
 pub fn decay_high(zone: &Zone, pcp: &mut PcpInner) -> usize {
-    let mut drained = free_thp_bulk(zone, pcp, pcp.thp_min);
+    let mut drained = free_thp_bulk(zone, pcp, pcp.thp_min) + deliver(zone, pcp) + drain_inbox(zone, pcp);
     pcp.thp_min = pcp.thp.len();
     if pcp.high_min != pcp.high_max {
         pcp.high = decayed_high(pcp, pcp.count);
         if pcp.count > pcp.high {
             let n = pcp.count - pcp.high;
-            drained = free_pcppages_bulk(zone, pcp, n);
+            drained += free_pcppages_bulk(zone, pcp, n);
         }
     }
     pcp.count_min = pcp.count;
@@ -473,6 +682,7 @@ fn decayed_high(pcp: &PcpInner, count: usize) -> usize {
 pub fn decay_is_noop(pcp: &PcpInner, cache: usize) -> bool {
     let count = pcp.count + cache;
     pcp.thp.is_empty()
+        && pcp.outbox.is_empty()
         && pcp.count_min == count
         && (pcp.high_min == pcp.high_max || (decayed_high(pcp, count) == pcp.high && count <= pcp.high))
 }
@@ -502,6 +712,19 @@ pub fn check(zone: &Zone, pcp: &PcpInner) -> Result<usize, String> {
     if pcp.thp.len() > PCP_THP_HIGH {
         return Err(format!("zone {}: {} blocks on the THP list, above {PCP_THP_HIGH}", zone.id.0, pcp.thp.len()));
     }
+    if pcp.outbox.len() >= OUTBOX_CAP {
+        return Err(format!(
+            "zone {}: {} frames in the locked outbox, {OUTBOX_CAP} or more",
+            zone.id.0,
+            pcp.outbox.len()
+        ));
+    }
+    for &pfn in &pcp.outbox {
+        let s = zone.state(Pfn(pfn)).load(Ordering::Relaxed);
+        if s != mem_map::state(PCP, Order(0)) {
+            return Err(format!("zone {}: pcp frame {pfn:#x} in the outbox has state {s:#x}", zone.id.0));
+        }
+    }
     let mut pages = 0;
     for (o, list) in pcp.lists.iter().enumerate() {
         for &pfn in list {
@@ -521,7 +744,7 @@ pub fn check(zone: &Zone, pcp: &PcpInner) -> Result<usize, String> {
             zone.id.0, pcp.count, pcp.high, pcp.batch
         ));
     }
-    Ok(pcp.pages())
+    Ok(pcp.held())
 }
 
 #[cfg(all(test, not(loom)))]

@@ -145,3 +145,42 @@ fn loom_thp_holder_races_small_orders_and_a_drain() {
         assert_eq!(z.state(small).load(Ordering::Relaxed), mem_map::state(ALLOCATED, Order(0)));
     });
 }
+
+/// Run ownership (issue 38): two CPUs' lists of one zone, which the zone knows (so a free
+/// can route a frame to its run's owner). CPU 0's refill owns the zone's run; CPU 1 frees
+/// a frame of it (into its outbox, as the locked free does without rseq) and delivers it to
+/// CPU 0's inbox, racing CPU 0's allocation (whose refill may take the inbox first) and a
+/// drain of CPU 0's lists (which empties its inbox too). Every frame is accounted for once
+/// after every interleaving: free, on a list, an outbox or an inbox, or allocated.
+#[test]
+fn loom_foreign_free_goes_to_the_owner_racing_its_refill_and_a_drain() {
+    loom::model(|| {
+        let z = Arc::new(Zone::new(ZoneId(0), NodeId(0), Pfn(0), 8, Order(2)));
+        let pcps: std::sync::Arc<[PerCpuPages]> = (0..2).map(|c| PerCpuPages::new(c, 1, 4, 4).routing()).collect();
+        z.install_gates(std::sync::Arc::clone(&pcps), 1);
+        let first = alloc(&z, &pcps[0]).unwrap();
+        assert_eq!(z.run_owner(first), 0, "CPU 0's refill owns the run");
+        let freer = {
+            let (z, pcps) = (z.clone(), std::sync::Arc::clone(&pcps));
+            loom::thread::spawn(move || {
+                assert!(free(&z, &pcps[1], first));
+                // What a full outbox's holder does on unlock.
+                pcps[1].lock(&z).with(|p| lists::deliver(&z, p));
+            })
+        };
+        let allocator = {
+            let (z, pcps) = (z.clone(), std::sync::Arc::clone(&pcps));
+            loom::thread::spawn(move || alloc(&z, &pcps[0]))
+        };
+        pcps[0].lock(&z).with(|p| drain(&z, p));
+        freer.join().unwrap();
+        let second = allocator.join().unwrap().expect("8 frames: the allocation cannot fail");
+        assert_ne!(second, Pfn(usize::MAX));
+        let mut on_pcp = 0;
+        for (c, pcp) in pcps.iter().enumerate() {
+            on_pcp += pcp.lock(&z).with(|p| check(&z, p)).unwrap() + check_inbox(&z, c).unwrap();
+        }
+        assert_eq!(pcps[1].lock(&z).with(|p| p.order0_list_len()), 0, "CPU 1 kept no frame of CPU 0's run");
+        assert_eq!(z.check_invariants(on_pcp + check_transfer(&z).unwrap()), Ok(1));
+    });
+}

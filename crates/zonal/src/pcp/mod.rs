@@ -33,7 +33,8 @@ use crate::mem_map::{self, PCP};
 use crate::sync::{spin_wait, AtomicBool, AtomicU64, AtomicUsize, LockedCell, Ordering};
 use crate::types::{Order, Pfn};
 use crate::vmstat::ZoneStatItem;
-use crate::zone::Zone;
+use crate::zone::{Transfer, Zone};
+use crossbeam_utils::CachePadded;
 
 mod lists;
 #[cfg(all(test, loom))]
@@ -41,7 +42,7 @@ mod loom_tests;
 pub mod rseq;
 
 pub use lists::{
-    check, check_transfer, decay_high, decay_is_noop, drain, drain_transfer, free_to_pcp, rmqueue_pcplist,
+    check, check_inbox, check_transfer, decay_high, decay_is_noop, drain, drain_transfer, free_to_pcp, rmqueue_pcplist,
     set_high_and_batch, zone_batchsize, zone_highsize,
 };
 
@@ -95,6 +96,23 @@ pub struct PcpInner {
     /// those they took from it or returned from it to the buddy: the transfer list's frames
     /// stay counted in `nr_zone_pcp_pages`, so the report adds this to the change of `count`.
     pub(crate) transferred: isize,
+    /// The CPU these lists belong to (as `PerCpuPages::cpu`): the owner a refill names for
+    /// the runs it takes, and whose frames a free keeps (see `mem_map::MemMap`'s owners).
+    pub(crate) cpu: u32,
+    /// Whether these lists take part in run ownership: a CPU's lists of a zone on its own
+    /// node (the lists its fast paths use, `PerCpuPages::routing`). Their refills name their
+    /// CPU the owner of the runs they take, and their frees send frames of other CPUs' runs
+    /// back; another node's CPU's lists of the zone (which take only that CPU's fallback
+    /// allocations and its frees of the zone's frames) do neither, as the fast free's
+    /// section tests owners on its local branch alone.
+    pub(crate) routes: bool,
+    /// Order-0 frames freed here whose runs another CPU owns, on their way to that CPU's
+    /// inbox (`lists::deliver`), tagged `PCP` and counted as this CPU's pcp frames until
+    /// then; not in `count`, and fewer than [`OUTBOX_CAP`] after every holder. The locked
+    /// half of the outbox: the rseq half (`PerCpuPages::outbox`) is flushed here.
+    pub(crate) outbox: Vec<usize>,
+    /// Scratch for `lists::deliver`'s grouping by owner (kept to spare an allocation).
+    pub(crate) sorting: Vec<u64>,
     lists: [Vec<usize>; NR_PCP_LISTS],
     /// Blocks of [`PCP_THP_ORDER`] (`NR_PCP_THP`), counted apart from `count`: one such block
     /// is 512 frames, more than `high + batch` on most zones, so counting it in `count` (as
@@ -116,11 +134,40 @@ impl PcpInner {
         self.lists[order.0 as usize].len()
     }
 
+    /// The order-0 list, oldest first: for tests.
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn order0_list(&self) -> &[usize] {
+        &self.lists[0]
+    }
+
+    /// Blocks on the order-0 list: for the loom models.
+    #[cfg(all(test, loom))]
+    pub(crate) fn order0_list_len(&self) -> usize {
+        self.lists[0].len()
+    }
+
     /// Frames on every list, the THP list's included (what `nr_zone_pcp_pages` counts).
     pub fn pages(&self) -> usize {
         self.count + (self.thp.len() << PCP_THP_ORDER.0)
     }
+
+    /// Frames these lists hold under their lock: every list's and the locked outbox's.
+    pub fn held(&self) -> usize {
+        self.pages() + self.outbox.len()
+    }
 }
+
+/// Blocks the rseq *outbox* of one pcp holds at most: order-0 frames the fast free took on
+/// this CPU whose runs another CPU owns, pushed by the same section as a local free at other
+/// offsets ([`PerCpuPages::outbox`]), handed to their owners in one locked step per this
+/// many (`lists::deliver`). The locked outbox (`PcpInner::outbox`) is delivered at this
+/// length too.
+pub(crate) const OUTBOX_CAP: usize = 64;
+
+/// Frames a CPU's inbox ([`PerCpuPages::inbox`]) holds at most: other CPUs' deliveries of
+/// frames of its runs, which its next order-0 refill takes first. A delivery past it goes to
+/// the zone's transfer list, or the buddy, as a drain past `high` does.
+pub(crate) const INBOX_CAP: usize = 4 * OUTBOX_CAP;
 
 /// Blocks the rseq front cache of one pcp holds at most: room for a bulk call of 128 frames
 /// and its free, in one critical section per 64.
@@ -259,35 +306,20 @@ pub struct PerCpuPages {
     /// `push_frame` (bits 40-63). See [`word`].
     cache_word: AtomicU64,
     cache_limit: AtomicUsize,
-    /// Frames on the lists (`PcpInner::pages`: `count` and the THP list) as of the last
-    /// unlock, readable without the lock (drains skip empty lists).
+    /// Frames on the lists and the locked outbox (`PcpInner::held`: `count`, the THP list,
+    /// the outbox) as of the last unlock, readable without the lock (drains skip empty
+    /// lists).
     count_hint: AtomicUsize,
     /// `high` and `batch` as of the last unlock (`high | batch << 32`, each saturated to
     /// 32 bits), so that reports read a pageset without the lock the allocation paths take.
     shape_hint: AtomicU64,
-    /// The cache's length as of the last unlock: what the zone counters know of the cache.
-    /// A snapshot adds the churn since (`cache_len() - cache_settled`).
+    /// The caches' and the rseq outbox's frames as of the last unlock: what the zone
+    /// counters know of them. A snapshot adds the churn since (`PerCpuPages::unsettled`).
     cache_settled: AtomicUsize,
     /// Whether, as of the last unlock, a `decay_high` would change nothing (see
     /// [`decay_is_noop`]): with no cache churn since, the worker skips these lists
     /// (`decay_pcp_high` skips idle lists) instead of locking and fencing them.
     decay_idle: AtomicBool,
-    /// `membarrier` calls made to fence this CPU's sections (the `pcp_fence` event), written
-    /// under the lock, on a line the locker writes anyway.
-    fences: AtomicU64,
-    /// Frames on the THP list as of the last unlock. They are not in the zone's
-    /// `nr_zone_pcp_pages` counter: every move of a 512-frame block would pass the per-CPU
-    /// diff's threshold and fold into the zone's shared line, two atomic adds per pair on a
-    /// line every CPU of the zone writes; the zone's readers add these instead
-    /// (`Zonal::zone_page_state_snapshot`).
-    thp_hint: AtomicUsize,
-    /// The fast counts folded out of `cache_word` under the lock: pops, pushes.
-    folded: [AtomicU64; 2],
-    /// The frames the caches of orders 1 to 3 counted (blocks times their frames), folded
-    /// out of their words under the lock: popped, pushed.
-    folded_small: [AtomicU64; 2],
-    /// Odd while a holder folds the counts (a sequence lock for their readers).
-    fold_seq: AtomicU64,
     inner: LockedCell<PcpInner>,
     /// The rseq caches of orders 1 to [`PCP_MAX_ORDER`], `[order - 1]`, after the fields
     /// the order-0 paths read (their slots are in `cache`, after the order-0 cache's).
@@ -302,8 +334,47 @@ pub struct PerCpuPages {
     /// The caches' slots: the order-0 cache's `CACHE_CAP`, then `SMALL_CACHE_CAP` per order
     /// 1 to 3, then the THP cache's `THP_CACHE_CAP`. In the struct, so that a section
     /// addresses a slot from the lists' address with no load of the slots' own (a load the
-    /// order-0 pair, bound by its memory operations, paid twice).
+    /// order-0 pair, bound by its memory operations, paid twice). Where they were before the
+    /// outbox: with the slots moved next to the word (so that the outbox could be the
+    /// cache's code at another offset), the pair measured 10–15% slower in `bench single`.
     cache: [AtomicUsize; CACHE_SLOTS],
+    /// The outbox's word, laid out as `cache_word` (the length, and the pushes counted as
+    /// `pgfree`, see [`word`]): the fast free's section commits it for a frame whose run
+    /// another CPU owns (`mem_map::MemMap`'s owners), where it commits `cache_word` for one
+    /// of this CPU's runs.
+    outbox_word: AtomicU64,
+    /// The most frames the outbox may hold (0 until a lock holder opens it, then
+    /// [`OUTBOX_CAP`]).
+    outbox_limit: AtomicUsize,
+    /// The outbox's slots. Lock holders that flush the cache move them to
+    /// `PcpInner::outbox`, which goes to the owners' inboxes (`lists::deliver`).
+    outbox: [AtomicUsize; OUTBOX_CAP],
+    // The fields below sat before `inner` until the outbox: the locked outbox grew
+    // `PcpInner` by 56 bytes, and these (56 bytes, which only lock holders and event readers
+    // touch) moved here so that `cache` stays at offset 400, where it was measured.
+    /// `membarrier` calls made to fence this CPU's sections (the `pcp_fence` event), written
+    /// under the lock when a holder fences.
+    fences: AtomicU64,
+    /// Frames on the THP list as of the last unlock. They are not in the zone's
+    /// `nr_zone_pcp_pages` counter: every move of a 512-frame block would pass the per-CPU
+    /// diff's threshold and fold into the zone's shared line, two atomic adds per pair on a
+    /// line every CPU of the zone writes; the zone's readers add these instead
+    /// (`Zonal::zone_page_state_snapshot`).
+    thp_hint: AtomicUsize,
+    /// The fast counts folded out of `cache_word` under the lock: pops, pushes.
+    folded: [AtomicU64; 2],
+    /// The frames the caches of orders 1 to 3 counted (blocks times their frames), folded
+    /// out of their words under the lock: popped, pushed.
+    folded_small: [AtomicU64; 2],
+    /// Odd while a holder folds the counts (a sequence lock for their readers).
+    fold_seq: AtomicU64,
+    /// The inbox: order-0 frames of runs this CPU owns that other CPUs freed and delivered
+    /// (`lists::deliver`), at most [`INBOX_CAP`], tagged `PCP` and counted as per-CPU pages,
+    /// which this CPU's next order-0 refill takes first. Under a lock of its own (taken
+    /// under a pcp lock, the delivering CPU's or this one's, never with another inbox, the
+    /// transfer list or the zone lock), on lines of its own: every other CPU of the zone
+    /// writes it.
+    inbox: CachePadded<Transfer>,
 }
 
 /// Slots of every cache of a [`PerCpuPages`].
@@ -358,6 +429,10 @@ impl PerCpuPages {
                 count_min: 0,
                 reported: 0,
                 transferred: 0,
+                cpu,
+                routes: false,
+                outbox: Vec::with_capacity(2 * OUTBOX_CAP),
+                sorting: Vec::with_capacity(2 * OUTBOX_CAP),
                 lists: std::array::from_fn(|o| Vec::with_capacity(cap(o))),
                 thp: Vec::with_capacity(PCP_THP_HIGH + 1),
                 thp_min: 0,
@@ -365,6 +440,10 @@ impl PerCpuPages {
             small: Default::default(),
             thp_cache: SmallCache::default(),
             cache: std::array::from_fn(|_| AtomicUsize::new(0)),
+            outbox_word: AtomicU64::new(0),
+            outbox_limit: AtomicUsize::new(0),
+            outbox: std::array::from_fn(|_| AtomicUsize::new(0)),
+            inbox: CachePadded::new(Transfer::new()),
         }
     }
 
@@ -372,6 +451,14 @@ impl PerCpuPages {
     /// gate, the allocation sections' watermark test, the zone keeps: `Zone::install_gates`).
     pub fn watching(mut self, zone: &Zone) -> PerCpuPages {
         (self.span_start, self.span_pages) = (zone.start_pfn.0, zone.spanned);
+        self
+    }
+
+    /// These lists made a party to run ownership ([`PcpInner::routes`]): the lists of a zone on
+    /// their CPU's node.
+    pub fn routing(self) -> PerCpuPages {
+        // SAFETY: `self` is owned here, so no guard (nor any other access) exists.
+        unsafe { self.inner.with_mut(|i| i.routes = true) };
         self
     }
 
@@ -470,9 +557,18 @@ impl PerCpuPages {
     }
 
     /// Whether a `decay_high` would change these lists: not as of the last unlock, and the
-    /// cache has not moved since (a lock-free hint, for the worker).
+    /// cache has not moved since, and the inbox is empty (a lock-free hint, for the worker).
     pub fn needs_decay(&self) -> bool {
-        !self.decay_idle.load(Ordering::Relaxed) || self.unsettled() != 0 || self.thp_cache.len() != 0
+        !self.decay_idle.load(Ordering::Relaxed)
+            || self.unsettled() != 0
+            || self.thp_cache.len() != 0
+            || self.inbox.len_hint() != 0
+    }
+
+    /// The inbox (see the field): other CPUs' frees of this CPU's runs.
+    #[inline]
+    pub(crate) fn inbox(&self) -> &Transfer {
+        &self.inbox
     }
 
     /// `membarrier` calls made to fence this CPU's critical sections.
@@ -512,6 +608,21 @@ impl PerCpuPages {
         Ok(frames)
     }
 
+    /// Checks the rseq outbox's frames (each a frame of `zone` tagged `PCP|0`) and its bound;
+    /// returns how many there are. As [`PerCpuPages::check_cache`], while no allocation or
+    /// free runs on these lists.
+    pub fn check_outbox(&self, zone: &Zone) -> Result<usize, String> {
+        let (len, limit) = (self.outbox_len(), self.outbox_limit.load(Ordering::Relaxed));
+        if len > OUTBOX_CAP || limit > OUTBOX_CAP {
+            return Err(format!(
+                "zone {}: cpu {} outbox holds {len} frames, bound {limit}, above {OUTBOX_CAP}",
+                zone.id.0, self.cpu
+            ));
+        }
+        self.check_blocks(zone, &self.outbox[..len], Order(0))?;
+        Ok(len)
+    }
+
     /// Checks the THP cache's blocks (each a block of `zone` of [`PCP_THP_ORDER`], tagged
     /// `PCP|order`) and that with the `listed` blocks of the THP list it keeps within the
     /// list's bound; returns its frames. As [`PerCpuPages::check_cache`], while no
@@ -529,8 +640,8 @@ impl PerCpuPages {
         Ok(len << PCP_THP_ORDER.0)
     }
 
-    /// Checks that every block in `slots` (a cache of `order` above 0) is an aligned block of
-    /// `zone` tagged `PCP|order`.
+    /// Checks that every block in `slots` (a cache of `order`, or the outbox) is an aligned
+    /// block of `zone` tagged `PCP|order`.
     fn check_blocks(&self, zone: &Zone, slots: &[AtomicUsize], order: Order) -> Result<(), String> {
         let o = order.0;
         for slot in slots {
@@ -552,10 +663,27 @@ impl PerCpuPages {
         Ok(())
     }
 
-    /// Frames in the cache that the zone counters do not know of yet (negative: frames
-    /// that left it): the lock-free churn since the last unlock.
+    /// Frames in the caches and the rseq outbox that the zone counters do not know of yet
+    /// (negative: frames that left them): the lock-free churn since the last unlock.
     pub fn unsettled(&self) -> isize {
-        self.cache_frames() as isize - self.cache_settled.load(Ordering::Relaxed) as isize
+        self.section_frames() as isize - self.cache_settled.load(Ordering::Relaxed) as isize
+    }
+
+    /// Frames the sections move without the lock: the caches' and the rseq outbox's (none
+    /// without rseq).
+    #[inline]
+    fn section_frames(&self) -> usize {
+        if rseq::enabled() {
+            self.frames_in_caches() + self.outbox_len()
+        } else {
+            0
+        }
+    }
+
+    /// Frames in the rseq outbox.
+    #[inline]
+    pub fn outbox_len(&self) -> usize {
+        (self.outbox_word.load(Ordering::Relaxed) & word::LEN) as usize
     }
 
     /// The CPU these lists belong to.
@@ -594,6 +722,8 @@ impl PerCpuPages {
     fn caches_closed(&self) -> bool {
         self.cache_len() == 0
             && self.cache_limit.load(Ordering::Relaxed) == 0
+            && self.outbox_len() == 0
+            && self.outbox_limit.load(Ordering::Relaxed) == 0
             && self.small.iter().all(SmallCache::closed)
             && self.thp_cache.closed()
     }
@@ -609,11 +739,11 @@ impl PerCpuPages {
     }
 
     /// `(count, high, batch)` without the lock: the lists as of the last unlock plus the
-    /// cache as it is now; exact once allocation on these lists stops. What reports print,
-    /// so that reading them never holds up an allocation.
+    /// caches, the outbox and the inbox as they are now; exact once allocation on these
+    /// lists stops. What reports print, so that reading them never holds up an allocation.
     pub fn pageset_hint(&self) -> (usize, usize, usize) {
         let s = self.shape_hint.load(Ordering::Relaxed);
-        let count = self.count_hint.load(Ordering::Relaxed) + self.every_cache_frames();
+        let count = self.count_hint.load(Ordering::Relaxed) + self.every_cache_frames() + self.inbox.len_hint();
         (count, (s & 0xFFFF_FFFF) as usize, (s >> 32) as usize)
     }
 
@@ -623,11 +753,11 @@ impl PerCpuPages {
         self.thp_hint.load(Ordering::Relaxed) + self.thp_cached()
     }
 
-    /// Frames in every cache, the THP cache's with the others' (what the lists' owner holds
-    /// beside the lists).
+    /// Frames in every cache, the THP cache's with the others', and in the rseq outbox (what
+    /// the lists' owner holds beside the lists).
     #[inline]
     pub fn every_cache_frames(&self) -> usize {
-        self.cache_frames() + self.thp_cached()
+        self.section_frames() + self.thp_cached()
     }
 
     /// Frames in the THP cache now (none without rseq, whose sections alone fill it).
@@ -638,6 +768,19 @@ impl PerCpuPages {
         } else {
             0
         }
+    }
+
+    /// The order-0 cache's frames, bottom first: for tests, on lists no other thread uses
+    /// meanwhile.
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn cached_frames(&self) -> Vec<usize> {
+        self.cache[..self.cache_len()].iter().map(|s| s.load(Ordering::Relaxed)).collect()
+    }
+
+    /// The rseq outbox's frames: for tests, as [`PerCpuPages::cached_frames`].
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn outbox_frames(&self) -> Vec<usize> {
+        self.outbox[..self.outbox_len()].iter().map(|s| s.load(Ordering::Relaxed)).collect()
     }
 
     /// Blocks in the THP cache: for tests, on lists no other thread uses meanwhile.
@@ -709,7 +852,7 @@ impl PerCpuPages {
     /// `pgalloc` (with the NUMA hit and local) and of `pgfree` those paths count for free.
     /// A sequence lock keeps a fold from being seen half done.
     pub fn fast_counts(&self) -> (u64, u64) {
-        self.read_counts(&self.folded, &[(&self.cache_word, 0)])
+        self.read_counts(&self.folded, &[(&self.cache_word, 0), (&self.outbox_word, 0)])
     }
 
     /// Pops and pushes: `folded` plus the counts of `words`, each counting blocks of
@@ -746,14 +889,16 @@ impl PerCpuPages {
         )
     }
 
-    /// Moves the counts out of the cache words into `folded` and `folded_small`, keeping the
-    /// lengths (lock held, with no section able to commit: the fence is done or not needed).
+    /// Moves the counts out of the cache words (and the outbox's) into `folded` and
+    /// `folded_small`, keeping the lengths (lock held, with no section able to commit: the
+    /// fence is done or not needed).
     #[inline]
     fn fold_counts(&self) {
         let w = self.cache_word.load(Ordering::Relaxed);
+        let out = self.outbox_word.load(Ordering::Relaxed);
         let counts = |c: &SmallCache| c.word.load(Ordering::Relaxed) & !word::LEN != 0;
-        if w & !word::LEN != 0 || self.small.iter().any(counts) || counts(&self.thp_cache) {
-            self.fold_counts_now(w);
+        if (w | out) & !word::LEN != 0 || self.small.iter().any(counts) || counts(&self.thp_cache) {
+            self.fold_counts_now(w, out);
         }
     }
 
@@ -767,26 +912,31 @@ impl PerCpuPages {
         }
     }
 
-    /// [`PerCpuPages::fold_counts`] when a word holds counts, `w` the order-0 cache's (with
-    /// rseq, nearly every holder that flushes the order-0 cache: its sections count).
-    fn fold_counts_now(&self, w: u64) {
+    /// [`PerCpuPages::fold_counts`] when a word holds counts, `w` the order-0 cache's and
+    /// `out` the outbox's (with rseq, nearly every holder that flushes the order-0 cache: its
+    /// sections count).
+    fn fold_counts_now(&self, w: u64, out: u64) {
         let [a, b, c] = &self.small;
-        self.fold_words(&[w], &[(a, 1), (b, 2), (c, 3), (&self.thp_cache, PCP_THP_ORDER.0)]);
+        self.fold_words(
+            &[(&self.cache_word, w), (&self.outbox_word, out)],
+            &[(a, 1), (b, 2), (c, 3), (&self.thp_cache, PCP_THP_ORDER.0)],
+        );
     }
 
-    /// Moves the counts of the order-0 cache's word (`order0`, its value: none or one) into
-    /// `folded` and those of the caches `others` (each with its blocks' order) into
-    /// `folded_small`, keeping the lengths, under the sequence lock the readers check.
-    fn fold_words(&self, order0: &[u64], others: &[(&SmallCache, u8)]) {
+    /// Moves the counts of the order-0 words (`order0`: the word and its value, the order-0
+    /// cache's and the outbox's, or none) into `folded` and those of the caches `others`
+    /// (each with its blocks' order) into `folded_small`, keeping the lengths, under the
+    /// sequence lock the readers check.
+    fn fold_words(&self, order0: &[(&AtomicU64, u64)], others: &[(&SmallCache, u8)]) {
         let seq = self.fold_seq.load(Ordering::Relaxed);
         self.fold_seq.store(seq.wrapping_add(1), Ordering::Relaxed);
         crate::sync::fence(Ordering::Release);
         let add = |f: &AtomicU64, n: u64| f.store(f.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
-        for &w in order0 {
+        for &(at, w) in order0 {
             for (f, shift) in self.folded.iter().zip([word::POPS_SHIFT, word::PUSHES_SHIFT]) {
                 add(f, (w >> shift) & word::COUNT);
             }
-            self.cache_word.store(w & word::LEN, Ordering::Relaxed);
+            at.store(w & word::LEN, Ordering::Relaxed);
         }
         for &(c, order) in others {
             let sw = c.word.load(Ordering::Relaxed);
@@ -819,10 +969,11 @@ impl PerCpuPages {
         self.cache_word.store((w & !word::LEN) | n as u64, Ordering::Relaxed);
     }
 
-    /// Whether the lists looked empty at the last unlock and the caches are empty now: a hint
-    /// (a free may land at any moment), used to skip drains that would find nothing.
+    /// Whether the lists looked empty at the last unlock and the caches, the outbox and the
+    /// inbox are empty now: a hint (a free may land at any moment), used to skip drains that
+    /// would find nothing.
     pub fn looks_empty(&self) -> bool {
-        self.count_hint.load(Ordering::Relaxed) == 0 && self.every_cache_frames() == 0
+        self.count_hint.load(Ordering::Relaxed) == 0 && self.every_cache_frames() == 0 && self.inbox.len_hint() == 0
     }
 }
 
@@ -940,6 +1091,9 @@ impl PcpGuard<'_> {
                 }
                 if mode == Cache::Flush {
                     pcp.flush_cache(inner);
+                    if rseq_on {
+                        pcp.flush_outbox(inner);
+                    }
                 }
                 if flush_thp {
                     pcp.flush_thp(inner);
@@ -947,6 +1101,11 @@ impl PcpGuard<'_> {
                 inner.count += counted;
                 let r = f(inner);
                 inner.count -= counted;
+                // The outbox's frames to their owners, a batch at a time (a drain or a decay
+                // has emptied it already).
+                if inner.outbox.len() >= OUTBOX_CAP {
+                    lists::deliver(zone, inner);
+                }
                 if flush_thp {
                     // Room for frees within the list's bound; the next THP holder fills it.
                     pcp.shrink_thp_limit(inner);
@@ -961,20 +1120,21 @@ impl PcpGuard<'_> {
                     }
                     Cache::Count | Cache::Leave | Cache::Thp => {}
                 }
-                pcp.count_hint.store(inner.pages(), Ordering::Relaxed);
+                pcp.count_hint.store(inner.held(), Ordering::Relaxed);
                 pcp.thp_hint.store(inner.thp.len() << PCP_THP_ORDER.0, Ordering::Relaxed);
                 pcp.shape_hint.store(shape(inner.high, inner.batch), Ordering::Relaxed);
-                // One read: a holder that leaves the cache alone may see a section commit
+                // One read each: a holder that leaves the cache alone may see a section commit
                 // after it, and that churn is settled at a later lock.
-                let cache = if rseq_on { pcp.frames_in_caches() } else { 0 };
-                let now = inner.count + cache;
+                let (cache, out) = if rseq_on { (pcp.frames_in_caches(), pcp.outbox_len()) } else { (0, 0) };
+                let now = inner.count + inner.outbox.len() + cache + out;
                 let delta = now as isize - inner.reported as isize + std::mem::take(&mut inner.transferred);
                 if delta != 0 {
                     zone.mod_page_state(pcp.cpu(), ZoneStatItem::NrPcpPages, delta);
                 }
                 inner.reported = now;
-                pcp.cache_settled.store(cache, Ordering::Relaxed);
-                pcp.decay_idle.store(decay_is_noop(inner, cache), Ordering::Relaxed);
+                pcp.cache_settled.store(cache + out, Ordering::Relaxed);
+                let idle = decay_is_noop(inner, cache) && out == 0;
+                pcp.decay_idle.store(idle, Ordering::Relaxed);
                 r
             })
         }
@@ -1005,11 +1165,11 @@ impl PcpGuard<'_> {
                     pcp.fill_thp_cache(zone, inner);
                 }
                 debug_assert_eq!((count, high, batch), (inner.count, inner.high, inner.batch));
-                pcp.count_hint.store(inner.pages(), Ordering::Relaxed);
+                pcp.count_hint.store(inner.held(), Ordering::Relaxed);
                 pcp.thp_hint.store(inner.thp.len() << PCP_THP_ORDER.0, Ordering::Relaxed);
                 // Blocks on the THP list are always work for a decay: only an empty list
                 // needs the caches read.
-                let idle = inner.thp.is_empty() && decay_is_noop(inner, pcp.cache_frames());
+                let idle = inner.thp.is_empty() && decay_is_noop(inner, pcp.cache_frames()) && pcp.outbox_len() == 0;
                 pcp.decay_idle.store(idle, Ordering::Relaxed);
                 r
             })
@@ -1046,6 +1206,19 @@ impl PerCpuPages {
         self.set_cache_len(0);
     }
 
+    /// Moves the rseq outbox's frames to the locked outbox (lock held, no section able to
+    /// commit to it), from where they go to their owners ([`lists::deliver`]).
+    #[inline]
+    fn flush_outbox(&self, inner: &mut PcpInner) {
+        let n = self.outbox_len();
+        if n == 0 {
+            return;
+        }
+        inner.outbox.extend(self.outbox[..n].iter().map(|slot| slot.load(Ordering::Relaxed)));
+        let w = self.outbox_word.load(Ordering::Relaxed);
+        self.outbox_word.store(w & !word::LEN, Ordering::Relaxed);
+    }
+
     /// Moves up to `CACHE_FILL` order-0 blocks from the list into the cache, or for an
     /// allocation up to `CACHE_REFILL` with their state lines prefetched for writing (see
     /// [`PcpGuard::fill_for_allocations`]), and sets the bound that keeps `count + cache <=
@@ -1074,6 +1247,8 @@ impl PerCpuPages {
         inner.count -= take;
         self.set_cache_len(take);
         self.set_cache_limit(inner);
+        // The outbox is open whenever the cache's holders are about: it is empty now.
+        self.outbox_limit.store(OUTBOX_CAP, Ordering::Relaxed);
     }
 
     /// Moves the blocks of the caches of orders 1 to 3 whose bits `orders` has to their lists

@@ -238,7 +238,10 @@ pub unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
 /// count is at its guard bit, the frame's block has no zone in `t`, or the section was
 /// interrupted. The lists are the CPU's local ones when the frame lies in their zone's
 /// span, which a frame freed on its own node's CPU does, and are found from `t.remote`
-/// otherwise, in one section either way.
+/// otherwise, in one section either way. On the local lists, a frame whose run's `owner`
+/// (the hint the caller read, `mem_map::MapRef::run_owner`) is not the current CPU goes to
+/// the lists' outbox instead (counted in the outbox's word, its bound as the cache's), on
+/// its way back to its owner's lists (`pcp::lists::deliver`).
 ///
 /// # Safety
 /// `rseq` places the calling thread's registered rseq area; `t.local` points to
@@ -249,9 +252,9 @@ pub unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
 /// spans of the lists' zones do not overlap, and a frame in a zone's span has that zone in
 /// `block_zone`.
 #[inline]
-pub unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize) -> usize {
+pub unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize, owner: u16) -> usize {
     // SAFETY: the caller's contract, which is the section's.
-    unsafe { arch::push_frame(rseq, t, pfn) }
+    unsafe { arch::push_frame(rseq, t, pfn, owner) }
 }
 
 /// Pops a block of `order` (1 to [`crate::pcp::PCP_MAX_ORDER`], or the pageblock order)
@@ -314,7 +317,19 @@ pub unsafe fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUninit<usi
 #[inline]
 pub unsafe fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize {
     // SAFETY: the caller's contract, which is the section's.
-    unsafe { arch::push_many(t, zone, pfns) }
+    unsafe { arch::push_many::<false>(t, zone, pfns) }
+}
+
+/// [`push_many`] onto the outbox of the current CPU's lists for `zone` (frames of runs
+/// other CPUs own, on their way back to them), as much as the outbox's bound allows;
+/// returns how many.
+///
+/// # Safety
+/// As [`push_many`].
+#[inline]
+pub unsafe fn push_outbox_many(t: &Table, zone: usize, pfns: &[usize]) -> usize {
+    // SAFETY: the caller's contract, which is the section's.
+    unsafe { arch::push_many::<true>(t, zone, pfns) }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -383,7 +398,8 @@ mod tests {
         // SAFETY: this thread's rseq area; every entry is the absent stand-in, whose span
         // holds every frame, so the sections read no other table.
         unsafe {
-            assert_eq!(push_frame(rseq, &ft, 0x1234), usize::MAX);
+            assert_eq!(push_frame(rseq, &ft, 0x1234, 0), usize::MAX);
+            assert_eq!(push_frame(rseq, &ft, 0x1234, crate::mem_map::NO_OWNER), usize::MAX);
             assert_eq!(push_small_frame(rseq, &ft, 0x1234, crate::types::Order(1)), usize::MAX);
             assert_eq!(push_small_frame(rseq, &ft, 0x1200, crate::pcp::PCP_THP_ORDER), usize::MAX);
         }

@@ -29,8 +29,8 @@ pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
 /// # Safety
 /// As [`super::push_frame`].
 #[inline]
-pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize) -> usize {
-    let _ = (rseq, t, pfn);
+pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize, owner: u16) -> usize {
+    let _ = (rseq, t, pfn, owner);
     usize::MAX
 }
 
@@ -59,7 +59,7 @@ pub(super) unsafe fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUni
 /// # Safety
 /// As [`super::push_many`].
 #[inline]
-pub(super) unsafe fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize {
+pub(super) unsafe fn push_many<const OUTBOX: bool>(t: &Table, zone: usize, pfns: &[usize]) -> usize {
     let _ = (t, zone, pfns);
     0
 }

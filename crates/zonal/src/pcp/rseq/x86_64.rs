@@ -213,9 +213,82 @@ macro_rules! rseq_enter_frame {
     };
 }
 
+/// The start of the order-0 free's section (`push_frame`): as `rseq_enter_frame!`, and then,
+/// for a frame of the local lists' zone (which their span says), the owner of the frame's
+/// run (`{owner}`, read before the section: a hint) compared with this CPU: this CPU's run
+/// goes on to the cache's body (label 28, the one branch the path a pair takes), another's
+/// (or nobody's) to the outbox's body here, which pushes onto the outbox and then moves
+/// `{p}` by [`OUTBOX_DELTA`] and joins the cache's commit (label 41), so that the commit,
+/// `[{p} + {off_len}]`, stores the outbox's word and stays the last instruction of the
+/// range. The lock is tested before the owner, so that a stand-in (whose bytes past the
+/// lock and the span are not a `PerCpuPages`) gives way first. A frame of another zone goes
+/// to that zone's lists' cache, as before owners.
+macro_rules! rseq_enter_frame_owned {
+    () => {
+        concat!(
+            rseq_arm!(),
+            "mov {cpu:e}, dword ptr fs:[{rseq} + 4]\n",
+            "cmp {cpu}, {local_cpus}\n",
+            "jae 25f\n",
+            "mov {p}, qword ptr [{ft} + {off_local}]\n",
+            "mov {p}, qword ptr [{p} + {cpu} * 8]\n",
+            // The local lists when `pfn - span_start < span_pages`.
+            "mov {t}, {pfn}\n",
+            "sub {t}, qword ptr [{p} + {off_span_start}]\n",
+            "cmp {t}, qword ptr [{p} + {off_span_pages}]\n",
+            "jae 29f\n",
+            "cmp byte ptr [{p} + {off_lock}], 0\n",
+            "jne 25f\n",
+            // 16 bits: the CPU id is below `LOCAL_CPUS` here, and `NO_OWNER` is not one.
+            "cmp {owner:x}, {cpu:x}\n",
+            "je 28f\n",
+            // Another CPU's run: the outbox, as the cache's body below does the cache.
+            "mov rcx, qword ptr [{p} + {off_out_limit}]\n",
+            "mov {t}, qword ptr [{p} + {off_out_word}]\n",
+            "movzx {s}, {t:x}\n",
+            "cmp {s}, rcx\n",
+            "jae 25f\n",
+            "test {t}, {t}\n",
+            "js 25f\n",
+            "mov qword ptr [{p} + {s} * 8 + {off_out_slots}], {pfn}\n",
+            "mov rcx, {push_frame}\n",
+            "add {t}, rcx\n",
+            "add {p}, {outbox_delta}\n",
+            "jmp 41f\n",
+            // Another zone's frame: its block's zone, that zone's lists of this CPU.
+            "29:\n",
+            "mov {t}, {pfn}\n",
+            "mov ecx, dword ptr [{ft} + {off_block_shift}]\n",
+            "shr {t}, cl\n",
+            "cmp {t}, qword ptr [{ft} + {off_nr_blocks}]\n",
+            "jae 25f\n",
+            "mov {p}, qword ptr [{ft} + {off_block_zone}]\n",
+            "movzx {t:e}, word ptr [{p} + {t} * 2]\n",
+            "cmp {t}, qword ptr [{ft} + {off_nr_zones}]\n",
+            "jae 25f\n",
+            "imul {t}, qword ptr [{ft} + {off_nr_cpus}]\n",
+            "add {t}, {cpu}\n",
+            "mov {p}, qword ptr [{ft} + {off_remote}]\n",
+            "mov {p}, qword ptr [{p} + {t} * 8]\n",
+            "cmp byte ptr [{p} + {off_lock}], 0\n",
+            "jne 25f\n",
+            "28:\n",
+        )
+    };
+}
+
+/// How far the outbox's word lies from the order-0 cache's: the outbox's body in
+/// `push_frame` moves the lists' address by this before the cache's commit, which then
+/// stores the outbox's word.
+pub(super) const OUTBOX_DELTA: usize =
+    std::mem::offset_of!(PerCpuPages, outbox_word) - std::mem::offset_of!(PerCpuPages, cache_word);
+
+const _: () = assert!(crate::pcp::OUTBOX_CAP as u64 <= word::LEN);
+
 /// One critical section: `rseq_enter!`, the body, `rseq_leave!`, with the operands every
-/// section shares (the table, `{p}`, `{t}`, the cache's offsets) and the body's own
-/// (which include `{ok}`, and `{off_limit}` for pushes). The table's
+/// section shares (the table, `{p}`, `{t}`, the lock's offset) and the body's own
+/// (which include `{ok}`, the offsets of the word and the slots it works on, `{off_len}`
+/// and `{off_slots}`, and `{off_limit}` for pushes). The table's
 /// registers (`{ncpu}`, `{nz}`, `{zone}`, `{base}`) are dead once `{p}` is found, so they
 /// are declared clobbered and bodies may use them as scratch.
 macro_rules! rseq_section {
@@ -231,8 +304,6 @@ macro_rules! rseq_section {
             base = inout(reg) $table.base => _,
             size = const std::mem::size_of::<PerCpuPages>(),
             off_lock = const std::mem::offset_of!(PerCpuPages, lock),
-            off_len = const std::mem::offset_of!(PerCpuPages, cache_word),
-            off_slots = const std::mem::offset_of!(PerCpuPages, cache),
             p = out(reg) _,
             t = out(reg) _,
             $($operands)*
@@ -326,6 +397,8 @@ pub(super) unsafe fn pop(t: &Table, zone: usize) -> Option<usize> {
             t,
             zone,
             [rseq_pop_body!("sub {t}, 1")],
+            off_len = const std::mem::offset_of!(PerCpuPages, cache_word),
+            off_slots = const std::mem::offset_of!(PerCpuPages, cache),
             out = out(reg) out,
             pops_guard = const word::POPS_GUARD,
             ok = out(reg) ok,
@@ -363,12 +436,13 @@ pub(super) unsafe fn pop_local(t: &LocalTable) -> Option<(usize, usize)> {
 /// The x86-64 body of [`super::push_frame`]: the lists are the CPU's local ones when the
 /// frame lies in their zone's span, else those of the frame's zone from `block_zone` and
 /// `remote`, chosen with a branch (not a conditional move) so that, predicted, the lists'
-/// address does not wait for the frame's zone, which the local case never loads.
+/// address does not wait for the frame's zone, which the local case never loads; on the
+/// local lists, a frame of another CPU's run (`owner`) goes to the outbox.
 ///
 /// # Safety
 /// As [`super::push_frame`].
 #[inline]
-pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize) -> usize {
+pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize, owner: u16) -> usize {
     let cpu: usize;
     // SAFETY: `rseq` places this thread's registered rseq area (at `fs:` plus it);
     // `t.local` holds `LOCAL_CPUS` addresses (of live `PerCpuPages` or of a stand-in, whose
@@ -377,36 +451,64 @@ pub(super) unsafe fn push_frame(rseq: isize, t: &FrameTable, pfn: usize) -> usiz
     // `t.block_zone` is indexed only below `nr_blocks`, and `t.remote` (`zone * nr_cpus +
     // cpu`) only with a zone checked against `nr_zones`. The lists pushed onto are the
     // frame's zone's: the local ones when the frame lies in their zone's span (no other
-    // zone's overlaps it), else its block's zone's. The slot written before the commit lies
-    // below `cache_limit <= CACHE_CAP`, inside the cache, and is dead until the commit.
+    // zone's overlaps it), else its block's zone's. A stand-in's lock is tested before the
+    // outbox's fields are read, so they are a `PerCpuPages`'s. The slot written before the
+    // commit lies below the bound read (`cache_limit <= CACHE_CAP`, or the outbox's
+    // `outbox_limit <= OUTBOX_CAP`), inside the cache's or the outbox's slots, and is dead
+    // until the commit, which stores the word of the same one (the outbox's body moves `{p}`
+    // by `OUTBOX_DELTA`, the distance between the two words).
     unsafe {
-        rseq_frame_section!(
-            rseq,
-            t,
-            pfn,
-            cpu,
-            [
-                // Give way on a full cache or a count of pushes at its guard bit, else write
-                // `{pfn}` to the slot at the length and commit the word one longer, a push
-                // counted. The bound before the word (see `push_small_frame`).
-                "mov rcx, qword ptr [{p} + {off_limit}]",
-                "mov {t}, qword ptr [{p} + {off_len}]",
-                "movzx {s}, {t:x}",
-                "cmp {s}, rcx",
-                "jae 25f",
-                "test {t}, {t}",
-                "js 25f",
-                "mov qword ptr [{p} + {s} * 8 + {off_slots}], {pfn}",
-                // What the commit adds (`word::PUSH_FRAME`) does not fit an add's
-                // immediate: a move's, into `rcx`, now dead; a load from memory would
-                // take one of the pair's memory operations, which bound it.
-                "mov rcx, {push_frame}",
-                "add {t}, rcx",
-                "mov qword ptr [{p} + {off_len}], {t}",
-            ],
+        std::arch::asm!(
+            rseq_enter_frame_owned!(),
+            // Give way on a full cache or a count of pushes at its guard bit, else write
+            // `{pfn}` to the slot at the length and commit the word one longer, a push
+            // counted. The bound before the word (see `push_small_frame`).
+            "mov rcx, qword ptr [{p} + {off_limit}]",
+            "mov {t}, qword ptr [{p} + {off_len}]",
+            "movzx {s}, {t:x}",
+            "cmp {s}, rcx",
+            "jae 25f",
+            "test {t}, {t}",
+            "js 25f",
+            "mov qword ptr [{p} + {s} * 8 + {off_slots}], {pfn}",
+            // What the commit adds (`word::PUSH_FRAME`) does not fit an add's immediate: a
+            // move's, into `rcx`, now dead; a load from memory would take one of the pair's
+            // memory operations, which bound it.
+            "mov rcx, {push_frame}",
+            "add {t}, rcx",
+            // The commit, the outbox's too (its body moved `{p}` by `OUTBOX_DELTA`).
+            "41:",
+            "mov qword ptr [{p} + {off_len}], {t}",
+            rseq_leave_cpu!(),
+            push_frame = const word::PUSH_FRAME,
+            rseq = in(reg) rseq,
+            ft = in(reg) t,
+            pfn = in(reg) pfn,
+            owner = in(reg) owner,
+            local_cpus = const super::LOCAL_CPUS,
+            outbox_delta = const OUTBOX_DELTA,
+            off_local = const std::mem::offset_of!(FrameTable, local),
+            off_nr_cpus = const std::mem::offset_of!(FrameTable, nr_cpus),
+            off_remote = const std::mem::offset_of!(FrameTable, remote),
+            off_nr_zones = const std::mem::offset_of!(FrameTable, nr_zones),
+            off_block_zone = const std::mem::offset_of!(FrameTable, block_zone),
+            off_nr_blocks = const std::mem::offset_of!(FrameTable, nr_blocks),
+            off_block_shift = const std::mem::offset_of!(FrameTable, block_shift),
+            off_span_start = const std::mem::offset_of!(PerCpuPages, span_start),
+            off_span_pages = const std::mem::offset_of!(PerCpuPages, span_pages),
+            off_lock = const std::mem::offset_of!(PerCpuPages, lock),
+            off_slots = const std::mem::offset_of!(PerCpuPages, cache),
             off_len = const std::mem::offset_of!(PerCpuPages, cache_word),
             off_limit = const std::mem::offset_of!(PerCpuPages, cache_limit),
+            off_out_word = const std::mem::offset_of!(PerCpuPages, outbox_word),
+            off_out_limit = const std::mem::offset_of!(PerCpuPages, outbox_limit),
+            off_out_slots = const std::mem::offset_of!(PerCpuPages, outbox),
+            cpu = out(reg) cpu,
+            p = out(reg) _,
+            t = out(reg) _,
             s = out(reg) _,
+            out("rcx") _,
+            options(nostack),
         );
     }
     cpu
@@ -449,6 +551,8 @@ pub(super) unsafe fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUni
                 rseq_copy!("{nz}", "{out}"),
                 "mov qword ptr [{p} + {off_len}], {t}",
             ],
+            off_len = const std::mem::offset_of!(PerCpuPages, cache_word),
+            off_slots = const std::mem::offset_of!(PerCpuPages, cache),
             out = in(reg) out.as_mut_ptr(),
             max = in(reg) out.len(),
             n = out(reg) n,
@@ -461,20 +565,22 @@ pub(super) unsafe fn pop_many<'a>(t: &Table, zone: usize, out: &'a mut [MaybeUni
     unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<usize>(), n) }
 }
 
-/// The x86-64 body of [`super::push_many`].
+/// The x86-64 body of [`super::push_many`] (`OUTBOX`: onto the outbox, its word, bound and
+/// slots in place of the cache's).
 ///
 /// # Safety
 /// As [`super::push_many`].
 #[inline]
-pub(super) unsafe fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize {
+pub(super) unsafe fn push_many<const OUTBOX: bool>(t: &Table, zone: usize, pfns: &[usize]) -> usize {
     if pfns.is_empty() {
         return 0;
     }
     let ok: usize;
     let n: usize;
     // SAFETY: as in `pop`; the section writes `n <= limit - len` slots at and above
-    // the cache's length, inside the cache (`limit <= CACHE_CAP`) and dead until the
-    // commit, then commits the new length with one store.
+    // the cache's (or the outbox's) length, inside its slots (`limit <= CACHE_CAP`, the
+    // outbox's `<= OUTBOX_CAP`) and dead until the commit, then commits the new length with
+    // one store.
     unsafe {
         rseq_section!(
             t,
@@ -498,7 +604,21 @@ pub(super) unsafe fn push_many(t: &Table, zone: usize, pfns: &[usize]) -> usize 
             ],
             src = in(reg) pfns.as_ptr(),
             count = in(reg) pfns.len(),
-            off_limit = const std::mem::offset_of!(PerCpuPages, cache_limit),
+            off_len = const if OUTBOX {
+                std::mem::offset_of!(PerCpuPages, outbox_word)
+            } else {
+                std::mem::offset_of!(PerCpuPages, cache_word)
+            },
+            off_slots = const if OUTBOX {
+                std::mem::offset_of!(PerCpuPages, outbox)
+            } else {
+                std::mem::offset_of!(PerCpuPages, cache)
+            },
+            off_limit = const if OUTBOX {
+                std::mem::offset_of!(PerCpuPages, outbox_limit)
+            } else {
+                std::mem::offset_of!(PerCpuPages, cache_limit)
+            },
             n = out(reg) n,
             ok = out(reg) ok,
         );
