@@ -84,10 +84,10 @@ impl Zonal {
     /// answer then (the general path would try the same zone first, at the same watermark,
     /// and take the same list). Anything else (a thread policy, the zone low, the lists busy
     /// or the zone out of blocks) returns `None` and the general path runs with its
-    /// semantics. Order 0 came here on 2026-11-27 (before, it walked the zonelist): see
-    /// DESIGN.md, the eleventh sitting, for what it saved. The caller has found the thread
-    /// without a policy for this handle, and on `cpu`, which the general path goes on with
-    /// when this returns `None`.
+    /// semantics. Order 0 comes here too (before, it walked the zonelist): see
+    /// docs/PERFORMANCE.md, "Orders 1–3 and 9", for what it saved. The caller has found the
+    /// thread without a policy for this handle, and on `cpu`, which the general path goes on
+    /// with when this returns `None`.
     #[inline]
     pub(super) fn alloc_pcp_fast(&self, cpu: usize, order: Order) -> Option<NonNull<u8>> {
         if !self.cpus.pcp_enabled {

@@ -208,7 +208,7 @@ fn take_frames(zone: &Zone, pcp: &mut PcpInner, from: &crate::zone::Transfer, wa
 /// line every five allocations), and in that order nearly every allocation here and every
 /// free there touched a state line the other CPU had just written. Sorted, neighbours leave
 /// together and share their line's trips between the CPUs (`bench cross` 18% faster; see
-/// DESIGN.md, the transfer list). `sort_unstable` never allocates.
+/// docs/PERFORMANCE.md, the transfer list). `sort_unstable` never allocates.
 ///
 /// These lists take the frames' runs (last writer wins): a CPU that refills from frames
 /// another CPU drained becomes their owner, and that CPU's frees of the runs' other frames

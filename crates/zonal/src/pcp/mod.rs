@@ -1023,7 +1023,7 @@ impl PcpGuard<'_> {
     /// will write them. In a stream those lines were last written by the CPU that freed the
     /// frames, so each is a miss; asked for together, the misses overlap, where the pops
     /// met them one at a time (`cross_pairs` 19.4–21.5 → 17.7–19.6 ns a frame; see
-    /// DESIGN.md, the fifth sitting).
+    /// docs/PERFORMANCE.md, the transfer list).
     #[inline]
     pub fn fill_for_allocations(&mut self) {
         self.allocating = true;
