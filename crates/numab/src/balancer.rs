@@ -2,9 +2,12 @@
 //! reserves, the counters, the regions), the `Balancer` handle, and the thread that refills,
 //! scans, collapses and frees.
 
+use crate::dest::CHUNK_PAGES;
 use crate::region::allowed;
 use crate::reserve::{FreeStack, NodeReserve, Reserve};
+use crate::state::Cursor;
 use crate::table::PageEntry;
+use crate::Shared;
 use crate::{
     collapse, dest, fault, os, scan, table, uffd, Backend, Config, Counters, Error, MigrateMode, Region, RegionShared,
     Result, Stats, Tunables, MAX_REGION_BYTES, PAGE,
@@ -14,69 +17,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use zonal::zone::Watermark;
 use zonal::{Gfp, MemPolicy, NodeId, Zonal};
-
-/// What the balancer's thread, the regions and the fault handler share.
-pub(crate) struct Shared {
-    pub(crate) z: Arc<Zonal>,
-    pub(crate) cfg: Tunables,
-    pub(crate) stats: Counters,
-    /// Frames ready for the handler, per node (a slot per CPU).
-    pub(crate) reserves: Vec<NodeReserve>,
-    /// Per node: whether its last refill found the node without a free frame.
-    pub(crate) node_out: Vec<AtomicBool>,
-    /// Per node: blocks of `CHUNK_PAGES` consecutive frames (order 9, split) for chunk
-    /// migrations and windows' destination blocks, by first frame; empty when both are off.
-    pub(crate) chunks: Vec<Reserve>,
-    /// `Config::chunk_migration` and `Config::window_migration`.
-    pub(crate) chunk_migration: bool,
-    pub(crate) aligned_migration: bool,
-    /// Per node: windows that found `chunks` empty since the last refill (each asks for one
-    /// more block at the next), and the refills of `chunks` ended, which a migration waiting
-    /// for a block sleeps on.
-    pub(crate) chunk_misses: Vec<AtomicUsize>,
-    pub(crate) chunk_refills: AtomicU32,
-    /// Per node: the blocks `chunks` is kept at (the balancer's thread's own).
-    chunk_want: Vec<AtomicUsize>,
-    /// Per node: blocks of `CHUNK_PAGES` consecutive frames (split) that regions carve their
-    /// first-touch windows from, filled while a region touches in windows.
-    pub(crate) blocks: Vec<Reserve>,
-    /// Per node: whether its last refill found no free block of that order.
-    pub(crate) blocks_out: Vec<AtomicBool>,
-    /// Live regions that touch in windows.
-    pub(crate) ft_regions: AtomicUsize,
-    /// Refill passes ended: a handler waiting for frames sleeps on it (`FUTEX_WAIT`), and
-    /// gives up only once a pass that started after it asked found no frame anywhere.
-    refills: AtomicU32,
-    /// Frames to free (old frames of migrated pages, frames a handler could not use).
-    pub(crate) to_free: FreeStack,
-    /// Regions to scan, in registration order.
-    regions: Mutex<Vec<Weak<RegionShared>>>,
-    /// Bumped to wake the balancer's thread (refill, a new region, a setting).
-    kick: AtomicU32,
-    stop: AtomicBool,
-    /// The scan window's local and remote hint faults and failed migrations.
-    win_local: AtomicU64,
-    win_remote: AtomicU64,
-    win_fail: AtomicU64,
-    period_ms: AtomicU64,
-    /// Per node: its zones' high watermarks summed (`migrate_balanced_pgdat`'s test).
-    high: Vec<usize>,
-    /// The userfaultfd of the userfaultfd backend; `None` under mprotect.
-    pub(crate) uffd: Option<uffd::Uffd>,
-    /// The id of the counters added to the zonal handle's reports.
-    source: std::sync::OnceLock<u64>,
-    /// The mapping budget, the mappings at the last check and the most seen, and whether
-    /// the process is at the budget (scans and migrations wait).
-    vma_budget: AtomicUsize,
-    vmas: AtomicUsize,
-    vmas_peak: AtomicUsize,
-    pub(crate) over_budget: AtomicBool,
-    last_vma_check: Mutex<Option<Instant>>,
-    /// Where `Balancer::scan_now` stopped.
-    scan_cursor: Mutex<scan::Cursor>,
-    /// Where the last collapse pass stopped.
-    collapse_cursor: Mutex<scan::Cursor>,
-}
 
 impl Shared {
     pub(crate) fn enabled(&self) -> bool {
@@ -455,9 +395,6 @@ impl Drop for Shared {
     }
 }
 
-/// Pages of a chunk migration: an aligned 2 MiB, order 9.
-pub const CHUNK_PAGES: usize = 512;
-
 /// Order-9 blocks a node's reserve (`Shared::chunks`) keeps ready, and the most it holds
 /// when windows' first migrations ask for more at once.
 const CHUNK_RESERVE: usize = 2;
@@ -537,8 +474,8 @@ impl Balancer {
             vmas_peak: AtomicUsize::new(0),
             over_budget: AtomicBool::new(false),
             last_vma_check: Mutex::new(None),
-            scan_cursor: Mutex::new(scan::Cursor::default()),
-            collapse_cursor: Mutex::new(scan::Cursor::default()),
+            scan_cursor: Mutex::new(Cursor::default()),
+            collapse_cursor: Mutex::new(Cursor::default()),
             z,
         });
         // The layer's counters in the handle's vmstat, JSON and Prometheus reports. A weak
@@ -784,7 +721,7 @@ const COLLAPSE_EVERY: Duration = Duration::from_millis(100);
 fn worker(weak: Weak<Shared>) {
     // The program's asynchronous signals go to its own threads: this one holds pages BUSY.
     let _signals = os::SignalsBlocked::new();
-    let mut cur = scan::Cursor::default();
+    let mut cur = Cursor::default();
     let mut next_scan: Option<Instant> = None;
     let mut next_collapse = Instant::now();
     loop {

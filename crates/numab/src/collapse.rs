@@ -30,7 +30,7 @@
 
 use crate::fault::Hide;
 use crate::os::{self, PAGE};
-use crate::scan::Cursor;
+use crate::state::Cursor;
 use crate::table::{Cpupid, HINT, PRESENT};
 use crate::{RegionShared, Shared};
 use std::ops::ControlFlow;

@@ -1,6 +1,6 @@
 //! What can go wrong, and whether this machine allows the userfaultfd backends.
 
-use crate::{fault, uffd};
+use crate::table::MAX_REGIONS;
 
 /// What can go wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,7 +46,7 @@ impl std::fmt::Display for Error {
             Error::Os { call, errno } => {
                 write!(f, "{call} failed: {}", std::io::Error::from_raw_os_error(*errno))
             }
-            Error::TooManyRegions => write!(f, "too many regions (at most {} at once)", fault::MAX_REGIONS),
+            Error::TooManyRegions => write!(f, "too many regions (at most {} at once)", MAX_REGIONS),
             Error::OutOfRange { addr } => write!(f, "address {addr:#x} is not in the region"),
             Error::InvalidConfig(m) => write!(f, "{m}"),
             Error::NotPinned { addr } => write!(f, "unpin of {addr:#x}: the page holds no pin"),
@@ -68,28 +68,3 @@ impl From<zonal::Error> for Error {
 
 /// Result of the layer.
 pub type Result<T> = std::result::Result<T, Error>;
-
-/// Whether this machine lets a process use the userfaultfd backend: `Ok`, or the call and
-/// errno that refused it (`EPERM` where `userfaultfd(2)` is blocked, `ENOTSUP` on a kernel
-/// without MINOR shmem faults or SIGBUS delivery).
-pub fn userfaultfd_available() -> std::result::Result<(), (&'static str, i32)> {
-    uffd::Uffd::open().map(drop)
-}
-
-/// Whether this machine lets a process use the userfaultfd handler-thread backend (kernel-mode
-/// faults need privilege): `Ok`, or the call and errno that refused it.
-pub fn userfaultfd_thread_available() -> std::result::Result<(), (&'static str, i32)> {
-    uffd::Uffd::open_for_thread().map(drop)
-}
-
-impl From<fault::Unresolved> for Error {
-    fn from(u: fault::Unresolved) -> Error {
-        match u {
-            fault::Unresolved::NoFrame => {
-                Error::Zonal(zonal::Error::OutOfMemory { order: zonal::Order::new(0).expect("order 0") })
-            }
-            fault::Unresolved::Map | fault::Unresolved::Repair => Error::Os { call: "mmap", errno: libc::ENOMEM },
-            fault::Unresolved::Forked => Error::Forked,
-        }
-    }
-}

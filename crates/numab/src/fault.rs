@@ -22,14 +22,11 @@
 //! fault it is: the previous handler's, or the default action. None is retried forever.
 
 use crate::os::{self, PAGE};
-use crate::table::{should_migrate, Cpupid, PageEntry, BUSY, HINT, PRESENT, UNMAPPED};
+use crate::table::{should_migrate, Cpupid, PageEntry, BUSY, HINT, MAX_REGIONS, PRESENT, UNMAPPED};
 use crate::{MigrateMode, RegionShared};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::OnceLock;
-
-/// Regions registered at once, process-wide.
-pub const MAX_REGIONS: usize = 256;
 
 struct Slot {
     region: AtomicPtr<RegionShared>,
@@ -967,6 +964,18 @@ impl RegionShared {
             Some(u) => u.continue_(addr, len),
             // SAFETY: per the caller's contract.
             None => unsafe { os::protect(addr, len, false) },
+        }
+    }
+}
+
+impl From<Unresolved> for crate::Error {
+    fn from(u: Unresolved) -> crate::Error {
+        match u {
+            Unresolved::NoFrame => {
+                crate::Error::Zonal(zonal::Error::OutOfMemory { order: zonal::Order::new(0).expect("order 0") })
+            }
+            Unresolved::Map | Unresolved::Repair => crate::Error::Os { call: "mmap", errno: libc::ENOMEM },
+            Unresolved::Forked => crate::Error::Forked,
         }
     }
 }

@@ -50,20 +50,25 @@ mod os;
 mod region;
 mod reserve;
 mod scan;
+mod state;
 mod stats;
 mod table;
 mod uffd;
+mod window;
 
-pub(crate) use balancer::Shared;
-pub use balancer::{Balancer, CHUNK_PAGES};
+pub use balancer::Balancer;
 pub(crate) use config::Tunables;
 pub use config::{Backend, Config, MigrateMode};
-pub use error::{userfaultfd_available, userfaultfd_thread_available, Error, Result};
-pub use fault::MAX_REGIONS;
+pub use dest::CHUNK_PAGES;
+pub use error::{Error, Result};
 pub use os::PAGE;
-pub use region::{Pin, Region, RegionShared, MAX_REGION_BYTES};
+pub use region::{Pin, Region, MAX_REGION_BYTES};
+pub use state::RegionShared;
+pub(crate) use state::Shared;
 pub(crate) use stats::Counters;
 pub use stats::Stats;
+pub use table::MAX_REGIONS;
+pub use uffd::{userfaultfd_available, userfaultfd_thread_available};
 
 /// README.md's Rust examples, compiled and run as this crate's doc-tests (`cargo test
 /// --release -p zonal-numab --doc`), so the README cannot drift from the API. Here because

@@ -1,10 +1,9 @@
 //! Regions of balanced memory: first touch and placement, pins, and teardown.
 
-use crate::table::{PageEntry, BUSY, HINT, PRESENT, UNMAPPED};
-use crate::{dest, fault, os, table, Error, Result, Shared, CHUNK_PAGES, PAGE};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use crate::table::{BUSY, HINT, PRESENT, UNMAPPED};
+use crate::{fault, os, Error, RegionShared, Result, CHUNK_PAGES, PAGE};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use zonal::{MemPolicy, NodeId};
 
 /// The largest region: 1 TiB.
@@ -13,33 +12,6 @@ pub const MAX_REGION_BYTES: usize = 1 << 40;
 /// A region of balanced memory (see the crate's docs). Dropping it frees every frame.
 pub struct Region {
     pub(crate) shared: Arc<RegionShared>,
-}
-
-/// A region's state, shared with the scanner and the fault handler.
-pub struct RegionShared {
-    pub(crate) start: usize,
-    /// First touches map aligned windows of `2^ft_order` pages (0: a page at a time).
-    pub(crate) ft_order: u32,
-    /// Per node: the block first-touch windows are being carved from and the frames of it
-    /// taken, in one word (`block | taken`: blocks are 2 MiB-aligned), 0 when none.
-    pub(crate) carve: Box<[AtomicUsize]>,
-    /// Set once, under `scan_lock`, when the region is torn down.
-    pub(crate) dead: AtomicBool,
-    pub(crate) entries: Box<[PageEntry]>,
-    /// Per whole 2 MiB window: its destination block for pages migrating one by one.
-    pub(crate) dest: Box<[dest::Dest]>,
-    pub(crate) policy: MemPolicy,
-    /// Per node: the other nodes the policy allows, nearest first (first-touch fallback).
-    pub(crate) fallback: Vec<Vec<u16>>,
-    /// Scan passes over the region (`numa_scan_seq`).
-    pub(crate) scan_seq: AtomicUsize,
-    /// Its threads' hint faults per node, for shared pages (`numa_group`).
-    pub(crate) group: table::Group,
-    pub(crate) born: Instant,
-    pub(crate) slot: AtomicUsize,
-    /// Held while the scanner marks the region and while it is torn down; `true` once dead.
-    pub(crate) scan_lock: Mutex<bool>,
-    pub(crate) bal: Arc<Shared>,
 }
 
 pub(crate) fn allowed(policy: &MemPolicy, nid: u16) -> bool {

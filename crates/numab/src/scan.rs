@@ -13,6 +13,7 @@
 
 use crate::fault::Hide;
 use crate::os::PAGE;
+use crate::state::Cursor;
 use crate::table::{Cpupid, HINT, PRESENT};
 use crate::{RegionShared, Shared};
 use std::sync::atomic::Ordering;
@@ -26,13 +27,6 @@ const PERIOD_THRESHOLD: u64 = 7;
 /// unit of destination blocks (`dest`), so a window whose pages migrated one by one is one
 /// call over one mapping.
 const RUN_PAGES: usize = crate::dest::WINDOW;
-
-/// Where the scanner stopped: a region (by registration order) and a page in it.
-#[derive(Default)]
-pub struct Cursor {
-    pub region: usize,
-    pub page: usize,
-}
 
 /// One pass over the regions, from the cursor. Returns the pages marked.
 pub fn scan_pass(bal: &Shared, regions: &[Arc<RegionShared>], cur: &mut Cursor) -> usize {

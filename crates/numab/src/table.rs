@@ -27,6 +27,9 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
+/// Regions registered at once, process-wide (the fault handler's table of them).
+pub const MAX_REGIONS: usize = 256;
+
 /// No frame behind the page; it is inaccessible.
 pub const UNMAPPED: u8 = 0;
 /// A frame is mapped read-write.

@@ -186,6 +186,19 @@ impl Uffd {
     }
 }
 
+/// Whether this machine lets a process use the userfaultfd backend: `Ok`, or the call and
+/// errno that refused it (`EPERM` where `userfaultfd(2)` is blocked, `ENOTSUP` on a kernel
+/// without MINOR shmem faults or SIGBUS delivery).
+pub fn userfaultfd_available() -> std::result::Result<(), (&'static str, i32)> {
+    Uffd::open().map(drop)
+}
+
+/// Whether this machine lets a process use the userfaultfd handler-thread backend (kernel-mode
+/// faults need privilege): `Ok`, or the call and errno that refused it.
+pub fn userfaultfd_thread_available() -> std::result::Result<(), (&'static str, i32)> {
+    Uffd::open_for_thread().map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
