@@ -146,6 +146,17 @@ impl Config {
     }
 }
 
+/// What `ZONAL_PUBLISH` asks: unset or empty is off, else a flag as the config key `publish`
+/// takes it (an invalid value is an error). A program that builds its handles itself reads
+/// it here, as the `zonal` command does.
+pub fn publish_from_env() -> Result<bool> {
+    match std::env::var("ZONAL_PUBLISH").as_deref() {
+        Err(_) | Ok("") => Ok(false),
+        Ok(v) => parse_flag(v)
+            .ok_or_else(|| Error::InvalidConfig(format!("ZONAL_PUBLISH=`{v}`: use 1 to publish, 0 not to"))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

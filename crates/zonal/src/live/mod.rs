@@ -46,6 +46,7 @@ mod sock;
 
 pub use protocol::REQUESTS;
 
+pub use crate::config::publish_from_env;
 use crate::error::{Error, Result};
 use crate::page_alloc::Zonal;
 use std::io::Read;
@@ -447,8 +448,8 @@ impl Zonal {
 
     /// Publishes this handle as `opts` says.
     pub fn publish_with(self: &Arc<Self>, opts: PublishOptions) -> Result<PathBuf> {
-        let mut slot = self.live_slot();
-        if let Some(s) = slot.as_ref() {
+        let mut slot = self.attached();
+        if let Some(s) = slot.as_ref().and_then(|a| a.downcast_ref::<Server>()) {
             return Ok(s.path().to_path_buf());
         }
         let dir = opts.dir.clone().unwrap_or_else(runtime_dir);
@@ -456,7 +457,7 @@ impl Zonal {
         let path = dir.join(socket_name(std::process::id() as i32, self.id()));
         let server = Server::start(Arc::downgrade(self), path, opts.timeout)?;
         let p = server.path().to_path_buf();
-        *slot = Some(server);
+        *slot = Some(Box::new(server));
         Ok(p)
     }
 
@@ -464,36 +465,25 @@ impl Zonal {
     /// published.
     pub fn unpublish(&self) -> bool {
         // Take it out first: the server's drop joins its thread, which may want the slot.
-        let s = self.live_slot().take();
+        let s = self.attached().take();
         s.is_some()
     }
 
     /// The socket of this handle if it is published.
     pub fn published_path(&self) -> Option<PathBuf> {
-        self.live_slot().as_ref().map(|s| s.path().to_path_buf())
+        self.attached().as_ref().and_then(|a| a.downcast_ref::<Server>()).map(|s| s.path().to_path_buf())
     }
 
     /// Builds a shared handle, and publishes it when the config says so (`publish=1`) or the
     /// environment has `ZONAL_PUBLISH=1`: the handle the C ABI builds, and the one to build
     /// for a program that should be watched with `zonal --pid`.
     pub fn shared(config: crate::Config) -> Result<Arc<Zonal>> {
-        let publish = config.publish || publish_from_env()?;
+        let publish = config.publish || crate::config::publish_from_env()?;
         let z = Arc::new(Zonal::build(crate::Config { publish: false, ..config })?);
         if publish {
             z.publish()?;
         }
         Ok(z)
-    }
-}
-
-/// What `ZONAL_PUBLISH` asks: unset or empty is off, else a flag as the config key `publish`
-/// takes it (an invalid value is an error). A program that builds its handles itself reads
-/// it here, as the `zonal` command does.
-pub fn publish_from_env() -> Result<bool> {
-    match std::env::var("ZONAL_PUBLISH").as_deref() {
-        Err(_) | Ok("") => Ok(false),
-        Ok(v) => crate::config::parse_flag(v)
-            .ok_or_else(|| Error::InvalidConfig(format!("ZONAL_PUBLISH=`{v}`: use 1 to publish, 0 not to"))),
     }
 }
 

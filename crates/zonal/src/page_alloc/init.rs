@@ -22,7 +22,7 @@ impl Zonal {
                     .into(),
             ));
         }
-        if crate::live::publish_from_env()? {
+        if crate::config::publish_from_env()? {
             return Err(Error::InvalidConfig(
                 "ZONAL_PUBLISH=1 asks to publish this handle, but a handle built by Zonal::new cannot publish \
                  (its server shares it): build it with Zonal::shared, which publishes it, or unset ZONAL_PUBLISH"
@@ -200,7 +200,7 @@ impl Zonal {
             },
             worker: Some(worker),
             pass,
-            live: std::sync::Mutex::new(None),
+            attached: std::sync::Mutex::new(None),
         };
         // The fork registry's child handler points the sections' table at stand-ins.
         let z = z.registered_for_fork();

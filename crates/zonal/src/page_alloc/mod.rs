@@ -86,8 +86,10 @@ pub struct Zonal {
     /// Held for writing by each housekeeping pass (the worker's, `decay_pcp_high`,
     /// `refresh_vm_stats`), for reading by the exact readers ([`Zonal::settled`]).
     pass: Arc<std::sync::RwLock<()>>,
-    /// The live-introspection server while the handle is published ([`crate::live`]).
-    live: std::sync::Mutex<Option<crate::live::Server>>,
+    /// What a layer above the handle ties to its lifetime: the live-introspection server
+    /// while the handle is published (`live`), dropped before the rest of the handle. Typed
+    /// `Any` so that the core names nothing of the layers above it.
+    attached: std::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>,
 }
 
 /// A function that reads a layer's counters as `(name, value)`, for the reports.
@@ -108,9 +110,9 @@ impl Zonal {
         self.id
     }
 
-    /// The live server's slot.
-    pub(crate) fn live_slot(&self) -> std::sync::MutexGuard<'_, Option<crate::live::Server>> {
-        self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// The slot of what is attached to the handle's lifetime (the live server).
+    pub(crate) fn attached(&self) -> std::sync::MutexGuard<'_, Option<Box<dyn std::any::Any + Send>>> {
+        self.attached.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -604,14 +606,14 @@ impl Drop for Zonal {
             // A child's copy: the worker's and the live server's threads were the parent's
             // (joining them would wait forever), and a lock a parent's thread held at the
             // fork stays held; so leave them, and the process-wide policy list, alone.
-            if let Ok(mut live) = self.live.try_lock() {
-                std::mem::forget(live.take());
+            if let Ok(mut attached) = self.attached.try_lock() {
+                std::mem::forget(attached.take());
             }
             std::mem::forget(self.worker.take());
             return;
         }
         // The server first: its socket must not outlive the handle it answers for.
-        self.live_slot().take();
+        self.attached().take();
         self.worker.take();
         mempolicy::forget_handle(self.id);
     }
