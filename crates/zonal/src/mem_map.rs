@@ -38,7 +38,6 @@
 use crate::error::{Error, Result};
 use crate::sync::{AtomicU8, Ordering};
 use crate::types::{Order, Pfn};
-use crate::zone::Zone;
 use std::sync::Arc;
 
 /// State of a frame that heads no block.
@@ -239,6 +238,18 @@ impl Drop for MemMap {
     }
 }
 
+/// The frames a state function works on: a zone's, as the zone sees them (`Zone` implements
+/// it). The functions below read and claim states through it and ask it which frames are
+/// its, so that the frame states know nothing of zones.
+pub(crate) trait Frames {
+    /// The state byte of frame `pfn`, one of these frames.
+    fn state(&self, pfn: Pfn) -> &AtomicU8;
+    /// Whether `pfn` is one of these frames.
+    fn contains(&self, pfn: Pfn) -> bool;
+    /// The largest block order among them.
+    fn max_order(&self) -> Order;
+}
+
 /// Which frames of a [`MemMap`] a zone is made of, to build it with.
 pub(crate) struct ZoneMap {
     map: Arc<MemMap>,
@@ -262,7 +273,7 @@ impl ZoneMap {
 /// Claims a live block for freeing: `ALLOCATED|order -> NONE` on its head, so exactly one of
 /// any number of racing frees wins and every other bad free is refused with its reason.
 #[inline]
-pub(crate) fn claim(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
+pub(crate) fn claim(zone: &(impl Frames + ?Sized), pfn: Pfn, order: Order) -> Result<()> {
     match zone.state(pfn).compare_exchange(state(ALLOCATED, order), NONE, Ordering::Acquire, Ordering::Relaxed) {
         Ok(_) => Ok(()),
         Err(s) => Err(classify_bad_free(zone, pfn, order, s)),
@@ -275,7 +286,7 @@ pub(crate) fn claim(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
 /// `ALLOCATED|0`. Nothing else changes: the frames were allocated and stay so. A held block
 /// splits into held frames (`ALLOCATED|HELD|0` each): splitting frees nothing, and the
 /// holder still holds every frame, which no plain free can then claim either.
-pub(crate) fn split(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
+pub(crate) fn split(zone: &(impl Frames + ?Sized), pfn: Pfn, order: Order) -> Result<()> {
     let head = zone.state(pfn);
     let mut seen = head.load(Ordering::Relaxed);
     // The held flag as the head has it; again when a hold or unhold changed it meanwhile.
@@ -300,7 +311,7 @@ pub(crate) fn split(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
 /// every plain free of it fails its claim and reports [`Error::Held`], and only
 /// [`claim_held`] frees it. Anything else is refused with the reason a free would give (a
 /// block already held: [`Error::Held`]); nothing changes then.
-pub(crate) fn hold(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
+pub(crate) fn hold(zone: &(impl Frames + ?Sized), pfn: Pfn, order: Order) -> Result<()> {
     match zone.state(pfn).compare_exchange(
         state(ALLOCATED, order),
         state(ALLOCATED | HELD, order),
@@ -315,7 +326,7 @@ pub(crate) fn hold(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
 /// Takes a held block back to plain allocated (`ALLOCATED|HELD|order -> ALLOCATED|order`).
 /// A block that is not held is refused: [`Error::NotHeld`] for a live one, else the reason
 /// a free would give.
-pub(crate) fn unhold(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
+pub(crate) fn unhold(zone: &(impl Frames + ?Sized), pfn: Pfn, order: Order) -> Result<()> {
     match zone.state(pfn).compare_exchange(
         state(ALLOCATED | HELD, order),
         state(ALLOCATED, order),
@@ -331,7 +342,7 @@ pub(crate) fn unhold(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
 /// racing frees wins. A live block that is not held is refused ([`Error::NotHeld`]: the
 /// holder's bookkeeping is wrong, and nothing changes), every other bad free as [`claim`]
 /// refuses it (a second free of the block: [`Error::DoubleFree`]).
-pub(crate) fn claim_held(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
+pub(crate) fn claim_held(zone: &(impl Frames + ?Sized), pfn: Pfn, order: Order) -> Result<()> {
     match zone.state(pfn).compare_exchange(state(ALLOCATED | HELD, order), NONE, Ordering::Acquire, Ordering::Relaxed) {
         Ok(_) => Ok(()),
         Err(s) => Err(classify_bad_held(zone, pfn, order, s)),
@@ -341,7 +352,7 @@ pub(crate) fn claim_held(zone: &Zone, pfn: Pfn, order: Order) -> Result<()> {
 /// Why the holder's free (or unhold) of `order` at `pfn` was refused, given the head's
 /// state `s`.
 #[cold]
-fn classify_bad_held(z: &Zone, pfn: Pfn, order: Order, s: u8) -> Error {
+fn classify_bad_held(z: &(impl Frames + ?Sized), pfn: Pfn, order: Order, s: u8) -> Error {
     match (s & HELD != 0, decode(s)) {
         (false, (ALLOCATED, o)) if o == order => Error::NotHeld { pfn },
         (true, (_, o)) => Error::OrderMismatch { pfn, allocated: o, freed: order },
@@ -356,7 +367,7 @@ fn classify_bad_held(z: &Zone, pfn: Pfn, order: Order, s: u8) -> Error {
 /// on different CPUs (a data race in the caller) may both pass; the pops and drains drop
 /// the second copy (see [`take_cached`] and `pcp::free_pcppages_bulk`).
 #[inline(always)]
-pub(crate) fn claim_order0(z: &Zone, pfn: Pfn, to: u8, atomic: bool) -> Result<()> {
+pub(crate) fn claim_order0(z: &(impl Frames + ?Sized), pfn: Pfn, to: u8, atomic: bool) -> Result<()> {
     try_claim_order0(z.state(pfn), to, atomic).map_err(|seen| classify_bad_free(z, pfn, Order(0), seen))
 }
 
@@ -394,13 +405,13 @@ pub(crate) fn try_claim(entry: &AtomicU8, order: Order, to: u8, atomic: bool) ->
 /// or the section was interrupted). `NONE` and not `PCP` for the locked path because the
 /// buddy must not find a stale per-CPU tag on a frame that merging leaves inside a block.
 #[inline]
-pub(crate) fn unpush(z: &Zone, pfn: Pfn) -> bool {
+pub(crate) fn unpush(z: &(impl Frames + ?Sized), pfn: Pfn) -> bool {
     unpush_block(z, pfn, Order(0))
 }
 
 /// [`unpush`] for a block of `order`: `PCP|order -> NONE` with a CAS.
 #[inline]
-pub(crate) fn unpush_block(z: &Zone, pfn: Pfn, order: Order) -> bool {
+pub(crate) fn unpush_block(z: &(impl Frames + ?Sized), pfn: Pfn, order: Order) -> bool {
     let pcp = state(PCP, order);
     z.state(pfn).compare_exchange(pcp, NONE, Ordering::Relaxed, Ordering::Relaxed).is_ok()
 }
@@ -410,7 +421,7 @@ pub(crate) fn unpush_block(z: &Zone, pfn: Pfn, order: Order) -> bool {
 /// forked child): the block is live again, as before the free. `false`: a racer's copy
 /// moved it on meanwhile.
 #[cold]
-pub(crate) fn unclaim_cached(z: &Zone, pfn: Pfn, order: Order) -> bool {
+pub(crate) fn unclaim_cached(z: &(impl Frames + ?Sized), pfn: Pfn, order: Order) -> bool {
     z.state(pfn)
         .compare_exchange(state(PCP, order), state(ALLOCATED, order), Ordering::Relaxed, Ordering::Relaxed)
         .is_ok()
@@ -421,7 +432,7 @@ pub(crate) fn unclaim_cached(z: &Zone, pfn: Pfn, order: Order) -> bool {
 /// `free_check = sequential` left copies on two lists. `false`: the copy lost (the other
 /// already left with the tag) and is dropped. Acquire: pairs with the free's claim.
 #[inline]
-pub(crate) fn claim_listed(z: &Zone, pfn: Pfn, order: Order) -> bool {
+pub(crate) fn claim_listed(z: &(impl Frames + ?Sized), pfn: Pfn, order: Order) -> bool {
     z.state(pfn).compare_exchange(state(PCP, order), NONE, Ordering::Acquire, Ordering::Relaxed).is_ok()
 }
 
@@ -522,7 +533,7 @@ impl MapRef {
 /// Says why a free of `order` at `pfn` was refused, given the head's state `s`. Reads other
 /// frames' states without a lock: this only chooses the error, it changes nothing.
 #[cold]
-pub(crate) fn classify_bad_free(z: &Zone, pfn: Pfn, order: Order, s: u8) -> Error {
+pub(crate) fn classify_bad_free(z: &(impl Frames + ?Sized), pfn: Pfn, order: Order, s: u8) -> Error {
     if s & HELD != 0 {
         // A layer holds the block: no plain free may claim it, whatever order it names.
         return Error::Held { pfn };
@@ -534,7 +545,7 @@ pub(crate) fn classify_bad_free(z: &Zone, pfn: Pfn, order: Order, s: u8) -> Erro
         _ => {}
     }
     // A frame that heads nothing: find the block that covers it, if one is allocated.
-    for up in 1..=z.max_order.0 {
+    for up in 1..=z.max_order().0 {
         let head = pfn.align_down(Order(up));
         if !z.contains(head) {
             break;

@@ -869,6 +869,23 @@ impl ZoneLocked<'_> {
     }
 }
 
+impl crate::mem_map::Frames for Zone {
+    #[inline(always)]
+    fn state(&self, pfn: Pfn) -> &AtomicU8 {
+        Zone::state(self, pfn)
+    }
+
+    #[inline(always)]
+    fn contains(&self, pfn: Pfn) -> bool {
+        Zone::contains(self, pfn)
+    }
+
+    #[inline(always)]
+    fn max_order(&self) -> Order {
+        self.max_order
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
