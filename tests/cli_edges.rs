@@ -113,3 +113,54 @@ fn numastat_after_a_workload_says_why_auto_mode_reads_zero() {
         .unwrap();
     assert_eq!(hits, 100, "strict mode counts the workload: {counted}");
 }
+
+#[test]
+fn each_command_lists_only_its_own_options() {
+    let help = |cmd: &str| ok(&zonal(&[cmd, "--help"]));
+    let bench = help("bench");
+    assert!(!bench.contains("--pid") && !bench.contains("--dir") && !bench.contains("--handle"), "{bench}");
+    assert!(bench.contains("--topology") && bench.contains("--reps"), "{bench}");
+    let top = help("top");
+    for local in ["--topology", "--max-order", "--populate", "--set", "--workload"] {
+        assert!(!top.contains(local), "top --help shows {local}: {top}");
+    }
+    assert!(top.contains("--pid") && top.contains("--interval"), "{top}");
+    for cmd in ["ps", "exporter"] {
+        let h = help(cmd);
+        assert!(!h.contains("--topology") && !h.contains("--pid") && h.contains("--dir"), "{cmd}: {h}");
+    }
+    for cmd in ["topology", "zoneinfo", "numastat", "vmstat", "buddyinfo", "sysctl"] {
+        let h = help(cmd);
+        assert!(h.contains("--topology") && h.contains("--pid") && h.contains("--dir"), "{cmd}: {h}");
+    }
+}
+
+#[test]
+fn the_command_list_is_one_short_line_each() {
+    let help = ok(&zonal(&["--help"]));
+    let commands: Vec<&str> =
+        help.lines().skip_while(|l| *l != "Commands:").skip(1).take_while(|l| !l.trim().is_empty()).collect();
+    assert!(commands.len() >= 10, "{help}");
+    for line in commands {
+        assert!(line.chars().count() <= 100, "{} columns: {line}", line.chars().count());
+    }
+    // The long text is still there, under the command's own --help.
+    assert!(ok(&zonal(&["zoneinfo", "--help"])).contains("numa_stats_mode=strict"));
+}
+
+#[test]
+fn options_before_the_command_name_still_work_where_they_apply() {
+    let before = ok(&zonal(&["--topology", "nodes=3,size=8M", "--max-order=5", "topology", "--json"]));
+    let after = ok(&zonal(&["topology", "--json", "--topology", "nodes=3,size=8M", "--max-order", "5"]));
+    assert_eq!(before, after);
+    let v: serde_json::Value = serde_json::from_str(&before).unwrap();
+    assert_eq!(v["topology"]["nodes"].as_array().unwrap().len(), 3, "{v}");
+    // An option of another command is a usage error that says where it applies, before or
+    // after the name.
+    for args in [&["--pid", "1", "bench"][..], &["bench", "--pid", "1"], &["--topology", "nodes=1,size=8M", "top"]] {
+        let o = zonal(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.starts_with("zonal: error: --") && e.contains("does not apply to"), "{args:?}: {e}");
+    }
+}
