@@ -20,10 +20,25 @@ pub fn target(dir: &Path, pid: i32, handle: Option<u64>) -> Result<Published, St
 }
 
 /// Sends one request and returns the reply body; the whole exchange takes at most
-/// [`TIMEOUT`], whatever the process does (stopped, its queue full).
+/// [`TIMEOUT`], whatever the process does (stopped, its queue full). A request that failed
+/// only when its time ran out failed because the process did not answer, which is what the
+/// error says, whichever step was waiting (the connection's accept, the reply, an `EAGAIN`
+/// from a socket timeout).
 pub fn ask(p: &Published, line: &str) -> Result<String, String> {
-    p.request(line, TIMEOUT).map_err(|e| format!("process {} handle {}: {e}", p.pid, p.handle))
+    let start = Instant::now();
+    p.request(line, TIMEOUT).map_err(|e| {
+        if start.elapsed() + TICK_SLACK >= TIMEOUT {
+            format!("process {} did not answer within {} s (stopped, or busy)", p.pid, TIMEOUT.as_secs())
+        } else {
+            format!("process {} handle {}: {e}", p.pid, p.handle)
+        }
+    })
 }
+
+/// How early a socket timeout may end before its deadline: the kernel counts it in ticks
+/// (`sock_set_timeout` rounds up, but the first tick may be nearly over when the wait
+/// starts), so one tick, 10 ms at the lowest HZ, with room to spare.
+const TICK_SLACK: Duration = Duration::from_millis(100);
 
 /// Where a listed handle's pid comes from, for `ps --json`.
 fn pid_source(p: &Published) -> &'static str {

@@ -25,7 +25,10 @@ const DEFAULT_TOPOLOGY: &str = include_str!("../topologies/default.topo");
                   one of two 64 MiB nodes) and reports on it or measures it, or reads the handle a running \
                   process published. `zonal COMMAND --help` lists the options of each.",
     after_help = "A command's options may also come before its name, as in \
-                  `zonal --topology nodes=4,size=256M zoneinfo` or `zonal --pid 4242 top`."
+                  `zonal --topology nodes=4,size=256M zoneinfo` or `zonal --pid 4242 top`.\n\n\
+                  Errors go to stderr and start with `zonal: error:`. Exit status: 0 on success; 2 when \
+                  the command line cannot be parsed (an unknown command or option, an option of another \
+                  command, a missing or malformed value); 1 for any other error."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -392,12 +395,26 @@ fn parse(args: Vec<OsString>) -> Result<Cli, ExitCode> {
                 eprintln!("zonal: error: {msg}");
                 ExitCode::from(2)
             }
-            None => {
-                let _ = e.print();
-                ExitCode::from(e.exit_code().clamp(0, 255) as u8)
-            }
+            None => clap_error(&e),
         }
     })
+}
+
+/// Prints what clap has to say: help and the version as clap prints them, and a usage
+/// error in zonal's own words' style (`zonal: error: ...`, exit 2), so that a script reads
+/// one prefix whichever part of zonal refused the command line.
+fn clap_error(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let text = e.render().to_string();
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => eprint!("zonal: error: give a command\n\n{text}"),
+        _ => eprint!("zonal: error: {}", text.strip_prefix("error: ").unwrap_or(&text)),
+    }
+    ExitCode::from(2)
 }
 
 /// Every option was global once, so `zonal --pid 4242 top` and `zonal --topology SPEC

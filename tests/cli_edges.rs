@@ -164,3 +164,26 @@ fn options_before_the_command_name_still_work_where_they_apply() {
         assert!(e.starts_with("zonal: error: --") && e.contains("does not apply to"), "{args:?}: {e}");
     }
 }
+
+#[test]
+fn every_error_has_one_prefix_and_usage_errors_exit_2() {
+    // clap's refusals of the command line, in zonal's style, with its exit status for them.
+    for args in [&["nosuch"][..], &["bench", "--reps", "0"], &["zoneinfo", "--nosuch"], &["top"], &[]] {
+        let o = zonal(args);
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert!(e.starts_with("zonal: error: "), "{args:?}: {e}");
+        assert!(!e.contains("\nerror:"), "{args:?}: {e}");
+    }
+    // zonal's own refusals, once the command line is parsed: exit 1.
+    for args in [&["--topology", "nodes=2,colour=blue", "topology"][..], &["bench", "nosuch"]] {
+        let o = zonal(args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert!(String::from_utf8_lossy(&o.stderr).starts_with("zonal: error: "), "{args:?}");
+    }
+    let help = ok(&zonal(&["--help"]));
+    assert!(help.contains("Exit status: 0 on success; 2 when the command line cannot be parsed"), "{help}");
+    // Help and the version are not errors.
+    assert!(ok(&zonal(&["--version"])).starts_with("zonal "));
+    assert!(ok(&zonal(&["bench", "-h"])).contains("Usage: zonal bench"));
+}
