@@ -28,7 +28,8 @@ const DEFAULT_TOPOLOGY: &str = include_str!("../topologies/default.topo");
                   `zonal --topology nodes=4,size=256M zoneinfo` or `zonal --pid 4242 top`.\n\n\
                   Errors go to stderr and start with `zonal: error:`. Exit status: 0 on success; 2 when \
                   the command line cannot be parsed (an unknown command or option, an option of another \
-                  command, a missing or malformed value); 1 for any other error."
+                  command, a missing or malformed value); 1 for any other error; 130 when `bench` was \
+                  interrupted (SIGINT: it writes the experiments that finished to --json and --plot first)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -369,8 +370,12 @@ fn main() -> ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    match publish.map_err(|e| e.to_string()).and_then(|publish| run(&cli.command, publish)) {
-        Ok(()) => ExitCode::SUCCESS,
+    let done = publish.map_err(|e| e.to_string()).and_then(|publish| match &cli.command {
+        Command::Bench(b) => bench(b, publish),
+        command => run(command, publish).map(|()| ExitCode::SUCCESS),
+    });
+    match done {
+        Ok(code) => code,
         Err(msg) => {
             eprintln!("zonal: error: {msg}");
             ExitCode::FAILURE
@@ -702,7 +707,7 @@ fn run(command: &Command, publish: bool) -> Result<(), String> {
             let h = live::target(&live::dir(target.dir.runtime_dir.as_deref()), target.pid, target.handle)?;
             return live::top(&h, Duration::from_secs_f64(*interval), *count);
         }
-        Command::Bench(b) => return bench(b, publish),
+        Command::Bench(_) => return Err("bench was dispatched before this point".into()),
         Command::Topology { alloc, live, .. }
         | Command::Zoneinfo { alloc, live, .. }
         | Command::Numastat { alloc, live, .. }
@@ -802,7 +807,7 @@ fn run(command: &Command, publish: bool) -> Result<(), String> {
 }
 
 /// `zonal bench`.
-fn bench(b: &BenchArgs, publish: bool) -> Result<(), String> {
+fn bench(b: &BenchArgs, publish: bool) -> Result<ExitCode, String> {
     if publish {
         return Err("ZONAL_PUBLISH=1: the bench builds a new allocator for every cell and publishes none of them; \
                     unset ZONAL_PUBLISH (publish a program of your own to watch it live)"
@@ -864,8 +869,15 @@ fn bench(b: &BenchArgs, publish: bool) -> Result<(), String> {
     if let Some(t) = &alloc.topology {
         global.extend(["--topology".to_string(), t.clone()]);
     }
+    // SIGINT from here on writes what finished and exits 130 (`bench::interrupt`).
+    bench::interrupt::install()?;
     let (mut records, mut children) = (Vec::new(), Vec::new());
+    // The experiments that finished, and the one SIGINT stopped unfinished.
+    let (mut finished, mut cut): (Vec<&str>, Option<&str>) = (Vec::new(), None);
     for (i, &e) in ours.iter().enumerate() {
+        if bench::interrupt::interrupted() {
+            break;
+        }
         let step = done + i + 1;
         opts.step = (step, total);
         // tcmalloc's per-CPU figures, taken in a child in lockstep with this run of the
@@ -875,7 +887,7 @@ fn bench(b: &BenchArgs, publish: bool) -> Result<(), String> {
             None => bench::start_tcmalloc_child(e, &opts, &global, (step - 1, total))?,
         };
         opts.child = tcmalloc.as_ref().map(bench::TcmallocChild::handle);
-        records.extend(match e {
+        let measured = match e {
             "single" => bench::single::run(&z, &opts)?,
             "parallel" => bench::parallel::run(&z, &opts)?,
             "bulk" => bench::bulk::run(&z, &opts)?,
@@ -887,20 +899,65 @@ fn bench(b: &BenchArgs, publish: bool) -> Result<(), String> {
             "zlc" => bench::zlc::run(&opts)?,
             "numab" => bench::numab::run(&opts)?,
             _ => unreachable!("checked against EXPERIMENTS"),
-        });
+        };
         opts.child = None;
+        if bench::interrupt::cut_short() {
+            if let Some(t) = tcmalloc {
+                t.abandon();
+            }
+            cut = Some(e);
+            break;
+        }
         if let Some(t) = tcmalloc {
-            children.extend(t.finish()?);
+            match t.finish() {
+                Ok(r) => children.extend(r),
+                // The child stopped at SIGINT too: a Ctrl-C reaches the whole process group.
+                Err(_) if bench::interrupt::interrupted() => {
+                    cut = Some(e);
+                    break;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        records.extend(measured);
+        finished.push(e);
+        if let Some(out) = &json_out {
+            let mut so_far = bench::to_json(&records, opts.process)?;
+            so_far.extend(children.iter().cloned());
+            out.checkpoint(&so_far)?;
         }
     }
     let mut records = bench::to_json(&records, opts.process)?;
     records.extend(children);
-    if child.is_none() {
+    let stopped = bench::interrupt::interrupted();
+    if child.is_none() && !stopped {
         // History matters once an experiment ran after another: each then runs alone.
         if ours.len() >= 2 && opts.keeps(bench::ZONAL_ALONE) {
             records.extend(bench::history::run_alone(&ours, &opts, &global)?);
         }
-        bench::targets::print(&records);
+        if !bench::interrupt::interrupted() {
+            bench::targets::print(&records);
+        }
+    }
+    let interrupted = bench::interrupt::interrupted();
+    if interrupted {
+        let targets = if child.is_none() { "; the targets are not judged" } else { "" };
+        let when = match (stopped, finished.last()) {
+            (false, _) => format!(
+                "during the history's runs alone, after all {total} experiments (the runs alone that finished are kept)"
+            ),
+            (true, Some(last)) => format!("after experiment {} of {total} ({last})", done + finished.len()),
+            (true, None) => "before any experiment finished".to_string(),
+        };
+        let unfinished = cut
+            .map(|e| {
+                format!(
+                    "; {e} was stopped unfinished: its tables above are from fewer repetitions than they say, and \
+                     its records are left out"
+                )
+            })
+            .unwrap_or_default();
+        eprintln!("zonal bench: interrupted (SIGINT) {when}{unfinished}{targets}");
     }
     if let Some(out) = json_out {
         let to = out.write(&records)?;
@@ -916,5 +973,6 @@ fn bench(b: &BenchArgs, publish: bool) -> Result<(), String> {
             eprintln!("wrote {}", path.display());
         }
     }
-    Ok(())
+    // 128 + SIGINT, as a shell reports a command SIGINT ended.
+    Ok(if interrupted { ExitCode::from(130) } else { ExitCode::SUCCESS })
 }

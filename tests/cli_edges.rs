@@ -187,3 +187,61 @@ fn every_error_has_one_prefix_and_usage_errors_exit_2() {
     assert!(ok(&zonal(&["--version"])).starts_with("zonal "));
     assert!(ok(&zonal(&["bench", "-h"])).contains("Usage: zonal bench"));
 }
+
+#[test]
+fn an_interrupted_bench_writes_the_experiments_that_finished_and_exits_130() {
+    let json = std::env::temp_dir().join(format!("zonal-cli-edges-{}-interrupted.json", std::process::id()));
+    let _ = std::fs::remove_file(&json);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_zonal"))
+        .args(["bench", "single", "parallel", "--reps", "1", "--cell-ms", "1", "--json"])
+        .arg(&json)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read on a thread, so that the bench never waits on a full pipe.
+    let mut stderr = child.stderr.take().unwrap();
+    let said = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let records = |path: &std::path::Path| -> Vec<serde_json::Value> {
+        // A file being written may not parse yet: that is "not yet".
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+    };
+    // The bench writes the file after each experiment: wait for single's records, bounded.
+    let bound = std::time::Duration::from_secs(300);
+    let start = std::time::Instant::now();
+    while !records(&json).iter().any(|r| r["experiment"] == "single") {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the bench ended ({status}) before single's records appeared in {}", json.display());
+        }
+        assert!(start.elapsed() < bound, "single's records did not appear in {} within {bound:?}", json.display());
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // SAFETY: kill takes no pointers; the child is ours and not yet waited for.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let status = child.wait().unwrap();
+    let said = said.join().unwrap();
+    assert_eq!(status.code(), Some(130), "{said}");
+    // Progress lines end in a carriage return, not a newline.
+    let line =
+        said.split(['\r', '\n']).find(|l| l.starts_with("zonal bench: interrupted (SIGINT) ")).unwrap_or_else(|| {
+            panic!("the bench ran to its end before SIGINT arrived, or did not say it was interrupted: {said}")
+        });
+    assert!(line.contains("after experiment 1 of 2 (single)") || line.contains("after experiment 2 of 2"), "{line}");
+    let got = records(&json);
+    assert!(said.contains(&format!("wrote {} records to", got.len())), "{said}");
+    let single = got.iter().filter(|r| r["experiment"] == "single" && r["process"] == "main").count();
+    assert!(single >= 7, "single's records, a subject each: {got:?}");
+    // An experiment stopped unfinished is left out: what the file holds finished.
+    if line.contains("parallel was stopped unfinished") {
+        assert!(got.iter().all(|r| r["experiment"] == "single"), "{got:?}");
+    }
+    let _ = std::fs::remove_file(&json);
+}
