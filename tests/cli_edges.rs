@@ -245,3 +245,19 @@ fn an_interrupted_bench_writes_the_experiments_that_finished_and_exits_130() {
     }
     let _ = std::fs::remove_file(&json);
 }
+
+#[test]
+fn the_targets_are_named_by_what_they_measure_and_a_miss_says_what_it_means() {
+    let report = ok(&zonal(&["bench", "modes", "--reps", "1", "--cell-ms", "1", "--quiet"]));
+    assert!(report.contains("\nspeed and scaling targets in this run:\n"), "{report}");
+    assert!(!report.to_lowercase().contains("issue"), "{report}");
+    // The note follows the targets exactly when a verdict of the run says `not met`.
+    let missed = report.lines().any(|l| l.ends_with(": not met") || l.ends_with(": not met)"));
+    let note =
+        report.lines().filter(|l| l.contains("a target not met: the targets were set on a 2-CPU x86-64")).count();
+    assert_eq!(note, usize::from(missed), "{report}");
+    if missed {
+        let l = report.lines().find(|l| l.contains("a target not met:")).unwrap();
+        assert!(l.contains("a finding to report") && l.contains("--json") && l.contains("not a build failure"), "{l}");
+    }
+}

@@ -520,11 +520,13 @@ pub fn time_loop(n: u64, mut f: impl FnMut()) -> Duration {
     t.elapsed()
 }
 
-/// The verdict a target line ends with.
+/// The verdict a target line ends with; a miss is noted for the line that says what it
+/// means on other hardware ([`targets::MISS_NOTE`]).
 pub fn verdict(met: bool) -> &'static str {
     if met {
         "met"
     } else {
+        targets::missed();
         "not met"
     }
 }
