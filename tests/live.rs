@@ -120,6 +120,31 @@ fn top_shows_each_node_and_its_rates() {
 }
 
 #[test]
+fn top_marks_the_numa_columns_under_coarse_and_counts_pages_apart_from_allocations() {
+    let dir = test_dir("top-coarse");
+    let z = published(&dir);
+    let pid = std::process::id().to_string();
+    let column = |frame: &str, name: &str| {
+        let mut lines = frame.lines().skip_while(|l| !l.starts_with("NODE"));
+        let at = lines.next().unwrap().split_whitespace().position(|h| h == name).unwrap();
+        lines.next().unwrap().split_whitespace().nth(at).unwrap().to_string()
+    };
+    for (mode, counted) in [("strict", true), ("coarse", false)] {
+        z.sysctl_set("numa_stats_mode", mode).unwrap();
+        let out = ok(&zonal(&dir, &["--pid", &pid, "top", "--count", "2", "--interval", "0.1"]));
+        let second = out.rsplit("zonal top:").next().unwrap();
+        assert!(second.contains(&format!("numa_stats_mode {mode}")), "{second}");
+        assert!(column(second, "USED/s").parse::<f64>().is_ok(), "pages in use, in every mode: {second}");
+        let allocs = column(second, "ALLOCS/s");
+        assert_eq!(allocs.parse::<f64>().is_ok(), counted, "{mode}: {second}");
+        assert_eq!(allocs == "-", !counted, "{mode}: {second}");
+        assert_eq!(second.contains("-: numa_stats_mode is coarse"), !counted, "{mode}: {second}");
+    }
+    drop(z);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn the_exporter_serves_every_handle_to_a_prometheus_scrape() {
     let dir = test_dir("exporter");
     let a = published(&dir);
