@@ -20,10 +20,25 @@ pub fn target(dir: &Path, pid: i32, handle: Option<u64>) -> Result<Published, St
 }
 
 /// Sends one request and returns the reply body; the whole exchange takes at most
-/// [`TIMEOUT`], whatever the process does (stopped, its queue full).
+/// [`TIMEOUT`], whatever the process does (stopped, its queue full). A request that failed
+/// only when its time ran out failed because the process did not answer, which is what the
+/// error says, whichever step was waiting (the connection's accept, the reply, an `EAGAIN`
+/// from a socket timeout).
 pub fn ask(p: &Published, line: &str) -> Result<String, String> {
-    p.request(line, TIMEOUT).map_err(|e| format!("process {} handle {}: {e}", p.pid, p.handle))
+    let start = Instant::now();
+    p.request(line, TIMEOUT).map_err(|e| {
+        if start.elapsed() + TICK_SLACK >= TIMEOUT {
+            format!("process {} did not answer within {} s (stopped, or busy)", p.pid, TIMEOUT.as_secs())
+        } else {
+            format!("process {} handle {}: {e}", p.pid, p.handle)
+        }
+    })
 }
+
+/// How early a socket timeout may end before its deadline: the kernel counts it in ticks
+/// (`sock_set_timeout` rounds up, but the first tick may be nearly over when the wait
+/// starts), so one tick, 10 ms at the lowest HZ, with room to spare.
+const TICK_SLACK: Duration = Duration::from_millis(100);
 
 /// Where a listed handle's pid comes from, for `ps --json`.
 fn pid_source(p: &Published) -> &'static str {
@@ -105,6 +120,9 @@ struct Sample {
     at: Instant,
     nodes: Vec<NodeSample>,
     counters: std::collections::BTreeMap<String, u64>,
+    /// The handle's `numa_stats_mode` when the sample was taken (`None` from a server that
+    /// does not say).
+    numa_mode: Option<String>,
 }
 
 struct NodeSample {
@@ -142,7 +160,8 @@ fn sample(p: &Published) -> Result<Sample, String> {
             numa: map(n.get("numa")),
         })
         .collect();
-    Ok(Sample { at, nodes, counters: map(v.get("counters")) })
+    let numa_mode = v.get("numa_stats_mode").and_then(serde_json::Value::as_str).map(str::to_string);
+    Ok(Sample { at, nodes, counters: map(v.get("counters")), numa_mode })
 }
 
 /// Per second from two counter readings.
@@ -160,6 +179,22 @@ fn fmt_rate(r: f64) -> String {
     }
 }
 
+/// A rate that may be negative, signed unless it is 0.
+fn fmt_signed_rate(r: f64) -> String {
+    match fmt_rate(r.abs()) {
+        s if s == "0" => s,
+        s if r < 0.0 => format!("-{s}"),
+        s => format!("+{s}"),
+    }
+}
+
+/// Whether the NUMA counters count in a sample's mode: `coarse` keeps none (seed 001: not
+/// updated, and zeroed when it is set), so a rate taken from them would read 0 for any load.
+/// (`auto` counts from the first read, and every sample reads them.)
+fn numa_counted(s: &Sample) -> bool {
+    s.numa_mode.as_deref() != Some("coarse")
+}
+
 /// The counters of the NUMA balancing layer `top` shows rates of, when the handle has them.
 const BALANCING: &[(&str, &str)] = &[
     ("numa_hint_faults", "hint faults"),
@@ -170,8 +205,18 @@ const BALANCING: &[(&str, &str)] = &[
 ];
 
 /// One frame of `zonal top`: per node its pages and the rates since `prev`.
+///
+/// Per node, what is in pages comes from the zone counters, kept in every mode: the pages
+/// managed, free, on per-CPU lists, the headroom over the high watermark, and USED/s, the
+/// change per second in the pages in use (allocated less freed). How many allocations a node
+/// served comes from its NUMA counters, which count an allocation once whatever its order
+/// (a bulk call once per page), as Linux's do: ALLOCS/s is allocations, not pages, and with
+/// HIT/s to LOCAL% it is `-` under `numa_stats_mode=coarse`, which keeps no NUMA counters.
+/// Pages allocated and freed per node are counted nowhere (the allocation and free paths
+/// count them for the whole handle only), so the pages are in the all-nodes line.
 fn frame(p: &Published, now: &Sample, prev: Option<&Sample>, interval: Duration) -> String {
     let secs = prev.map(|o| now.at.duration_since(o.at).as_secs_f64());
+    let numa = numa_counted(now) && prev.is_none_or(numa_counted);
     let mut rows = vec![[
         "NODE",
         "MANAGED",
@@ -179,8 +224,8 @@ fn frame(p: &Published, now: &Sample, prev: Option<&Sample>, interval: Duration)
         "PCP",
         "USED%",
         "FREE-HIGH",
-        "ALLOC/s",
-        "FREE/s",
+        "USED/s",
+        "ALLOCS/s",
         "HIT/s",
         "MISS/s",
         "FOREIGN/s",
@@ -188,58 +233,66 @@ fn frame(p: &Published, now: &Sample, prev: Option<&Sample>, interval: Duration)
     ]
     .map(String::from)
     .to_vec()];
+    let used = |s: &NodeSample| s.managed.saturating_sub(s.free + s.pcp);
     for n in &now.nodes {
-        let allocs = |s: &NodeSample| {
-            s.numa.get("numa_hit").copied().unwrap_or(0) + s.numa.get("numa_miss").copied().unwrap_or(0)
-        };
-        let used = n.managed.saturating_sub(n.free + n.pcp);
         let old = prev.and_then(|o| o.nodes.iter().find(|x| x.node == n.node));
-        let rates = match (old, secs) {
+        let mut rates: Vec<String> = match (old, secs) {
             (Some(o), Some(dt)) => {
-                let a = rate(allocs(n), allocs(o), dt);
-                // Frames that left the node's allocated set: allocations minus its growth.
-                let used_before = o.managed.saturating_sub(o.free + o.pcp);
-                let f = (a - (used as f64 - used_before as f64) / dt.max(1e-9)).max(0.0);
                 let g = |k: &str| rate(n.numa.get(k).copied().unwrap_or(0), o.numa.get(k).copied().unwrap_or(0), dt);
                 let (local, other) = (g("local_node"), g("other_node"));
                 let local_pct =
                     if local + other > 0.0 { format!("{:.0}", 100.0 * local / (local + other)) } else { "-".into() };
-                [
-                    fmt_rate(a),
-                    fmt_rate(f),
+                vec![
+                    fmt_signed_rate((used(n) as f64 - used(o) as f64) / dt.max(1e-9)),
+                    fmt_rate(g("numa_hit") + g("numa_miss")),
                     fmt_rate(g("numa_hit")),
                     fmt_rate(g("numa_miss")),
                     fmt_rate(g("numa_foreign")),
                     local_pct,
                 ]
             }
-            _ => std::array::from_fn(|_| "-".to_string()),
+            _ => vec!["-".to_string(); 6],
         };
+        if !numa {
+            rates[1..].fill("-".to_string());
+        }
         let mut row = vec![
             n.node.to_string(),
             n.managed.to_string(),
             n.free.to_string(),
             n.pcp.to_string(),
-            format!("{:.1}", 100.0 * used as f64 / n.managed.max(1) as f64),
+            format!("{:.1}", 100.0 * used(n) as f64 / n.managed.max(1) as f64),
             (n.free as i64 - n.high as i64).to_string(),
         ];
         row.extend(rates);
         rows.push(row);
     }
-    let mut out = format!(
-        "zonal top: pid {} handle {}, every {:.1} s; pages of 4 KiB; FREE-HIGH: free pages above the high watermark \
-         (below 0: under it{}).\n\n",
-        p.pid,
-        p.handle,
-        interval.as_secs_f64(),
-        now.nodes.iter().map(|n| format!(", node {} low {}", n.node, n.low)).collect::<String>()
-    );
+    let mode = now.numa_mode.as_deref().map(|m| format!("; numa_stats_mode {m}")).unwrap_or_default();
+    let mut out =
+        format!("zonal top: pid {} handle {}, every {:.1} s{mode}\n\n", p.pid, p.handle, interval.as_secs_f64());
     out.push_str(&table(&rows));
+    out.push_str(&format!(
+        "\nMANAGED to FREE-HIGH and USED/s in pages of 4 KiB. FREE-HIGH: free pages above the high watermark \
+         (below 0: under it{}). USED/s: the change per second in the node's pages in use.\n\
+         ALLOCS/s: allocations the node served per second, from the NUMA counters, which count an allocation \
+         once whatever its order (a bulk call once per page); HIT/s to LOCAL% from the same counters.\n",
+        now.nodes.iter().map(|n| format!("; node {} low {}", n.node, n.low)).collect::<String>()
+    ));
+    if prev.is_none() {
+        out.push_str("-: a rate needs two samples; the next frame has them.\n");
+    } else if !numa {
+        out.push_str(&format!(
+            "-: numa_stats_mode is coarse, which keeps no NUMA counters (`zonal --pid {} sysctl \
+             numa_stats_mode=auto` counts them again).\n",
+            p.pid
+        ));
+    }
     let c = |s: &Sample, k: &str| s.counters.get(k).copied();
     if let (Some(o), Some(dt)) = (prev, secs) {
         let ev = |k: &str| c(now, k).map(|v| fmt_rate(rate(v, c(o, k).unwrap_or(0), dt)));
         out.push_str(&format!(
-            "\nall nodes: pgalloc/s {}  pgfree/s {}  refills/s {}  drains/s {}  failed/s {}\n",
+            "\nall nodes: pgalloc/s {}  pgfree/s {}  refills/s {}  drains/s {}  failed/s {}\n\
+             (pgalloc and pgfree in pages; refills and drains of per-CPU lists, and failed allocations, in calls)\n",
             ev("pgalloc_normal").unwrap_or_default(),
             ev("pgfree").unwrap_or_default(),
             ev("pcp_refill").unwrap_or_default(),
@@ -274,5 +327,74 @@ pub fn top(p: &Published, interval: Duration, count: u64) -> Result<(), String> 
         }
         prev = Some(now);
         std::thread::sleep(interval);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sample of one node of 1000 pages, `used` of them in use, with these NUMA counts.
+    fn sample(at: Instant, mode: &str, used: u64, hit: u64, miss: u64) -> Sample {
+        let numa = [("numa_hit", hit), ("numa_miss", miss), ("numa_foreign", 0), ("local_node", hit + miss)]
+            .map(|(k, v)| (k.to_string(), v))
+            .into_iter()
+            .collect();
+        let node = NodeSample { node: 0, managed: 1000, free: 1000 - used - 10, pcp: 10, low: 20, high: 30, numa };
+        let counters = [("pgalloc_normal", 8 * (hit + miss)), ("pgfree", 0)].map(|(k, v)| (k.to_string(), v)).into();
+        Sample { at, nodes: vec![node], counters, numa_mode: Some(mode.to_string()) }
+    }
+
+    fn published() -> Published {
+        Published { pid: 4242, handle: 1, path: PathBuf::from("/nonexistent"), probe: live::Probe::Accepted }
+    }
+
+    /// The cells of node 0's row, by column name.
+    fn row(frame: &str) -> std::collections::BTreeMap<String, String> {
+        let mut lines = frame.lines().skip_while(|l| !l.starts_with("NODE"));
+        let head: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+        let cells: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+        head.iter().map(|h| h.to_string()).zip(cells.iter().map(|c| c.to_string())).collect()
+    }
+
+    #[test]
+    fn a_nodes_pages_are_pages_and_its_allocations_are_allocations() {
+        // One second in which 10 order-3 blocks were allocated from node 0: 80 pages more in
+        // use, 10 allocations by its NUMA counters, 80 pages by pgalloc.
+        let t0 = Instant::now();
+        let (before, after) = (sample(t0, "auto", 100, 5, 0), sample(t0 + Duration::from_secs(1), "auto", 180, 15, 0));
+        let f = frame(&published(), &after, Some(&before), Duration::from_secs(1));
+        let r = row(&f);
+        assert_eq!((r["USED/s"].as_str(), r["ALLOCS/s"].as_str(), r["HIT/s"].as_str()), ("+80", "10", "10"), "{f}");
+        assert_eq!((r["FREE"].as_str(), r["FREE-HIGH"].as_str(), r["LOCAL%"].as_str()), ("810", "780", "100"), "{f}");
+        assert!(f.contains("all nodes: pgalloc/s 80 "), "{f}");
+        assert!(f.contains("in pages of 4 KiB") && f.contains("once whatever its order"), "{f}");
+        assert!(!f.contains("numa_stats_mode is coarse"), "{f}");
+        // Pages freed: the count in use goes down.
+        let later = sample(t0 + Duration::from_secs(2), "auto", 130, 15, 0);
+        assert_eq!(row(&frame(&published(), &later, Some(&after), Duration::from_secs(1)))["USED/s"], "-50");
+    }
+
+    #[test]
+    fn under_coarse_the_numa_columns_say_they_cannot_be_computed() {
+        let t0 = Instant::now();
+        // Coarse keeps no NUMA counters: they read 0 whatever the load.
+        let (before, after) =
+            (sample(t0, "coarse", 100, 0, 0), sample(t0 + Duration::from_secs(1), "coarse", 180, 0, 0));
+        let f = frame(&published(), &after, Some(&before), Duration::from_secs(1));
+        let r = row(&f);
+        assert_eq!(r["USED/s"], "+80", "{f}");
+        for c in ["ALLOCS/s", "HIT/s", "MISS/s", "FOREIGN/s", "LOCAL%"] {
+            assert_eq!(r[c], "-", "{c}: {f}");
+        }
+        assert!(f.contains("-: numa_stats_mode is coarse, which keeps no NUMA counters"), "{f}");
+        assert!(f.contains("zonal --pid 4242 sysctl numa_stats_mode=auto"), "{f}");
+        // A switch from coarse between the two samples: the counters started again at 0.
+        let strict = sample(t0 + Duration::from_secs(2), "strict", 180, 7, 0);
+        assert_eq!(row(&frame(&published(), &strict, Some(&after), Duration::from_secs(1)))["ALLOCS/s"], "-");
+        // The first frame has no rates, and says why.
+        let first = frame(&published(), &before, None, Duration::from_secs(1));
+        assert_eq!(row(&first)["USED/s"], "-");
+        assert!(first.contains("-: a rate needs two samples"), "{first}");
     }
 }

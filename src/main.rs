@@ -5,7 +5,8 @@ mod exporter;
 mod live;
 mod workload;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
+use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::Duration;
 use workload::Workload;
@@ -21,69 +22,117 @@ const DEFAULT_TOPOLOGY: &str = include_str!("../topologies/default.topo");
     about = "A NUMA-aware page-frame allocator for user space: benchmarks and reports",
     long_about = "A NUMA-aware page-frame allocator for user space, built on the design of the Linux page \
                   allocator. Every command builds an allocator on a topology (by default an embedded fake \
-                  one of two 64 MiB nodes) and reports on it or measures it."
+                  one of two 64 MiB nodes) and reports on it or measures it, or reads the handle a running \
+                  process published. `zonal COMMAND --help` lists the options of each.",
+    after_help = "A command's options may also come before its name, as in \
+                  `zonal --topology nodes=4,size=256M zoneinfo` or `zonal --pid 4242 top`.\n\n\
+                  Errors go to stderr and start with `zonal: error:`. Exit status: 0 on success; 2 when \
+                  the command line cannot be parsed (an unknown command or option, an option of another \
+                  command, a missing or malformed value); 1 for any other error; 130 when `bench` was \
+                  interrupted (SIGINT: it writes the experiments that finished to --json and --plot first)."
 )]
 struct Cli {
-    /// Topology: a spec such as `nodes=4,size=256M` (keys nodes, size, sizes, cpus,
-    /// distance), `sys` for this machine's real nodes, or a file of such items, one per line.
-    /// Default: two fake nodes of 64 MiB.
-    #[arg(long, global = true, value_name = "SPEC|FILE")]
-    topology: Option<String>,
-
-    /// Largest block order (MAX_ORDER), 0 to 15.
-    #[arg(long, global = true, default_value_t = zonal::types::DEFAULT_MAX_ORDER.to_string(), value_name = "N")]
-    max_order: String,
-
-    /// Fault every frame in when the allocator starts (MADV_POPULATE_WRITE).
-    #[arg(long, global = true)]
-    populate: bool,
-
-    /// Lock the allocator's memory (mlock).
-    #[arg(long, global = true)]
-    mlock: bool,
-
-    /// Ask for transparent huge pages on the allocator's memory (MADV_HUGEPAGE).
-    #[arg(long, global = true)]
-    thp: bool,
-
-    /// Set a tunable before the command runs (repeatable): NAME=VALUE, as `zonal sysctl`.
-    #[arg(long = "set", global = true, value_name = "NAME=VALUE")]
-    set: Vec<String>,
-
-    /// Run the report (topology, zoneinfo, numastat, vmstat, buddyinfo), `sysctl` or `top`
-    /// against the handle a running process published, instead of an allocator of this
-    /// command's own (see `zonal ps`).
-    #[arg(long, global = true, value_name = "PID")]
-    pid: Option<i32>,
-
-    /// With --pid: which of the process's published handles (needed when it has several).
-    #[arg(long, global = true, value_name = "H", requires = "pid")]
-    handle: Option<u64>,
-
-    /// The directory of published handles. Default: $ZONAL_RUNTIME_DIR, else
-    /// $XDG_RUNTIME_DIR/zonal, else zonal-<uid> under the temporary directory.
-    #[arg(long = "dir", global = true, value_name = "DIR")]
-    runtime_dir: Option<std::path::PathBuf>,
-
     #[command(subcommand)]
     command: Command,
 }
 
+/// The allocator a command builds for itself, and its tunables.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Allocator options")]
+struct AllocArgs {
+    /// Topology: a spec such as `nodes=4,size=256M` (keys nodes, size, sizes, cpus,
+    /// distance), `sys` for this machine's real nodes, or a file of such items, one per line.
+    /// Default: two fake nodes of 64 MiB.
+    #[arg(long, value_name = "SPEC|FILE")]
+    topology: Option<String>,
+
+    /// Largest block order (MAX_ORDER), 0 to 15.
+    #[arg(long, default_value_t = zonal::types::DEFAULT_MAX_ORDER.to_string(), value_name = "N")]
+    max_order: String,
+
+    /// Fault every frame in when the allocator starts (MADV_POPULATE_WRITE).
+    #[arg(long)]
+    populate: bool,
+
+    /// Lock the allocator's memory (mlock).
+    #[arg(long)]
+    mlock: bool,
+
+    /// Ask for transparent huge pages on the allocator's memory (MADV_HUGEPAGE).
+    #[arg(long)]
+    thp: bool,
+
+    /// Set a tunable before the command runs (repeatable): NAME=VALUE, as `zonal sysctl`.
+    #[arg(long = "set", value_name = "NAME=VALUE")]
+    set: Vec<String>,
+}
+
+/// The directory of published handles.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Published handles")]
+struct DirArg {
+    /// The directory of published handles, where ZONAL_PUBLISH=1 publishes too. Default:
+    /// $ZONAL_RUNTIME_DIR, else $XDG_RUNTIME_DIR/zonal, else zonal-<uid> under the temporary
+    /// directory.
+    #[arg(long = "dir", value_name = "DIR")]
+    runtime_dir: Option<std::path::PathBuf>,
+}
+
+/// A running process's handle, read instead of an allocator of the command's own.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Published handles")]
+struct LiveArgs {
+    /// Read (or tune) the handle a running process published instead of building an
+    /// allocator of this command's own (`zonal ps` lists them).
+    #[arg(long, value_name = "PID")]
+    pid: Option<i32>,
+
+    /// With --pid: which of the process's published handles (needed when it has several).
+    #[arg(long, value_name = "H", requires = "pid")]
+    handle: Option<u64>,
+
+    #[command(flatten)]
+    dir: DirArg,
+}
+
+/// `top`'s process: --pid is required.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Published handles")]
+struct TopTarget {
+    /// The process whose published handle to watch (`zonal ps` lists them).
+    #[arg(long, value_name = "PID")]
+    pid: i32,
+
+    /// Which of the process's published handles (needed when it has several).
+    #[arg(long, value_name = "H")]
+    handle: Option<u64>,
+
+    #[command(flatten)]
+    dir: DirArg,
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Print the topology: nodes, their memory and CPUs, the distance matrix, and each node's
-    /// zonelist (the order in which an allocation from that node tries the nodes).
+    /// Print the topology: nodes, their memory and CPUs, distances and zonelists
+    ///
+    /// Each node's zonelist is the order in which an allocation from that node tries the
+    /// nodes.
     Topology {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        alloc: AllocArgs,
+        #[command(flatten)]
+        live: LiveArgs,
     },
-    /// Print every zone in the layout of Linux's /proc/zoneinfo (pages free, watermarks
-    /// min/low/high, spanned/present/managed, the zone counters, then the NUMA counters, then
-    /// each CPU's pageset: count, high, batch and vm stats threshold). In the default
-    /// numa_stats_mode `auto` the NUMA counters start counting at their first read, so a
-    /// `--workload` run before the first report leaves them at zero (seed 001); add
-    /// `--set numa_stats_mode=strict` to count it.
+    /// Print every zone in the layout of Linux's /proc/zoneinfo
+    ///
+    /// Pages free, watermarks min/low/high, spanned/present/managed, the zone counters, then
+    /// the NUMA counters, then each CPU's pageset: count, high, batch and vm stats threshold.
+    /// In the default numa_stats_mode `auto` the NUMA counters start counting at their first
+    /// read, so a `--workload` run before the first report leaves them at zero (seed 001);
+    /// add `--set numa_stats_mode=strict` to count it.
     Zoneinfo {
         /// Run a synthetic workload first: allocs=N,orders=A-B,policy=P,free=PCT,seed=S,
         /// each key at most once. Defaults: allocs=1000, orders=0-0, policy=local, free=50
@@ -95,13 +144,19 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        alloc: AllocArgs,
+        #[command(flatten)]
+        live: LiveArgs,
     },
-    /// Print the NUMA counters (numa_hit, numa_miss, numa_foreign, interleave_hit,
-    /// local_node, other_node) per node, as the `numastat` command does, or for one node in
-    /// the layout of /sys/devices/system/node/nodeN/numastat. In the default
-    /// numa_stats_mode `auto`, counting starts at the first read of the counters (any report),
-    /// so after `--workload` alone they are still zero: add `--set numa_stats_mode=strict` to
-    /// count the workload (seed 001).
+    /// Print the NUMA counters per node, as the `numastat` command does
+    ///
+    /// The counters are numa_hit, numa_miss, numa_foreign, interleave_hit, local_node and
+    /// other_node; with --node, one node's in the layout of
+    /// /sys/devices/system/node/nodeN/numastat. In the default numa_stats_mode `auto`,
+    /// counting starts at the first read of the counters (any report), so after `--workload`
+    /// alone they are still zero: add `--set numa_stats_mode=strict` to count the workload
+    /// (seed 001).
     Numastat {
         /// One node only, in the nodeN/numastat layout.
         #[arg(long, value_name = "N")]
@@ -113,13 +168,18 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        alloc: AllocArgs,
+        #[command(flatten)]
+        live: LiveArgs,
     },
-    /// Print every counter in the layout of Linux's /proc/vmstat (the zone counters summed
-    /// over zones, the NUMA counters, the events), as JSON, or as Prometheus text exposition
-    /// with the zone figures too (`zonal_vmstat_*`, `zonal_zoneinfo_*{node,zone}`, named as
-    /// node_exporter's vmstat and zoneinfo collectors name theirs). In the default
-    /// numa_stats_mode `auto` the NUMA counters start counting at their first read, so a
-    /// `--workload` run before it leaves them at zero (seed 001); add
+    /// Print every counter in the layout of Linux's /proc/vmstat, as JSON, or for Prometheus
+    ///
+    /// The zone counters summed over zones, the NUMA counters and the events. The Prometheus
+    /// text exposition has the zone figures too (`zonal_vmstat_*`,
+    /// `zonal_zoneinfo_*{node,zone}`, named as node_exporter's vmstat and zoneinfo collectors
+    /// name theirs). In the default numa_stats_mode `auto` the NUMA counters start counting at
+    /// their first read, so a `--workload` run before it leaves them at zero (seed 001); add
     /// `--set numa_stats_mode=strict` to count it.
     Vmstat {
         /// Run a synthetic workload first: allocs=N,orders=A-B,policy=P,free=PCT,seed=S
@@ -132,8 +192,12 @@ enum Command {
         /// Print the Prometheus text exposition of every counter and zone figure.
         #[arg(long)]
         prometheus: bool,
+        #[command(flatten)]
+        alloc: AllocArgs,
+        #[command(flatten)]
+        live: LiveArgs,
     },
-    /// Print free blocks per order per zone in the layout of Linux's /proc/buddyinfo.
+    /// Print free blocks per order per zone in the layout of Linux's /proc/buddyinfo
     Buddyinfo {
         /// Run a synthetic workload first: allocs=N,orders=A-B,policy=P,free=PCT,seed=S
         /// (defaults and policies: see `zonal zoneinfo --help`).
@@ -142,14 +206,19 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        alloc: AllocArgs,
+        #[command(flatten)]
+        live: LiveArgs,
     },
-    /// Show or set run-time tunables, like sysctl: `-a` lists every one, NAME prints one,
-    /// NAME=VALUE sets it (rejected with the old value kept if invalid) and prints it.
-    /// A setting lasts as long as the allocator it is made on: without --pid that is this
-    /// command's own, so it ends with the command (use --set NAME=VALUE with another
-    /// command, or ZONAL_<NAME> in the environment of a program, to keep one); with --pid it
-    /// changes the running process's handle. Tunables are also read from ZONAL_<NAME> when
-    /// an allocator is built.
+    /// Show or set run-time tunables, like sysctl
+    ///
+    /// `-a` lists every one, NAME prints one, NAME=VALUE sets it (rejected with the old value
+    /// kept if invalid) and prints it. A setting lasts as long as the allocator it is made on:
+    /// without --pid that is this command's own, so it ends with the command (use --set
+    /// NAME=VALUE with another command, or ZONAL_<NAME> in the environment of a program, to
+    /// keep one); with --pid it changes the running process's handle. Tunables are also read
+    /// from ZONAL_<NAME> when an allocator is built.
     Sysctl {
         /// NAME or NAME=VALUE.
         #[arg(value_name = "NAME[=VALUE]")]
@@ -163,20 +232,29 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        alloc: AllocArgs,
+        #[command(flatten)]
+        live: LiveArgs,
     },
-    /// List the published handles of this user's processes (a handle is published with
-    /// ZONAL_PUBLISH=1, the config key publish=1, Zonal::publish or zonal_publish): pid,
-    /// handle, command, nodes, CPUs, requests served and socket. Sockets of processes that
-    /// died are removed.
+    /// List the published handles of this user's processes
+    ///
+    /// A handle is published with ZONAL_PUBLISH=1, the config key publish=1, Zonal::publish
+    /// or zonal_publish. Each row gives pid, handle, command, nodes, CPUs, requests served and
+    /// socket. Sockets of processes that died are removed.
     Ps {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        dir: DirArg,
     },
-    /// A refreshing per-node view of a running process's handle (--pid): pages managed, free
-    /// and on per-CPU lists, watermark headroom, allocation and free rates, NUMA hit, miss
-    /// and foreign rates and the local share, the event rates, and NUMA balancing's rates
-    /// when the process balances regions.
+    /// Watch a running process's handle, node by node, refreshing
+    ///
+    /// Per node: pages managed, free and on per-CPU lists, watermark headroom, the change in
+    /// pages used, the allocation rate and the NUMA hit, miss and foreign rates and the local
+    /// share; for the whole handle the event rates, and NUMA balancing's rates when the
+    /// process balances regions.
     Top {
         /// Seconds between frames (0.05 to 3600).
         #[arg(long, default_value_t = 1.0, value_name = "SECS")]
@@ -184,76 +262,88 @@ enum Command {
         /// Frames to show, then exit (0: until interrupted).
         #[arg(long, default_value_t = 0, value_name = "N")]
         count: u64,
+        #[command(flatten)]
+        target: TopTarget,
     },
-    /// Serve the Prometheus text exposition of every published handle of this user at
-    /// http://ADDR/metrics, with `pid` and `handle` labels (names as `vmstat --prometheus`)
-    /// and `zonal_up{pid,handle}` for whether each answered. Prints the address it serves
-    /// on first (port 0 picks a free port).
+    /// Serve the counters of every published handle of this user to Prometheus
+    ///
+    /// The text exposition is served at http://ADDR/metrics, with `pid` and `handle` labels
+    /// (names as `vmstat --prometheus`) and `zonal_up{pid,handle}` for whether each answered.
+    /// Prints the address it serves on first (port 0 picks a free port).
     Exporter {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:9835", value_name = "ADDR")]
         listen: String,
+        #[command(flatten)]
+        dir: DirArg,
     },
-    /// Run benchmark experiments (all of them when none is named) and print each as a table
-    /// of ns per operation (median, min – max over repetitions) and ratios to the reference
-    /// peer measured in the same repetitions. Experiments: single (one thread, order-0
-    /// alloc + free pairs, page_bench01, beside snmalloc, tcmalloc, mimalloc, jemalloc, glibc,
-    /// the kernel and an ideal per-thread stack), parallel (T threads, page_bench03), bulk
-    /// (N pages per call, page_bench04_bulk), cross (allocated on one CPU, freed on another),
-    /// mixed (every CPU on one zone, each thread keeping 4096 frames and freeing half of them
-    /// itself, handing half to the next CPU's thread),
-    /// threshold (seed 000's NUMA counter threshold), modes (seed 001's numa_stats_mode),
-    /// stats (seed 002: shared against per-CPU NUMA counters, per-page against batched bulk
-    /// accounting), zlc (seed 003: the zonelist cache on 8 and 28 fake nodes), numab (seed 004:
-    /// NUMA balancing moving a region to its threads' node, delayed against eager mapping on
-    /// the userfaultfd and mprotect backends; one run's length from ZONAL_NUMAB_SECONDS,
-    /// default 1.3, and an optional busy-wait per remote access from
-    /// ZONAL_NUMAB_REMOTE_PENALTY_NS).
-    Bench {
-        /// Experiments to run (default: all).
-        #[arg(value_name = "EXPERIMENT")]
-        experiments: Vec<String>,
-        /// Repetitions of every cell (1 to 1000).
-        #[arg(long, default_value_t = 9,
-              value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
-        reps: usize,
-        /// Milliseconds per cell per repetition (1 to 60000).
-        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=60_000))]
-        cell_ms: u64,
-        /// Write one JSON record per measured cell to FILE; `-` writes them to stdout, and the
-        /// report then goes to stderr. A record has experiment, subject, params, ns_per_op
-        /// (median, min, max), reference, ratio_to_reference, reps and process: `main`, or
-        /// `tcmalloc-child` for the child process that measures tcmalloc on its rseq per-CPU
-        /// caches beside a mimalloc of its own, or `alone` for the runs of the history target
-        /// (each experiment again in a fresh process), or `after-cross` for its run of parallel
-        /// right after cross. FILE is checked writable before the run.
-        #[arg(long, value_name = "FILE")]
-        json: Option<String>,
-        /// Write one SVG per experiment that ran into DIR (DIR/single.svg, DIR/bulk.svg, ...),
-        /// drawn from the same records as --json: medians with min–max whiskers, numab's
-        /// accesses/s and TLB shootdowns over time. DIR is created if missing (its parent must
-        /// exist) and checked writable before the run; the paths written are printed on stderr.
-        #[arg(long, value_name = "DIR")]
-        plot: Option<std::path::PathBuf>,
-        /// No progress on stderr.
-        #[arg(long)]
-        quiet: bool,
-        /// Measure only the subjects whose names start with one of these (comma-separated),
-        /// and mimalloc, the reference; the experiments without them print nothing. A name
-        /// that starts no subject of the chosen experiments is refused with the list of them;
-        /// threshold, modes, stats, zlc and numab measure zonal alone and run when `zonal pcp`
-        /// is kept.
-        #[arg(long, value_delimiter = ',', value_name = "NAMES")]
-        only: Vec<String>,
-        /// Internal: this run is the tcmalloc child of a bench run, whose experiments it
-        /// numbers from DONE + 1 of TOTAL; its records are marked `tcmalloc-child`.
-        #[arg(long, hide = true, value_name = "DONE/TOTAL")]
-        tcmalloc_child: Option<String>,
-        /// Internal: stop before each repetition until a line arrives on stdin (the tcmalloc
-        /// child, in lockstep with the bench run that started it).
-        #[arg(long, hide = true, requires = "tcmalloc_child")]
-        lockstep: bool,
-    },
+    /// Run the benchmark experiments, zonal beside its peers, and judge the targets
+    ///
+    /// Runs the experiments named (all of them when none is) and prints each as a table of ns
+    /// per operation (median, min – max over repetitions) and ratios to the reference peer
+    /// measured in the same repetitions. Experiments: single (one thread, order-0 alloc + free
+    /// pairs, page_bench01, beside snmalloc, tcmalloc, mimalloc, jemalloc, glibc, the kernel
+    /// and an ideal per-thread stack), parallel (T threads, page_bench03), bulk (N pages per
+    /// call, page_bench04_bulk), cross (allocated on one CPU, freed on another), mixed (every
+    /// CPU on one zone, each thread keeping 4096 frames and freeing half of them itself,
+    /// handing half to the next CPU's thread), threshold (seed 000's NUMA counter threshold),
+    /// modes (seed 001's numa_stats_mode), stats (seed 002: shared against per-CPU NUMA
+    /// counters, per-page against batched bulk accounting), zlc (seed 003: the zonelist cache
+    /// on 8 and 28 fake nodes), numab (seed 004: NUMA balancing moving a region to its
+    /// threads' node, delayed against eager mapping on the userfaultfd and mprotect backends;
+    /// one run's length from ZONAL_NUMAB_SECONDS, default 1.3, and an optional busy-wait per
+    /// remote access from ZONAL_NUMAB_REMOTE_PENALTY_NS).
+    Bench(BenchArgs),
+}
+
+/// `zonal bench`'s options.
+#[derive(Args, Debug)]
+struct BenchArgs {
+    /// Experiments to run (default: all).
+    #[arg(value_name = "EXPERIMENT")]
+    experiments: Vec<String>,
+    /// Repetitions of every cell (1 to 1000).
+    #[arg(long, default_value_t = 9,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
+    reps: usize,
+    /// Milliseconds per cell per repetition (1 to 60000).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    cell_ms: u64,
+    /// Write one JSON record per measured cell to FILE; `-` writes them to stdout, and the
+    /// report then goes to stderr. A record has experiment, subject, params, ns_per_op
+    /// (median, min, max), reference, ratio_to_reference, reps and process: `main`, or
+    /// `tcmalloc-child` for the child process that measures tcmalloc on its rseq per-CPU
+    /// caches beside a mimalloc of its own, or `alone` for the runs of the history target
+    /// (each experiment again in a fresh process), or `after-cross` for its run of parallel
+    /// right after cross. FILE is checked writable before the run.
+    #[arg(long, value_name = "FILE")]
+    json: Option<String>,
+    /// Write one SVG per experiment that ran into DIR (DIR/single.svg, DIR/bulk.svg, ...),
+    /// drawn from the same records as --json: medians with min–max whiskers, numab's
+    /// accesses/s and TLB shootdowns over time. DIR is created if missing (its parent must
+    /// exist) and checked writable before the run; the paths written are printed on stderr.
+    #[arg(long, value_name = "DIR")]
+    plot: Option<std::path::PathBuf>,
+    /// No progress on stderr.
+    #[arg(long)]
+    quiet: bool,
+    /// Measure only the subjects whose names start with one of these (comma-separated),
+    /// and mimalloc, the reference; the experiments without them print nothing. A name
+    /// that starts no subject of the chosen experiments is refused with the list of them;
+    /// threshold, modes, stats, zlc and numab measure zonal alone and run when `zonal pcp`
+    /// is kept.
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    only: Vec<String>,
+    /// Internal: this run is the tcmalloc child of a bench run, whose experiments it
+    /// numbers from DONE + 1 of TOTAL; its records are marked `tcmalloc-child`.
+    #[arg(long, hide = true, value_name = "DONE/TOTAL")]
+    tcmalloc_child: Option<String>,
+    /// Internal: stop before each repetition until a line arrives on stdin (the tcmalloc
+    /// child, in lockstep with the bench run that started it).
+    #[arg(long, hide = true, requires = "tcmalloc_child")]
+    lockstep: bool,
+    #[command(flatten)]
+    alloc: AllocArgs,
 }
 
 fn main() -> ExitCode {
@@ -261,7 +351,10 @@ fn main() -> ExitCode {
     std::panic::set_hook(Box::new(|info| {
         eprintln!("zonal: internal error: {info}");
     }));
-    let cli = Cli::parse();
+    let cli = match parse(std::env::args_os().collect()) {
+        Ok(cli) => cli,
+        Err(e) => return e,
+    };
     // ZONAL_PUBLISH=1 publishes the handle this command builds. It is taken out of the
     // environment here, before any thread starts, because the other allocators a command
     // builds (the bench's, a workload's peers) are built with Zonal::new, which refuses it.
@@ -277,13 +370,112 @@ fn main() -> ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    match publish.map_err(|e| e.to_string()).and_then(|publish| run(cli, publish)) {
-        Ok(()) => ExitCode::SUCCESS,
+    let done = publish.map_err(|e| e.to_string()).and_then(|publish| match &cli.command {
+        Command::Bench(b) => bench(b, publish),
+        command => run(command, publish).map(|()| ExitCode::SUCCESS),
+    });
+    match done {
+        Ok(code) => code,
         Err(msg) => {
             eprintln!("zonal: error: {msg}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Parses the command line; on a usage error, says so and gives the exit status.
+fn parse(args: Vec<OsString>) -> Result<Cli, ExitCode> {
+    let args = hoist(args).map_err(|msg| {
+        eprintln!("zonal: error: {msg}");
+        ExitCode::from(2)
+    })?;
+    Cli::try_parse_from(&args).map_err(|e| {
+        // An option of another command, after this one's name: say where it applies.
+        let misplaced = (e.kind() == clap::error::ErrorKind::UnknownArgument)
+            .then(|| e.get(clap::error::ContextKind::InvalidArg))
+            .flatten()
+            .and_then(|arg| misplaced_option(&args, &arg.to_string()));
+        match misplaced {
+            Some(msg) => {
+                eprintln!("zonal: error: {msg}");
+                ExitCode::from(2)
+            }
+            None => clap_error(&e),
+        }
+    })
+}
+
+/// Prints what clap has to say: help and the version as clap prints them, and a usage
+/// error in zonal's own words' style (`zonal: error: ...`, exit 2), so that a script reads
+/// one prefix whichever part of zonal refused the command line.
+fn clap_error(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let text = e.render().to_string();
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => eprint!("zonal: error: give a command\n\n{text}"),
+        _ => eprint!("zonal: error: {}", text.strip_prefix("error: ").unwrap_or(&text)),
+    }
+    ExitCode::from(2)
+}
+
+/// Every option was global once, so `zonal --pid 4242 top` and `zonal --topology SPEC
+/// zoneinfo` are in scripts and habits. Each command now has only its own options, and
+/// those written before its name are moved after it; one the command does not take is
+/// refused with where it applies. Options are recognised by clap's own definitions: a long
+/// option of some command, with its value when it takes one.
+fn hoist(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
+    let cli = Cli::command();
+    let takes_value = |name: &str| {
+        cli.get_subcommands()
+            .flat_map(|c| c.get_arguments())
+            .find(|a| a.get_long() == Some(name))
+            .map(|a| a.get_action().takes_values())
+    };
+    let mut names = Vec::new();
+    let mut i = 1;
+    while let Some(word) = args.get(i).and_then(|a| a.to_str()) {
+        let Some(long) = word.strip_prefix("--") else { break };
+        let (name, inline) = long.split_once('=').map_or((long, false), |(n, _)| (n, true));
+        let Some(value) = takes_value(name) else { break };
+        names.push(name.to_string());
+        i += if value && !inline { 2 } else { 1 };
+    }
+    let command = args.get(i).and_then(|a| a.to_str()).and_then(|n| cli.find_subcommand(n));
+    let Some(command) = command.filter(|_| !names.is_empty()) else { return Ok(args) };
+    if let Some(name) = names.iter().find(|n| !command.get_arguments().any(|a| a.get_long() == Some(n.as_str()))) {
+        return Err(misplaced(command.get_name(), name));
+    }
+    let mut out = vec![args[0].clone(), args[i].clone()];
+    out.extend(args[1..i].iter().cloned());
+    out.extend(args[i + 1..].iter().cloned());
+    Ok(out)
+}
+
+/// For an option clap found no place for (`--pid`, `--pid=1`): where it applies, when it is
+/// an option of another command than the one on the command line.
+fn misplaced_option(args: &[OsString], arg: &str) -> Option<String> {
+    let cli = Cli::command();
+    let name = arg.strip_prefix("--")?.split('=').next()?;
+    let command = args.iter().skip(1).filter_map(|a| a.to_str()).find_map(|a| cli.find_subcommand(a))?;
+    let elsewhere = cli.get_subcommands().flat_map(|c| c.get_arguments()).any(|a| a.get_long() == Some(name));
+    elsewhere.then(|| misplaced(command.get_name(), name))
+}
+
+/// `--NAME does not apply to COMMAND`, with why where there is more to say than that.
+fn misplaced(command: &str, name: &str) -> String {
+    let why = match (command, name) {
+        ("ps" | "exporter", "pid" | "handle") => ": `ps` and `exporter` cover every published handle",
+        ("bench", "pid" | "handle") => ": bench measures allocators of its own",
+        ("bench", "dir") => ": bench builds a new allocator for every cell and publishes none of them",
+        ("top", _) => ": top watches a running process's handle and builds no allocator",
+        ("ps" | "exporter", _) => ": `ps` and `exporter` read published handles and build no allocator",
+        _ => "",
+    };
+    format!("--{name} does not apply to `{command}`{why}; `zonal {command} --help` lists its options")
 }
 
 /// `--max-order`: 0 to MAX_ORDER_LIMIT, said in words.
@@ -309,10 +501,10 @@ fn topology(arg: Option<&str>) -> Result<Topology, String> {
 }
 
 /// What the command line asks the allocator to be built from.
-fn config(cli: &Cli) -> Result<Config, String> {
-    let topo = topology(cli.topology.as_deref())?;
-    let mut config = Config::new(topo).max_order(parse_max_order(&cli.max_order)?);
-    config.arena = zonal::ArenaOptions { populate: cli.populate, mlock: cli.mlock, thp: cli.thp };
+fn config(a: &AllocArgs) -> Result<Config, String> {
+    let topo = topology(a.topology.as_deref())?;
+    let mut config = Config::new(topo).max_order(parse_max_order(&a.max_order)?);
+    config.arena = zonal::ArenaOptions { populate: a.populate, mlock: a.mlock, thp: a.thp };
     Ok(config)
 }
 
@@ -347,15 +539,15 @@ fn set_tunable(z: &Zonal, item: &str) -> Result<(), String> {
 }
 
 /// The commands that read or tune a running process's handle instead of building one.
-fn run_live(cli: &Cli, pid: i32) -> Result<(), String> {
+fn run_live(command: &Command, alloc: &AllocArgs, target: &LiveArgs, pid: i32) -> Result<(), String> {
     // Options that shape a local allocator mean nothing for a running process's.
     let local = [
-        (cli.topology.is_some(), "--topology"),
-        (cli.max_order != zonal::types::DEFAULT_MAX_ORDER.to_string(), "--max-order"),
-        (cli.populate, "--populate"),
-        (cli.mlock, "--mlock"),
-        (cli.thp, "--thp"),
-        (!cli.set.is_empty(), "--set"),
+        (alloc.topology.is_some(), "--topology"),
+        (alloc.max_order != zonal::types::DEFAULT_MAX_ORDER.to_string(), "--max-order"),
+        (alloc.populate, "--populate"),
+        (alloc.mlock, "--mlock"),
+        (alloc.thp, "--thp"),
+        (!alloc.set.is_empty(), "--set"),
     ];
     if let Some((_, flag)) = local.iter().find(|(on, _)| *on) {
         return Err(format!(
@@ -363,25 +555,25 @@ fn run_live(cli: &Cli, pid: i32) -> Result<(), String> {
              process's handle (tune it with `zonal --pid {pid} sysctl NAME=VALUE`)"
         ));
     }
-    let dir = live::dir(cli.runtime_dir.as_deref());
+    let dir = live::dir(target.dir.runtime_dir.as_deref());
     let no_workload = |w: &Option<String>| match w {
         Some(_) => {
             Err("--workload runs on an allocator of this command's own; it cannot be used with --pid".to_string())
         }
         None => Ok(()),
     };
-    let h = || live::target(&dir, pid, cli.handle);
-    match &cli.command {
-        Command::Topology { json } => out(&live::ask(&h()?, if *json { "topology json" } else { "topology" })?),
-        Command::Zoneinfo { workload, json } => {
+    let h = || live::target(&dir, pid, target.handle);
+    match command {
+        Command::Topology { json, .. } => out(&live::ask(&h()?, if *json { "topology json" } else { "topology" })?),
+        Command::Zoneinfo { workload, json, .. } => {
             no_workload(workload)?;
             out(&live::ask(&h()?, if *json { "zoneinfo json" } else { "zoneinfo" })?)
         }
-        Command::Buddyinfo { workload, json } => {
+        Command::Buddyinfo { workload, json, .. } => {
             no_workload(workload)?;
             out(&live::ask(&h()?, if *json { "buddyinfo json" } else { "buddyinfo" })?)
         }
-        Command::Vmstat { workload, json, prometheus } => {
+        Command::Vmstat { workload, json, prometheus, .. } => {
             no_workload(workload)?;
             let req = if *prometheus {
                 "vmstat prometheus"
@@ -392,7 +584,7 @@ fn run_live(cli: &Cli, pid: i32) -> Result<(), String> {
             };
             out(&live::ask(&h()?, req)?)
         }
-        Command::Numastat { node, workload, json } => {
+        Command::Numastat { node, workload, json, .. } => {
             no_workload(workload)?;
             let mut req = "numastat".to_string();
             if let Some(n) = node {
@@ -403,7 +595,7 @@ fn run_live(cli: &Cli, pid: i32) -> Result<(), String> {
             }
             out(&live::ask(&h()?, &req)?)
         }
-        Command::Sysctl { items, all, doc, json } => {
+        Command::Sysctl { items, all, doc, json, .. } => {
             if *doc {
                 return sysctl_doc(items, *json);
             }
@@ -432,16 +624,9 @@ fn run_live(cli: &Cli, pid: i32) -> Result<(), String> {
             }
             print_sysctl(shown, *json)
         }
-        Command::Top { interval, count } => {
-            if !(0.05..=3600.0).contains(interval) {
-                return Err(format!("--interval {interval}: give 0.05 to 3600 seconds"));
-            }
-            live::top(&h()?, Duration::from_secs_f64(*interval), *count)
+        Command::Top { .. } | Command::Ps { .. } | Command::Exporter { .. } | Command::Bench(_) => {
+            Err("this command takes no --pid; it was dispatched before this point".into())
         }
-        Command::Ps { .. } | Command::Exporter { .. } => {
-            Err("--pid names one process; `ps` and `exporter` cover every published handle".into())
-        }
-        Command::Bench { .. } => Err("bench measures allocators of its own; it cannot be used with --pid".into()),
     }
 }
 
@@ -511,40 +696,41 @@ fn sysctl_doc(items: &[String], json: bool) -> Result<(), String> {
         .collect::<String>())
 }
 
-fn run(cli: Cli, publish: bool) -> Result<(), String> {
-    match &cli.command {
-        Command::Ps { json } if cli.pid.is_none() => {
-            return out(&live::ps(&live::dir(cli.runtime_dir.as_deref()), *json)?)
+fn run(command: &Command, publish: bool) -> Result<(), String> {
+    let (alloc, target) = match command {
+        Command::Ps { json, dir } => return out(&live::ps(&live::dir(dir.runtime_dir.as_deref()), *json)?),
+        Command::Exporter { listen, dir } => return exporter::run(listen, &live::dir(dir.runtime_dir.as_deref())),
+        Command::Top { interval, count, target } => {
+            if !(0.05..=3600.0).contains(interval) {
+                return Err(format!("--interval {interval}: give 0.05 to 3600 seconds"));
+            }
+            let h = live::target(&live::dir(target.dir.runtime_dir.as_deref()), target.pid, target.handle)?;
+            return live::top(&h, Duration::from_secs_f64(*interval), *count);
         }
-        Command::Exporter { listen } if cli.pid.is_none() => {
-            return exporter::run(listen, &live::dir(cli.runtime_dir.as_deref()))
-        }
-        Command::Top { .. } if cli.pid.is_none() => {
-            return Err("top watches a running process: give --pid PID (`zonal ps` lists them)".into())
-        }
-        _ => {}
+        Command::Bench(_) => return Err("bench was dispatched before this point".into()),
+        Command::Topology { alloc, live, .. }
+        | Command::Zoneinfo { alloc, live, .. }
+        | Command::Numastat { alloc, live, .. }
+        | Command::Vmstat { alloc, live, .. }
+        | Command::Buddyinfo { alloc, live, .. }
+        | Command::Sysctl { alloc, live, .. } => (alloc, live),
+    };
+    if let Some(pid) = target.pid {
+        return run_live(command, alloc, target, pid);
     }
-    if let Some(pid) = cli.pid {
-        return run_live(&cli, pid);
-    }
-    if publish && matches!(cli.command, Command::Bench { .. }) {
-        return Err("ZONAL_PUBLISH=1: the bench builds a new allocator for every cell and publishes none of them; \
-                    unset ZONAL_PUBLISH (publish a program of your own to watch it live)"
-            .into());
-    }
-    let config = config(&cli)?;
+    let config = config(alloc)?;
     // Shared, so that it can publish (into --dir when given); it lives until the command's
     // report is printed.
-    let z = std::sync::Arc::new(Zonal::new(config.clone()).map_err(|e| e.to_string())?);
+    let z = std::sync::Arc::new(Zonal::new(config).map_err(|e| e.to_string())?);
     if publish {
-        let opts = zonal::live::PublishOptions { dir: cli.runtime_dir.clone(), ..Default::default() };
+        let opts = zonal::live::PublishOptions { dir: target.dir.runtime_dir.clone(), ..Default::default() };
         z.publish_with(opts).map_err(|e| format!("ZONAL_PUBLISH=1: {e}"))?;
     }
-    for item in &cli.set {
+    for item in &alloc.set {
         set_tunable(&z, item)?;
     }
-    match &cli.command {
-        Command::Sysctl { items, all, doc, json } => {
+    match command {
+        Command::Sysctl { items, all, doc, json, .. } => {
             if *doc {
                 return sysctl_doc(items, *json);
             }
@@ -567,11 +753,11 @@ fn run(cli: Cli, publish: bool) -> Result<(), String> {
             };
             print_sysctl(pairs, *json)?;
         }
-        Command::Topology { json } => out(&if *json { z.topology_json() + "\n" } else { z.topology_text() })?,
-        Command::Ps { .. } | Command::Top { .. } | Command::Exporter { .. } => {
-            return Err("this command reads published handles; it was dispatched before this point".into())
+        Command::Topology { json, .. } => out(&if *json { z.topology_json() + "\n" } else { z.topology_text() })?,
+        Command::Ps { .. } | Command::Top { .. } | Command::Exporter { .. } | Command::Bench(_) => {
+            return Err("this command builds no report of its own; it was dispatched before this point".into())
         }
-        Command::Zoneinfo { workload, json } => {
+        Command::Zoneinfo { workload, json, .. } => {
             with_workload(&z, workload.as_deref())?;
             if *json {
                 println!("{}", z.zone_stats_json());
@@ -579,7 +765,7 @@ fn run(cli: Cli, publish: bool) -> Result<(), String> {
                 print!("{}", z.zoneinfo());
             }
         }
-        Command::Numastat { node, workload, json } => {
+        Command::Numastat { node, workload, json, .. } => {
             with_workload(&z, workload.as_deref())?;
             note_uncounted_numa(&z, workload.is_some());
             match (node, json) {
@@ -597,7 +783,7 @@ fn run(cli: Cli, publish: bool) -> Result<(), String> {
                 (None, false) => print!("{}", z.numastat()),
             }
         }
-        Command::Vmstat { workload, json, prometheus } => {
+        Command::Vmstat { workload, json, prometheus, .. } => {
             with_workload(&z, workload.as_deref())?;
             note_uncounted_numa(&z, workload.is_some());
             if *prometheus {
@@ -608,7 +794,7 @@ fn run(cli: Cli, publish: bool) -> Result<(), String> {
                 print!("{}", z.vmstat());
             }
         }
-        Command::Buddyinfo { workload, json } => {
+        Command::Buddyinfo { workload, json, .. } => {
             with_workload(&z, workload.as_deref())?;
             if *json {
                 println!("{}", z.buddyinfo_json());
@@ -616,110 +802,177 @@ fn run(cli: Cli, publish: bool) -> Result<(), String> {
                 print!("{}", z.buddyinfo());
             }
         }
-        Command::Bench { experiments, reps, cell_ms, json, plot, quiet, only, tcmalloc_child, lockstep } => {
-            let known: Vec<&str> = bench::EXPERIMENTS.iter().map(|(n, _)| *n).collect();
-            let chosen: Vec<&str> = if experiments.is_empty() {
-                known.clone()
-            } else {
-                for e in experiments {
-                    if !known.contains(&e.as_str()) {
-                        let list: Vec<String> = bench::EXPERIMENTS.iter().map(|(n, d)| format!("{n} ({d})")).collect();
-                        return Err(format!("unknown experiment `{e}`; experiments: {}", list.join("; ")));
-                    }
-                }
-                experiments.iter().map(String::as_str).collect()
-            };
-            bench::check_only(&chosen, only)?;
-            let child = tcmalloc_child.as_deref().map(bench::parse_child_steps).transpose()?;
-            // Every output is settled before the run, so that a bad path fails now and not
-            // after minutes of measuring.
-            let json_out = json.as_deref().map(bench::output::JsonOut::open).transpose()?;
-            if let Some(dir) = plot {
-                bench::plot::prepare(dir)?;
-            }
-            let mut opts = bench::BenchOpts {
-                reps: *reps,
-                cell_time: Duration::from_millis(*cell_ms),
-                progress: !quiet,
-                only: only.clone(),
-                config: config.clone(),
-                step: (0, 0),
-                process: if child.is_some() { bench::CHILD_PROCESS } else { bench::MAIN_PROCESS },
-                child: None,
-                gated: *lockstep,
-            };
-            let ours = bench::runnable(&chosen, &opts);
-            let (done, total) = match child {
-                Some(steps) => steps,
-                None => (0, ours.len()),
-            };
-            println!(
-                "zonal bench on {} node(s), {} cpu(s); {} ms per cell; ratios are medians of per-repetition ratios\n",
-                z.topology().nr_nodes(),
-                zonal::cpu::nr_cpus_online(),
-                cell_ms
-            );
-            if child.is_none() {
-                println!("{}\n", bench::GLOSSARY);
-            }
-            println!("{}\n", bench::cpu_identity_note());
-            let mut global = vec!["--max-order".to_string(), cli.max_order.to_string()];
-            if let Some(t) = &cli.topology {
-                global.extend(["--topology".to_string(), t.clone()]);
-            }
-            let (mut records, mut children) = (Vec::new(), Vec::new());
-            for (i, &e) in ours.iter().enumerate() {
-                let step = done + i + 1;
-                opts.step = (step, total);
-                // tcmalloc's per-CPU figures, taken in a child in lockstep with this run of the
-                // experiment (see `start_tcmalloc_child`); none inside a child.
-                let tcmalloc = match child {
-                    Some(_) => None,
-                    None => bench::start_tcmalloc_child(e, &opts, &global, (step - 1, total))?,
-                };
-                opts.child = tcmalloc.as_ref().map(bench::TcmallocChild::handle);
-                records.extend(match e {
-                    "single" => bench::single::run(&z, &opts)?,
-                    "parallel" => bench::parallel::run(&z, &opts)?,
-                    "bulk" => bench::bulk::run(&z, &opts)?,
-                    "cross" => bench::cross::run(&z, &opts)?,
-                    "mixed" => bench::mixed::run(&z, &opts)?,
-                    "threshold" => bench::vmstat_exp::run_threshold(&z, &opts)?,
-                    "modes" => bench::vmstat_exp::run_modes(&z, &opts)?,
-                    "stats" => bench::vmstat_exp::run_stats(&z, &opts)?,
-                    "zlc" => bench::zlc::run(&opts)?,
-                    "numab" => bench::numab::run(&opts)?,
-                    _ => unreachable!("checked against EXPERIMENTS"),
-                });
-                opts.child = None;
-                if let Some(t) = tcmalloc {
-                    children.extend(t.finish()?);
-                }
-            }
-            let mut records = bench::to_json(&records, opts.process)?;
-            records.extend(children);
-            if child.is_none() {
-                // History matters once an experiment ran after another: each then runs alone.
-                if ours.len() >= 2 && opts.keeps(bench::ZONAL_ALONE) {
-                    records.extend(bench::history::run_alone(&ours, &opts, &global)?);
-                }
-                bench::targets::print(&records);
-            }
-            if let Some(out) = json_out {
-                let to = out.write(&records)?;
-                // The child's file is the parent's to read, not the user's.
-                if child.is_none() {
-                    eprintln!("wrote {} records to {to}", records.len());
-                }
-            }
-            if let Some(dir) = plot {
-                // The history's runs alone are for its comparison, not another set of curves.
-                records.retain(|r| !bench::history::is_history(r));
-                for path in bench::plot::write_all(dir, &records)? {
-                    eprintln!("wrote {}", path.display());
-                }
-            }
-        }
     }
     Ok(())
+}
+
+/// `zonal bench`.
+fn bench(b: &BenchArgs, publish: bool) -> Result<ExitCode, String> {
+    if publish {
+        return Err("ZONAL_PUBLISH=1: the bench builds a new allocator for every cell and publishes none of them; \
+                    unset ZONAL_PUBLISH (publish a program of your own to watch it live)"
+            .into());
+    }
+    let BenchArgs { experiments, reps, cell_ms, json, plot, quiet, only, tcmalloc_child, lockstep, alloc } = b;
+    let config = config(alloc)?;
+    let z = Zonal::new(config.clone()).map_err(|e| e.to_string())?;
+    for item in &alloc.set {
+        set_tunable(&z, item)?;
+    }
+    let known: Vec<&str> = bench::EXPERIMENTS.iter().map(|(n, _)| *n).collect();
+    let chosen: Vec<&str> = if experiments.is_empty() {
+        known.clone()
+    } else {
+        for e in experiments {
+            if !known.contains(&e.as_str()) {
+                let list: Vec<String> = bench::EXPERIMENTS.iter().map(|(n, d)| format!("{n} ({d})")).collect();
+                return Err(format!("unknown experiment `{e}`; experiments: {}", list.join("; ")));
+            }
+        }
+        experiments.iter().map(String::as_str).collect()
+    };
+    bench::check_only(&chosen, only)?;
+    let child = tcmalloc_child.as_deref().map(bench::parse_child_steps).transpose()?;
+    // Every output is settled before the run, so that a bad path fails now and not
+    // after minutes of measuring.
+    let json_out = json.as_deref().map(bench::output::JsonOut::open).transpose()?;
+    if let Some(dir) = plot {
+        bench::plot::prepare(dir)?;
+    }
+    let mut opts = bench::BenchOpts {
+        reps: *reps,
+        cell_time: Duration::from_millis(*cell_ms),
+        progress: !quiet,
+        only: only.clone(),
+        config: config.clone(),
+        step: (0, 0),
+        process: if child.is_some() { bench::CHILD_PROCESS } else { bench::MAIN_PROCESS },
+        child: None,
+        gated: *lockstep,
+    };
+    let ours = bench::runnable(&chosen, &opts);
+    let (done, total) = match child {
+        Some(steps) => steps,
+        None => (0, ours.len()),
+    };
+    println!(
+        "zonal bench on {} node(s), {} cpu(s); {} ms per cell; ratios are medians of per-repetition ratios\n",
+        z.topology().nr_nodes(),
+        zonal::cpu::nr_cpus_online(),
+        cell_ms
+    );
+    if child.is_none() {
+        println!("{}\n", bench::GLOSSARY);
+    }
+    println!("{}\n", bench::cpu_identity_note());
+    let mut global = vec!["--max-order".to_string(), alloc.max_order.to_string()];
+    if let Some(t) = &alloc.topology {
+        global.extend(["--topology".to_string(), t.clone()]);
+    }
+    // SIGINT from here on writes what finished and exits 130 (`bench::interrupt`).
+    bench::interrupt::install()?;
+    let (mut records, mut children) = (Vec::new(), Vec::new());
+    // The experiments that finished, and the one SIGINT stopped unfinished.
+    let (mut finished, mut cut): (Vec<&str>, Option<&str>) = (Vec::new(), None);
+    for (i, &e) in ours.iter().enumerate() {
+        if bench::interrupt::interrupted() {
+            break;
+        }
+        let step = done + i + 1;
+        opts.step = (step, total);
+        // tcmalloc's per-CPU figures, taken in a child in lockstep with this run of the
+        // experiment (see `start_tcmalloc_child`); none inside a child.
+        let tcmalloc = match child {
+            Some(_) => None,
+            None => bench::start_tcmalloc_child(e, &opts, &global, (step - 1, total))?,
+        };
+        opts.child = tcmalloc.as_ref().map(bench::TcmallocChild::handle);
+        let measured = match e {
+            "single" => bench::single::run(&z, &opts)?,
+            "parallel" => bench::parallel::run(&z, &opts)?,
+            "bulk" => bench::bulk::run(&z, &opts)?,
+            "cross" => bench::cross::run(&z, &opts)?,
+            "mixed" => bench::mixed::run(&z, &opts)?,
+            "threshold" => bench::vmstat_exp::run_threshold(&z, &opts)?,
+            "modes" => bench::vmstat_exp::run_modes(&z, &opts)?,
+            "stats" => bench::vmstat_exp::run_stats(&z, &opts)?,
+            "zlc" => bench::zlc::run(&opts)?,
+            "numab" => bench::numab::run(&opts)?,
+            _ => unreachable!("checked against EXPERIMENTS"),
+        };
+        opts.child = None;
+        if bench::interrupt::cut_short() {
+            if let Some(t) = tcmalloc {
+                t.abandon();
+            }
+            cut = Some(e);
+            break;
+        }
+        if let Some(t) = tcmalloc {
+            match t.finish() {
+                Ok(r) => children.extend(r),
+                // The child stopped at SIGINT too: a Ctrl-C reaches the whole process group.
+                Err(_) if bench::interrupt::interrupted() => {
+                    cut = Some(e);
+                    break;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        records.extend(measured);
+        finished.push(e);
+        if let Some(out) = &json_out {
+            let mut so_far = bench::to_json(&records, opts.process)?;
+            so_far.extend(children.iter().cloned());
+            out.checkpoint(&so_far)?;
+        }
+    }
+    let mut records = bench::to_json(&records, opts.process)?;
+    records.extend(children);
+    let stopped = bench::interrupt::interrupted();
+    if child.is_none() && !stopped {
+        // History matters once an experiment ran after another: each then runs alone.
+        if ours.len() >= 2 && opts.keeps(bench::ZONAL_ALONE) {
+            records.extend(bench::history::run_alone(&ours, &opts, &global)?);
+        }
+        if !bench::interrupt::interrupted() {
+            bench::targets::print(&records);
+        }
+    }
+    let interrupted = bench::interrupt::interrupted();
+    if interrupted {
+        let targets = if child.is_none() { "; the targets are not judged" } else { "" };
+        let when = match (stopped, finished.last()) {
+            (false, _) => format!(
+                "during the history's runs alone, after all {total} experiments (the runs alone that finished are kept)"
+            ),
+            (true, Some(last)) => format!("after experiment {} of {total} ({last})", done + finished.len()),
+            (true, None) => "before any experiment finished".to_string(),
+        };
+        let unfinished = cut
+            .map(|e| {
+                format!(
+                    "; {e} was stopped unfinished: its tables above are from fewer repetitions than they say, and \
+                     its records are left out"
+                )
+            })
+            .unwrap_or_default();
+        eprintln!("zonal bench: interrupted (SIGINT) {when}{unfinished}{targets}");
+    }
+    if let Some(out) = json_out {
+        let to = out.write(&records)?;
+        // The child's file is the parent's to read, not the user's.
+        if child.is_none() {
+            eprintln!("wrote {} records to {to}", records.len());
+        }
+    }
+    if let Some(dir) = plot {
+        // The history's runs alone are for its comparison, not another set of curves.
+        records.retain(|r| !bench::history::is_history(r));
+        for path in bench::plot::write_all(dir, &records)? {
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    // 128 + SIGINT, as a shell reports a command SIGINT ended.
+    Ok(if interrupted { ExitCode::from(130) } else { ExitCode::SUCCESS })
 }

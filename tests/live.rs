@@ -120,6 +120,31 @@ fn top_shows_each_node_and_its_rates() {
 }
 
 #[test]
+fn top_marks_the_numa_columns_under_coarse_and_counts_pages_apart_from_allocations() {
+    let dir = test_dir("top-coarse");
+    let z = published(&dir);
+    let pid = std::process::id().to_string();
+    let column = |frame: &str, name: &str| {
+        let mut lines = frame.lines().skip_while(|l| !l.starts_with("NODE"));
+        let at = lines.next().unwrap().split_whitespace().position(|h| h == name).unwrap();
+        lines.next().unwrap().split_whitespace().nth(at).unwrap().to_string()
+    };
+    for (mode, counted) in [("strict", true), ("coarse", false)] {
+        z.sysctl_set("numa_stats_mode", mode).unwrap();
+        let out = ok(&zonal(&dir, &["--pid", &pid, "top", "--count", "2", "--interval", "0.1"]));
+        let second = out.rsplit("zonal top:").next().unwrap();
+        assert!(second.contains(&format!("numa_stats_mode {mode}")), "{second}");
+        assert!(column(second, "USED/s").parse::<f64>().is_ok(), "pages in use, in every mode: {second}");
+        let allocs = column(second, "ALLOCS/s");
+        assert_eq!(allocs.parse::<f64>().is_ok(), counted, "{mode}: {second}");
+        assert_eq!(allocs == "-", !counted, "{mode}: {second}");
+        assert_eq!(second.contains("-: numa_stats_mode is coarse"), !counted, "{mode}: {second}");
+    }
+    drop(z);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn the_exporter_serves_every_handle_to_a_prometheus_scrape() {
     let dir = test_dir("exporter");
     let a = published(&dir);
@@ -483,5 +508,71 @@ fn zonal_publish_publishes_the_commands_handle_and_the_bench_refuses_it() {
     assert!(dir.is_dir(), "the command made its socket directory");
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
     assert!(left.is_empty(), "the socket is removed when the command ends: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---- Issue 40: what a stopped process's reader is told ----
+
+#[test]
+fn top_and_vmstat_say_a_stopped_process_did_not_answer() {
+    let dir = test_dir("stopped-readers");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_publisher", "--nocapture", "--test-threads=1"])
+        .env("ZONAL_TEST_PUBLISH_IN", &dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = std::io::BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map(Result::unwrap)
+        .find_map(|l| l.split_once("published ").map(|(_, p)| PathBuf::from(p)))
+        .expect("the child publishes");
+    let pid = child.id() as i32;
+    // SAFETY: kill takes no pointers; the child is ours and not yet waited for.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let mut status = 0;
+    // SAFETY: `status` is valid for a write; the child is ours, not yet reaped.
+    let r = unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) };
+    assert!(r == pid && libc::WIFSTOPPED(status), "waitpid: {r} {status:#x}");
+    let want = format!("zonal: error: process {pid} did not answer within 5 s (stopped, or busy)");
+    // Both commands at once: each waits out its 5 s.
+    let readers = || {
+        let pid = pid.to_string();
+        let (vmstat, top) = (["--pid", &pid, "vmstat"], ["--pid", &pid, "top", "--count", "1"]);
+        let runs: Vec<_> = [&vmstat[..], &top[..]]
+            .into_iter()
+            .map(|args| {
+                let child = Command::new(env!("CARGO_BIN_EXE_zonal"))
+                    .arg("--dir")
+                    .arg(&dir)
+                    .args(args)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                (args, child)
+            })
+            .collect();
+        for (args, run) in runs {
+            let o = run.wait_with_output().unwrap();
+            let e = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(1), "{args:?}: {e}");
+            assert_eq!(e.trim_end(), want, "{args:?}");
+        }
+    };
+    // With room in its queue the connection is taken by the kernel and no reply comes; with
+    // the queue full the connection is never accepted. Either way, the same words.
+    readers();
+    let mut held = Vec::new();
+    while connect_nowait(&sock, &mut held) {
+        assert!(held.len() < 10_000, "the queue never filled");
+    }
+    readers();
+    drop(held);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    let _ = child.kill();
+    let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }

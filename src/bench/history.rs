@@ -79,6 +79,7 @@ fn processes<'a>(experiments: &[&'a str]) -> Vec<Vec<(&'a str, &'static str)>> {
 /// right after `cross` ([`processes`]); returns their records, tagged [`ALONE_PROCESS`] or
 /// [`AFTER_CROSS_PROCESS`]. The children's tables are not printed (the comparison is), nor
 /// their stderr unless one fails; with the run's progress on, stderr says which one runs.
+/// After SIGINT it starts no more runs and returns the records of those that finished.
 pub fn run_alone(experiments: &[&str], opts: &super::BenchOpts, global_args: &[String]) -> Result<Vec<Value>, String> {
     if std::env::var_os(NESTED).is_some() {
         return Ok(Vec::new());
@@ -86,6 +87,10 @@ pub fn run_alone(experiments: &[&str], opts: &super::BenchOpts, global_args: &[S
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program to re-run it: {e}"))?;
     let mut records = Vec::new();
     for process in processes(experiments) {
+        // SIGINT: the runs that finished are kept, the others not started.
+        if super::interrupt::interrupted() {
+            break;
+        }
         let chosen: Vec<&str> = process.iter().map(|(e, _)| *e).collect();
         let what = chosen.join(", then ");
         if opts.progress {
@@ -122,6 +127,10 @@ pub fn run_alone(experiments: &[&str], opts: &super::BenchOpts, global_args: &[S
             .map_err(|err| format!("cannot run {what} alone: {err}"))?;
         if !run.status.success() {
             let _ = std::fs::remove_file(&out);
+            // It stopped at SIGINT too (a Ctrl-C reaches the whole process group).
+            if super::interrupt::interrupted() {
+                break;
+            }
             let said = String::from_utf8_lossy(&run.stderr);
             return Err(format!("the process running {what} alone failed ({}): {}", run.status, said.trim()));
         }

@@ -10,6 +10,7 @@
 pub mod bulk;
 pub mod cross;
 pub mod history;
+pub mod interrupt;
 pub mod lockstep;
 pub mod mixed;
 pub mod numab;
@@ -203,6 +204,13 @@ impl TcmallocChild {
     /// The handle the main process's [`BenchOpts::child`] holds while it runs the experiment.
     pub fn handle(&self) -> std::sync::Arc<std::sync::Mutex<lockstep::Lockstep>> {
         std::sync::Arc::clone(&self.lockstep)
+    }
+
+    /// For an experiment cut short (SIGINT): stops the child (`Lockstep`'s drop) and
+    /// removes its file; its records are not wanted.
+    pub fn abandon(self) {
+        drop(self.lockstep);
+        let _ = std::fs::remove_file(&self.json);
     }
 
     /// Once the main process's run of the experiment is over (and its `BenchOpts::child`
@@ -419,9 +427,14 @@ pub fn measure(subjects: &mut [Box<dyn Subject + '_>], opts: &BenchOpts, label: 
 /// With a tcmalloc child in lockstep ([`lockstep`]), the child's repetition `r` runs right
 /// after this process's repetition `r`, and never beside one: the child is stopped while this
 /// process measures, here and in whatever the experiment does between two calls of `rotate`.
+///
+/// After SIGINT it stops before the next repetition ([`interrupt`]).
 pub fn rotate(opts: &BenchOpts, label: &str, k: usize, mut cell: impl FnMut(usize)) {
     let mut shown = 0;
     for rep in 0..opts.reps {
+        if rep > 0 && interrupt::stop_before_repetition() {
+            break;
+        }
         shown = progress(opts, label, rep);
         lockstep::gate(opts.gated);
         opts.with_child(lockstep::Lockstep::wait);
@@ -507,11 +520,13 @@ pub fn time_loop(n: u64, mut f: impl FnMut()) -> Duration {
     t.elapsed()
 }
 
-/// The verdict a target line ends with.
+/// The verdict a target line ends with; a miss is noted for the line that says what it
+/// means on other hardware ([`targets::MISS_NOTE`]).
 pub fn verdict(met: bool) -> &'static str {
     if met {
         "met"
     } else {
+        targets::missed();
         "not met"
     }
 }

@@ -24,19 +24,32 @@ impl JsonOut {
         Ok(JsonOut::File(arg.to_string()))
     }
 
-    /// Writes the records as one pretty-printed JSON array; returns where they went.
-    pub fn write(self, records: &[serde_json::Value]) -> Result<String, String> {
+    /// Writes the records so far where they can be written again, a file, so that a run
+    /// killed later (a second SIGINT) keeps the experiments that finished; stdout gets the
+    /// records once, at the end ([`JsonOut::write`]).
+    pub fn checkpoint(&self, records: &[serde_json::Value]) -> Result<(), String> {
+        match self {
+            JsonOut::Stdout(_) => Ok(()),
+            JsonOut::File(_) => self.write(records).map(drop),
+        }
+    }
+
+    /// Writes the records as one pretty-printed JSON array; returns where they went. Once for
+    /// stdout; a file is written whole each time.
+    pub fn write(&self, records: &[serde_json::Value]) -> Result<String, String> {
         let text = serde_json::to_string_pretty(records).map_err(|e| e.to_string())? + "\n";
         match self {
-            JsonOut::Stdout(mut f) => {
+            JsonOut::Stdout(f) => {
+                // `Write` for `&File`: the file itself is not changed, only written to.
+                let mut f = f;
                 f.write_all(text.as_bytes())
                     .and_then(|()| f.flush())
                     .map_err(|e| format!("cannot write to stdout: {e}"))?;
                 Ok("stdout".into())
             }
             JsonOut::File(path) => {
-                std::fs::write(&path, text).map_err(|e| format!("cannot write {path}: {e}"))?;
-                Ok(path)
+                std::fs::write(path, text).map_err(|e| format!("cannot write {path}: {e}"))?;
+                Ok(path.clone())
             }
         }
     }

@@ -3,15 +3,15 @@
 //! Kernel counterpart: `struct zone` (mmzone.h), `__setup_per_zone_wmarks`,
 //! `calculate_min_free_kbytes`, `__zone_watermark_ok`.
 //!
-//! Locking: `lock` (the zone lock) protects the free lists; [`ZoneLocked`] is the proof that
+//! Locking: `lock` (the zone lock) protects the free lists; `ZoneLocked` is the proof that
 //! it is held. The free counts are zone counters ([`crate::vmstat`]): the changes a lock
 //! holder makes are added to its CPU's diffs when it unlocks, and folded into the zone's
 //! counters past `stat_threshold`. Watermark checks read the folded count, or a snapshot when
 //! it lies below `percpu_drift_mark` and the drift could decide the answer. The frame state
-//! bytes (`mem_map`) are atomics; see [`crate::buddy`] for their protocol.
+//! bytes (`mem_map`) are atomics; see the `buddy` module for their protocol.
 //!
 //! Invariant (quiescent): `nr_free + pcp + allocated == managed`, where `allocated` sums the
-//! blocks whose head is `ALLOCATED`; see [`Zone::check_invariants`].
+//! blocks whose head is `ALLOCATED`; see `Zone::check_invariants`.
 
 use crate::buddy::{Buddy, FreeArea};
 use crate::mem_map;

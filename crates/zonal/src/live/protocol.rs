@@ -97,7 +97,8 @@ fn info(z: &Zonal, stats: &ServerStats) -> String {
 }
 
 /// One sample of what `zonal top` shows: per node the memory figures and NUMA counters,
-/// and the events and layer counters of the whole handle, with the time it was taken.
+/// and the events and layer counters of the whole handle, with the time it was taken and the
+/// `numa_stats_mode` in force.
 fn top_sample(z: &Zonal) -> String {
     let nodes: Vec<serde_json::Value> = (0..z.topology().nr_nodes())
         .map(|n| {
@@ -128,5 +129,10 @@ fn top_sample(z: &Zonal) -> String {
     let counters: serde_json::Map<String, serde_json::Value> =
         z.vmstat_items().into_iter().map(|(n, v)| (n, v.into())).collect();
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    serde_json::json!({ "time_ns": t.as_nanos() as u64, "nodes": nodes, "counters": counters }).to_string() + "\n"
+    // Under `coarse` the NUMA counters are not kept: the reader says so instead of showing
+    // their zeros as rates.
+    let mode = z.sysctl_get("numa_stats_mode").unwrap_or_default();
+    serde_json::json!({ "time_ns": t.as_nanos() as u64, "nodes": nodes, "counters": counters, "numa_stats_mode": mode })
+        .to_string()
+        + "\n"
 }

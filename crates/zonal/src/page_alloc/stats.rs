@@ -145,7 +145,7 @@ impl Zonal {
     /// Frames on every CPU's lists for a node's zones (their caches, outboxes and inboxes
     /// too) and on their transfer lists, read without their locks (each list as of its last
     /// unlock, each rseq cache as it is) but with the housekeeping pass held off
-    /// ([`Zonal::settled`]): exact once allocation stops.
+    /// (`Zonal::settled`): exact once allocation stops.
     pub fn nr_pcp_pages(&self, nid: NodeId) -> Result<usize> {
         let zones = self.node_zones(nid)?;
         let _settled = self.settled();
