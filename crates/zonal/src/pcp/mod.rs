@@ -292,6 +292,13 @@ pub struct PerCpuPages {
     /// byte. 0 (no allocation pops) until the zone has its lists.
     gate: std::sync::atomic::AtomicU8,
     lock: AtomicBool,
+    /// Whether restartable sequences may run on these lists: with rseq in this process, and
+    /// unless their CPU is virtual (`Topology::is_virtual`), where no thread runs by itself.
+    /// Without, the caches and the outbox stay shut (empty, bound 0), so that no holder
+    /// flushes, fills or fences them (a fence of a CPU the machine lacks is a refused
+    /// syscall per lock), as under `ZONAL_NO_RSEQ`. In the padding before `cpu`: the fields
+    /// the sections read keep their offsets.
+    sections: bool,
     /// The CPU these lists belong to.
     cpu: u32,
     /// The frames of the zone these lists serve, `[span_start, span_start + span_pages)`
@@ -385,6 +392,10 @@ const _: () = assert!(
         == std::mem::offset_of!(PerCpuPages, small) + (NR_PCP_LISTS - 1) * std::mem::size_of::<SmallCache>()
 );
 
+// `sections` fills padding: the CPU, and every field after it, kept its offset (loom's atomics
+// are larger, and no section runs there).
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::offset_of!(PerCpuPages, cpu) == 4);
 const _: () = assert!(std::mem::size_of::<PerCpuPages>() % 128 == 0);
 const _: () = assert!(std::mem::align_of::<PerCpuPages>() == 128);
 
@@ -403,6 +414,7 @@ impl PerCpuPages {
         PerCpuPages {
             gate: std::sync::atomic::AtomicU8::new(0),
             lock: AtomicBool::new(false),
+            sections: rseq::enabled(),
             cpu,
             span_start: 0,
             span_pages: 0,
@@ -451,6 +463,14 @@ impl PerCpuPages {
     /// gate, the allocation sections' watermark test, the zone keeps: `Zone::install_gates`).
     pub fn watching(mut self, zone: &Zone) -> PerCpuPages {
         (self.span_start, self.span_pages) = (zone.start_pfn.0, zone.spanned);
+        self
+    }
+
+    /// These lists of a virtual CPU (`Topology::is_virtual`): no thread runs there by
+    /// itself, so no section ever does, and their caches stay shut (see the field
+    /// `sections`); only a thread acting as the CPU reaches them, on the locked path.
+    pub fn virtual_cpu(mut self) -> PerCpuPages {
+        self.sections = false;
         self
     }
 
@@ -535,7 +555,7 @@ impl PerCpuPages {
     #[inline]
     pub fn try_lock_thp<'a>(&'a self, zone: &'a Zone) -> Option<PcpGuard<'a>> {
         let mut g = self.try_lock_lists(zone)?;
-        if rseq::enabled() && (self.thp_cache.closed() || crate::sys::rseq_cpu_id() == Some(self.cpu) || self.fence()) {
+        if self.sections && (self.thp_cache.closed() || crate::sys::rseq_cpu_id() == Some(self.cpu) || self.fence()) {
             g.cache = Cache::Thp;
         }
         Some(g)
@@ -673,7 +693,7 @@ impl PerCpuPages {
     /// without rseq).
     #[inline]
     fn section_frames(&self) -> usize {
-        if rseq::enabled() {
+        if self.sections {
             self.frames_in_caches() + self.outbox_len()
         } else {
             0
@@ -710,7 +730,7 @@ impl PerCpuPages {
     /// would let a remote holder skip the fence, so anything else fences.
     #[inline]
     fn fence_remote(&self) -> bool {
-        if !rseq::enabled() || self.caches_closed() || crate::sys::rseq_cpu_id() == Some(self.cpu) {
+        if !self.sections || self.caches_closed() || crate::sys::rseq_cpu_id() == Some(self.cpu) {
             return true;
         }
         self.fence()
@@ -763,7 +783,7 @@ impl PerCpuPages {
     /// Frames in the THP cache now (none without rseq, whose sections alone fill it).
     #[inline]
     fn thp_cached(&self) -> usize {
-        if rseq::enabled() {
+        if self.sections {
             self.thp_cache.len() << PCP_THP_ORDER.0
         } else {
             0
@@ -813,8 +833,8 @@ impl PerCpuPages {
     /// once: what the lists' owner holds beside `count`.
     #[inline]
     pub fn cache_frames(&self) -> usize {
-        // Without rseq no section runs and every cache stays empty.
-        if rseq::enabled() {
+        // Without rseq (or on a virtual CPU) no section runs and every cache stays empty.
+        if self.sections {
             self.frames_in_caches()
         } else {
             0
@@ -1059,8 +1079,9 @@ impl PcpGuard<'_> {
     #[inline]
     pub fn with<R>(&mut self, f: impl FnOnce(&mut PcpInner) -> R) -> R {
         let (pcp, zone, mode, allocating, small) = (self.pcp, self.zone, self.cache, self.allocating, self.small);
-        // Without rseq no section runs: every cache stays empty and every word 0.
-        let rseq_on = rseq::enabled();
+        // Without rseq (or on a virtual CPU) no section runs: every cache stays empty and
+        // every word 0.
+        let rseq_on = pcp.sections;
         // The small caches this holder flushes into their lists (a bit per order); the
         // others, if it works on the caches, count in `count` while it works.
         let flushed: u8 = match mode {
@@ -1225,7 +1246,7 @@ impl PerCpuPages {
     /// high + batch` (lock held). Without rseq the cache stays empty.
     #[inline]
     fn fill_cache(&self, zone: &Zone, inner: &mut PcpInner, allocating: bool) {
-        if !rseq::enabled() {
+        if !self.sections {
             return;
         }
         let fill = if allocating { CACHE_REFILL } else { CACHE_FILL };
@@ -1347,7 +1368,7 @@ impl PerCpuPages {
     /// already above its bound only shrinks: pushes find no room.
     #[inline]
     fn set_cache_limit(&self, inner: &PcpInner) {
-        if rseq::enabled() {
+        if self.sections {
             self.set_cache_limits_now(inner);
         }
     }
