@@ -689,6 +689,7 @@ fn run(cli: Cli, publish: bool) -> Result<(), String> {
                     "stats" => bench::vmstat_exp::run_stats(&z, &opts)?,
                     "zlc" => bench::zlc::run(&opts)?,
                     "numab" => bench::numab::run(&opts)?,
+                    "scale" => bench::scale::run(&opts)?,
                     _ => unreachable!("checked against EXPERIMENTS"),
                 });
                 opts.child = None;
