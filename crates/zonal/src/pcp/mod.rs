@@ -157,6 +157,10 @@ impl PcpInner {
     }
 }
 
+/// Frames of room each order's list starts with at most (orders above 0 a share of it):
+/// two refills of whole runs (`mem_map::RUN_ORDER`, 128 frames) for order 0.
+const LIST_START: usize = 256;
+
 /// Blocks the rseq *outbox* of one pcp holds at most: order-0 frames the fast free took on
 /// this CPU whose runs another CPU owns, pushed by the same section as a local free at other
 /// offsets ([`PerCpuPages::outbox`]), handed to their owners in one locked step per this
@@ -410,7 +414,11 @@ impl PerCpuPages {
     /// Lists of `cpu` with the given batch and bounds; `high` starts at `high_min`. They
     /// serve no zone's fast paths until [`PerCpuPages::watching`] gives them their zone.
     pub fn new(cpu: u32, batch: usize, high_min: usize, high_max: usize) -> PerCpuPages {
-        let cap = |o: usize| ((high_max + (batch << PCP_BATCH_SCALE_MAX)) >> o) + 4;
+        // Room for what the lists may hold at their largest, up to LIST_START frames: past
+        // that they grow as they fill (a reallocation under the lock, a few times per list
+        // in its life). Reserved whole, 256 CPUs' lists of 8 zones of 4 GiB took 187 MiB,
+        // 22 bytes per managed frame, for frames hardly ever on them (`bench scale`).
+        let cap = |o: usize| ((high_max + (batch << PCP_BATCH_SCALE_MAX)) >> o).min(LIST_START >> o) + 4;
         PerCpuPages {
             gate: std::sync::atomic::AtomicU8::new(0),
             lock: AtomicBool::new(false),
@@ -443,8 +451,9 @@ impl PerCpuPages {
                 transferred: 0,
                 cpu,
                 routes: false,
-                outbox: Vec::with_capacity(2 * OUTBOX_CAP),
-                sorting: Vec::with_capacity(2 * OUTBOX_CAP),
+                // Only lists that route frees use these (`routing`).
+                outbox: Vec::new(),
+                sorting: Vec::new(),
                 lists: std::array::from_fn(|o| Vec::with_capacity(cap(o))),
                 thp: Vec::with_capacity(PCP_THP_HIGH + 1),
                 thp_min: 0,
@@ -478,7 +487,13 @@ impl PerCpuPages {
     /// their CPU's node.
     pub fn routing(self) -> PerCpuPages {
         // SAFETY: `self` is owned here, so no guard (nor any other access) exists.
-        unsafe { self.inner.with_mut(|i| i.routes = true) };
+        unsafe {
+            self.inner.with_mut(|i| {
+                i.routes = true;
+                i.outbox.reserve(2 * OUTBOX_CAP);
+                i.sorting.reserve(2 * OUTBOX_CAP);
+            })
+        };
         self
     }
 
