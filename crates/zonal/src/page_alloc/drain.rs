@@ -167,7 +167,8 @@ pub(super) fn fold_all(zones: &[Zone], pcps: &[PerCpuPages]) {
     // second read found the line gone: `bench scale`).
     for (i, z) in zones.iter().enumerate() {
         z.lock().fold_diffs();
-        if z.under_pressure() && z.page_state_snapshot(ZoneStatItem::NrFreePages) >= z.watermark(Watermark::High) {
+        // The exact count, as the slow path reads it to set the pressure.
+        if z.under_pressure() && z.nr_free_exact() >= z.watermark(Watermark::High) {
             z.set_pressure(false);
         }
         // `pcps` is `[cpu * nr_zones + zone]`.
