@@ -743,7 +743,11 @@ impl PerCpuPages {
     /// (and restarts, finding it held) or had committed before this thread got the CPU (and
     /// the switch made its stores visible). A guessed id (0 when `sched_getcpu` fails)
     /// would let a remote holder skip the fence, so anything else fences.
-    #[inline]
+    ///
+    /// Out of line: once its first test read a field rather than `rseq::enabled()`, the
+    /// compiler inlined it and then left `Zonal::pcp_try_lock` out of line instead, 40
+    /// instructions more per order-1 pair under callgrind (`ZONAL_NO_RSEQ=1`).
+    #[inline(never)]
     fn fence_remote(&self) -> bool {
         if !self.sections || self.caches_closed() || crate::sys::rseq_cpu_id() == Some(self.cpu) {
             return true;
