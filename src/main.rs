@@ -898,6 +898,7 @@ fn bench(b: &BenchArgs, publish: bool) -> Result<ExitCode, String> {
             "stats" => bench::vmstat_exp::run_stats(&z, &opts)?,
             "zlc" => bench::zlc::run(&opts)?,
             "numab" => bench::numab::run(&opts)?,
+            "scale" => bench::scale::run(&opts)?,
             _ => unreachable!("checked against EXPERIMENTS"),
         };
         opts.child = None;

@@ -609,3 +609,40 @@ fn bench_history_runs_parallel_right_after_cross() {
     assert!(e.contains("history: cross alone, then parallel right after it, in a fresh process"), "{e}");
     assert!(e.contains("history: parallel alone, in a fresh process"), "{e}");
 }
+
+/// Issue 38 §4: `bench scale` sweeps 2 to 1024 CPUs (virtual ones) over 1, 2 and 8 nodes,
+/// prints a row per topology, the growth of each column and its targets, each judged, and a
+/// record per topology and column.
+#[test]
+fn bench_scale_sweeps_virtual_cpus_and_judges_its_targets() {
+    let o = zonal(&["bench", "scale", "--reps", "1", "--quiet", "--json", "-"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (s, v) = (stderr(&o), serde_json::from_str::<serde_json::Value>(&stdout(&o)).expect("stdout is the JSON"));
+    line_of(&s, "scale (issue 38 §4): virtual CPUs (vcpus=N)");
+    let header = line_of(&s, "cpus  nodes  metadata MiB");
+    for column in ["pass ns", "vmstat µs", "zoneinfo µs", "drain µs", "below low ns", "refill ns", "pair ns"] {
+        assert!(header.contains(column), "`{column}` missing: {header}");
+    }
+    for nodes in [1, 2, 8] {
+        let row = s.lines().find(|l| l.split_whitespace().take(2).eq(["1024".to_string(), nodes.to_string()]));
+        assert!(row.is_some(), "no row of 1024 CPUs on {nodes} nodes: {s}");
+    }
+    line_of(&s, "growth from ");
+    for target in [
+        "metadata at 256 CPUs × 8 nodes of 4G:",
+        "a housekeeping pass with nothing to do",
+        "order-0 pair, the fast path",
+    ] {
+        let l = line_of(&s, &format!("  target: {target}"));
+        assert!(l.ends_with(": met)") || l.ends_with(": not met)"), "{l}");
+    }
+    let recs = v.as_array().unwrap();
+    assert!(recs.iter().all(|r| r["experiment"] == "scale" && r["process"] == "main"), "{v}");
+    let of = |subject: &str| recs.iter().filter(|r| r["subject"] == subject).count();
+    // A row per topology of at least the machine's CPUs: 15 on 2 CPUs, the 1024 rows anywhere.
+    assert!(of("housekeeping pass") >= 3 && of("order-0 pair") == of("housekeeping pass"), "{v}");
+    assert_eq!(of("metadata"), of("housekeeping pass"), "{v}");
+    let target = recs.iter().find(|r| r["subject"] == "metadata target").expect("the target's record");
+    assert_eq!((target["params"]["cpus"].as_u64(), target["params"]["nodes"].as_u64()), (Some(256), Some(8)));
+    assert!(target["ns_per_op"]["median"].as_f64().unwrap() > 8.0, "{target}");
+}

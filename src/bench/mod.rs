@@ -19,6 +19,7 @@ pub mod page_api;
 pub mod parallel;
 pub mod peers;
 pub mod plot;
+pub mod scale;
 pub mod single;
 pub mod targets;
 pub mod vmstat_exp;
@@ -49,6 +50,7 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
         "seed 004: NUMA balancing moving a region to its threads' node, delayed against eager mapping, \
          userfaultfd and mprotect",
     ),
+    ("scale", "issue 38: costs against 2 to 1024 CPUs (virtual ones, vcpus=N) and 1, 2 and 8 fake nodes"),
 ];
 
 /// The experiments with tcmalloc among their peers.

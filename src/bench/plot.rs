@@ -99,6 +99,7 @@ pub fn render(experiment: &str, recs: &[&Rec]) -> Result<String, String> {
             "stats" => stats(&root, recs)?,
             "zlc" => zlc(&root, recs)?,
             "numab" => numab(&root, recs)?,
+            "scale" => scale(&root, recs)?,
             other => return Err(format!("no plot for experiment `{other}`")),
         }
         root.present().map_err(|e| e.to_string())?;
@@ -558,6 +559,45 @@ fn by_subject(recs: &[&Rec], param: &str) -> Vec<(String, Vec<(f64, Sum)>)> {
         .collect()
 }
 
+/// `scale`: each column's growth against the CPU count on the most nodes swept (its median
+/// over the median at the fewest CPUs), a line per column, beside the CPUs' own growth.
+fn scale(root: &Area, recs: &[&Rec]) -> Result<(), String> {
+    let nodes = recs.iter().filter_map(|r| r.params["nodes"].as_u64()).max().unwrap_or(1);
+    let sweep: Vec<&Rec> = recs
+        .iter()
+        .copied()
+        .filter(|r| {
+            r.params["nodes"].as_u64() == Some(nodes) && r.params["cpus"].is_number() && r.label != "metadata target"
+        })
+        .collect();
+    let keys = distinct(sweep.iter().filter_map(|r| r.params["cpus"].as_f64()));
+    let mut series: Vec<(String, Vec<(f64, Sum)>)> = by_subject(&sweep, "cpus")
+        .into_iter()
+        .filter_map(|(name, pts)| {
+            let base = pts.iter().min_by(|a, b| a.0.total_cmp(&b.0))?.1.med;
+            let scaled = pts
+                .iter()
+                .map(|&(x, s)| (x, Sum { med: s.med / base, min: s.min / base, max: s.max / base }))
+                .collect();
+            (base > 0.0).then_some((name, scaled))
+        })
+        .collect();
+    if let Some(&lo) = keys.iter().min_by(|a, b| a.total_cmp(b)) {
+        let cpus = keys.iter().map(|&x| (x, Sum { med: x / lo, min: x / lo, max: x / lo })).collect();
+        series.push(("the CPUs (linear)".into(), cpus));
+    }
+    let spec = Lines {
+        title: format!("scale: growth against the CPUs, {nodes} nodes; median, whiskers min–max"),
+        x_desc: "CPUs (log scale, virtual beyond the machine)",
+        y_desc: "× the fewest CPUs' (log scale)",
+        series,
+        x_names: None,
+        markers: Vec::new(),
+        dashed_suffix: Some("(linear)"),
+    };
+    lines(root, &spec, true, true, Some(keys))
+}
+
 /// ns per operation per thread against the thread count, a line per subject.
 fn by_threads(root: &Area, recs: &[&Rec], title: &str, y_desc: &str) -> Result<(), String> {
     let series = by_subject(recs, "threads");
@@ -882,6 +922,12 @@ mod tests {
             90.0,
             "main",
         ));
+        for cpus in [2, 1024] {
+            for nodes in [1, 8] {
+                let p = json!({"cpus": cpus, "nodes": nodes, "node_size": "64M", "unit": "ns"});
+                v.push(rec("scale", "housekeeping pass", p, cpus as f64 * 20.0, "main"));
+            }
+        }
         v.push(rec(
             "numab",
             "userfaultfd delayed",
@@ -902,6 +948,7 @@ mod tests {
             ("stats", vec!["shared", "percpu", "bulk_accounting per_page"]),
             ("zlc", vec!["8 nodes, 7 full ahead, 2 threads"]),
             ("numab", vec!["userfaultfd delayed", "userfaultfd delayed received", "eater freed"]),
+            ("scale", vec!["housekeeping pass", "the CPUs (linear)", "CPUs (log scale, virtual beyond the machine)"]),
         ] {
             let of: Vec<&Rec> = recs.iter().filter(|r| r.experiment == e).collect();
             let svg = render(e, &of).unwrap();

@@ -1,7 +1,7 @@
 //! Typed errors. Every failure of the public API is one of these; none leaves the allocator
 //! changed (a rejected free frees nothing, a failed allocation takes nothing).
 
-use crate::types::{NodeId, Order, Pfn, ZoneId};
+use crate::types::{CpuId, NodeId, Order, Pfn, ZoneId};
 use std::fmt;
 
 /// What went wrong, with enough detail to say where. (Fields are named for what they hold.)
@@ -14,6 +14,8 @@ pub enum Error {
     InvalidNode { node: NodeId, nr_nodes: usize },
     /// A zone id that the allocator does not have.
     InvalidZone { zone: ZoneId, nr_zones: usize },
+    /// A CPU id that the topology does not have (`Zonal::act_as_cpu`).
+    InvalidCpu { cpu: CpuId, nr_cpus: usize },
     /// An order above the configured maximum.
     InvalidOrder { order: u32, max_order: Order },
     /// The address lies outside every arena this allocator owns.
@@ -49,7 +51,7 @@ impl Error {
     pub fn errno(&self) -> i32 {
         match self {
             Error::OutOfMemory { .. } => libc::ENOMEM,
-            Error::InvalidNode { .. } | Error::InvalidZone { .. } => libc::ENODEV,
+            Error::InvalidNode { .. } | Error::InvalidZone { .. } | Error::InvalidCpu { .. } => libc::ENODEV,
             Error::InvalidOrder { .. } => libc::EDOM,
             Error::NotOwned { .. } => libc::EFAULT,
             Error::Misaligned { .. } => libc::EINVAL,
@@ -85,6 +87,11 @@ impl fmt::Display for Error {
                 0 => write!(f, "invalid zone {}: the allocator has no zones", zone.0),
                 1 => write!(f, "invalid zone {}: the allocator has zone 0 only", zone.0),
                 n => write!(f, "invalid zone {}: the allocator has zones 0 to {}", zone.0, n - 1),
+            },
+            Error::InvalidCpu { cpu, nr_cpus } => match nr_cpus {
+                0 => write!(f, "invalid cpu {}: the topology has no cpus", cpu.0),
+                1 => write!(f, "invalid cpu {}: the topology has cpu 0 only", cpu.0),
+                n => write!(f, "invalid cpu {}: the topology has cpus 0 to {}", cpu.0, n - 1),
             },
             Error::InvalidOrder { order, max_order } => {
                 write!(f, "invalid order {order}: the maximum is {}", max_order.0)

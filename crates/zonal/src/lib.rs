@@ -55,7 +55,7 @@ pub use config::Config;
 pub use error::{Error, Result};
 pub use gfp::Gfp;
 pub use mempolicy::{MemPolicy, NodeMask};
-pub use page_alloc::{BulkPage, CounterSource, PcpInfo, Zonal, LOG_LINES};
+pub use page_alloc::{ActingCpu, BulkPage, CounterSource, PcpInfo, Zonal, LOG_LINES};
 pub use topology::Topology;
 pub use types::{CpuId, NodeId, Order, Pfn, ZoneId, PAGE_SIZE};
 pub use vmstat::{NumaStat, VmEvent, ZoneStatItem};

@@ -9,6 +9,12 @@
 //! Invariant: `distance[i][i] == LOCAL_DISTANCE`, `distance[i][j] == distance[j][i] >
 //! LOCAL_DISTANCE` for `i != j`, and every CPU of the machine belongs to exactly one node.
 //!
+//! A fake topology may declare *virtual CPUs* beyond the machine's (`vcpus=256` over 2 real
+//! ones), to measure how zonal's per-CPU costs grow with CPUs on a small machine: every
+//! structure zonal keeps per CPU exists for them, but no thread runs on one by itself (the
+//! kernel never reports its id), so only a thread that acts as it reaches its lists
+//! (`Zonal::act_as_cpu`, for benches and tests). CPU ids stay below 8192 (`MAX_CPUS`).
+//!
 //! # Spec grammar
 //!
 //! Items separated by `,`; an item without `=` continues the value before it (so CPU lists
@@ -19,7 +25,8 @@
 //! | `nodes` | number of nodes, 1..=1024 | the number of `sizes` or `cpus` entries |
 //! | `size` | memory of every node: `256M`, `1G`, `4096K`, bytes | 64M |
 //! | `sizes` | per node: `128M:256M` | `size` for each |
-//! | `cpus` | per node, Linux cpulist: `0-1:2-3:` (empty: memory-only node; ids below 8192, checked before a range is expanded) | the machine's CPUs spread over the nodes |
+//! | `cpus` | per node, Linux cpulist: `0-1:2-3:` (empty: memory-only node; ids below 8192, checked before a range is expanded) | the machine's CPUs (or the `vcpus`) spread over the nodes |
+//! | `vcpus` | CPU ids `0..N` in all, `N` at least the machine's CPUs and at most 8192: those from the machine's count on are virtual | the machine's CPUs |
 //! | `distance` | rows of the matrix: `10 20:20 10` (entries split by spaces) | 10 local, 20 remote |
 //! | `sys` | (no value) read nodes, CPUs and distances from `/sys`; `size` is then the memory zonal manages on each node | |
 //!
@@ -89,6 +96,9 @@ pub struct Topology {
     distance: Vec<Vec<u32>>,
     #[serde(skip)]
     cpu_to_node: Vec<NodeId>,
+    /// CPU ids below this are the machine's; those from here to `nr_cpus` are virtual
+    /// (declared with `vcpus=`): `nr_cpus` when there are none.
+    machine_cpus: usize,
     fake: bool,
 }
 
@@ -182,7 +192,7 @@ impl Topology {
                 cpus: cpus.into_iter().map(CpuId).collect(),
             });
         }
-        Self::build(nodes, rows, machine, false)
+        Self::build(nodes, rows, machine, false, None)
     }
 
     fn from_items(items: &[Item], machine: Machine, file: Option<&str>) -> Result<Topology> {
@@ -191,6 +201,7 @@ impl Topology {
         let mut sizes: Option<Vec<u64>> = None;
         let mut cpus: Option<Vec<Vec<u32>>> = None;
         let mut distance: Option<Vec<Vec<u32>>> = None;
+        let mut vcpus: Option<usize> = None;
         let mut sys_mode = false;
         let at = |it: &Item| match file {
             Some(f) => format!("{f}:{}: ", it.line),
@@ -246,6 +257,24 @@ impl Topology {
                         .map_err(err)?;
                     distance = Some(v);
                 }
+                "vcpus" => {
+                    seen(vcpus.is_some())?;
+                    let n: usize =
+                        it.value.trim().parse().map_err(|_| err(format!("`{}` is not a number", it.value)))?;
+                    if n > MAX_CPUS {
+                        return Err(err(format!(
+                            "{n} CPUs: CPU ids are below {MAX_CPUS}, so vcpus is at most {MAX_CPUS}"
+                        )));
+                    }
+                    if n < machine.nr_cpus {
+                        return Err(err(format!(
+                            "{n} CPUs, fewer than this machine's {}: vcpus counts every CPU id, the machine's \
+                             included (those from {} on are virtual)",
+                            machine.nr_cpus, machine.nr_cpus
+                        )));
+                    }
+                    vcpus = Some(n);
+                }
                 "sys" => {
                     if !it.value.is_empty() {
                         return Err(err("takes no value".into()));
@@ -254,7 +283,7 @@ impl Topology {
                 }
                 _ => {
                     return Err(Error::InvalidConfig(format!(
-                        "{}topology: unknown key `{}`; valid keys: nodes, size, sizes, cpus, distance, sys",
+                        "{}topology: unknown key `{}`; valid keys: nodes, size, sizes, cpus, vcpus, distance, sys",
                         at(it),
                         it.key
                     )))
@@ -262,7 +291,7 @@ impl Topology {
             }
         }
         if sys_mode {
-            if nodes_n.is_some() || sizes.is_some() || cpus.is_some() || distance.is_some() {
+            if nodes_n.is_some() || sizes.is_some() || cpus.is_some() || distance.is_some() || vcpus.is_some() {
                 return Err(Error::InvalidConfig(
                     "topology `sys` reads nodes, cpus and distances from /sys: only `size` may go with it".into(),
                 ));
@@ -301,7 +330,7 @@ impl Topology {
                 check_len("cpus", c.len())?;
                 c
             }
-            None => spread_cpus(machine.nr_cpus, n),
+            None => spread_cpus(vcpus.unwrap_or(machine.nr_cpus), n),
         };
         let distance = match distance {
             Some(d) => {
@@ -320,10 +349,18 @@ impl Topology {
                 cpus: cpus[i].iter().map(|&c| CpuId(c)).collect(),
             })
             .collect();
-        Self::build(nodes, distance, machine, true)
+        Self::build(nodes, distance, machine, true, vcpus)
     }
 
-    fn build(nodes: Vec<NodeInfo>, distance: Vec<Vec<u32>>, machine: Machine, fake: bool) -> Result<Topology> {
+    /// Checks and builds a topology; `vcpus` (fake topologies only) declares CPU ids up to
+    /// it, at least the machine's count (checked by the parser).
+    fn build(
+        nodes: Vec<NodeInfo>,
+        distance: Vec<Vec<u32>>,
+        machine: Machine,
+        fake: bool,
+        vcpus: Option<usize>,
+    ) -> Result<Topology> {
         let n = nodes.len();
         let bad = |m: String| Err(Error::InvalidConfig(format!("topology: {m}")));
         // Every row's length before any value: the symmetry test reads row j while at row i
@@ -384,9 +421,10 @@ impl Topology {
                 fmt_size(machine.mem_total)
             ));
         }
-        // Real topologies may list CPUs beyond the configured count (hotplug); fake ones may not.
+        // Real topologies may list CPUs beyond the configured count (hotplug); fake ones may
+        // not, unless they declare them virtual (`vcpus`).
         let nr_cpus = if fake {
-            machine.nr_cpus
+            vcpus.unwrap_or(machine.nr_cpus)
         } else {
             nodes.iter().flat_map(|n| n.cpus.iter()).map(|c| c.0 as usize + 1).max().unwrap_or(1).max(machine.nr_cpus)
         };
@@ -394,12 +432,23 @@ impl Topology {
         for node in &nodes {
             for &c in &node.cpus {
                 if c.0 as usize >= nr_cpus {
-                    return bad(format!(
-                        "node {}: cpu {} does not exist (this machine has cpus 0-{})",
-                        node.id.0,
-                        c.0,
-                        nr_cpus - 1
-                    ));
+                    // A typo stays an error: naming more CPUs than the machine has takes a
+                    // declaration.
+                    return bad(match vcpus {
+                        Some(v) => format!(
+                            "node {}: cpu {} does not exist (vcpus={v} declares cpus 0-{})",
+                            node.id.0,
+                            c.0,
+                            v - 1
+                        ),
+                        None => format!(
+                            "node {}: cpu {} does not exist (this machine has cpus 0-{}; declare virtual CPUs with \
+                             vcpus=N, the CPU ids 0..N in all, N up to {MAX_CPUS})",
+                            node.id.0,
+                            c.0,
+                            nr_cpus - 1
+                        ),
+                    });
                 }
                 if let Some(other) = cpu_to_node[c.0 as usize] {
                     return bad(format!("cpu {} is in node {} and node {}", c.0, other.0, node.id.0));
@@ -411,7 +460,8 @@ impl Topology {
         // without a known node to node 0.
         let fallback = nodes.iter().find(|n| !n.cpus.is_empty()).map_or(NodeId(0), |n| n.id);
         let cpu_to_node = cpu_to_node.into_iter().map(|n| n.unwrap_or(fallback)).collect();
-        Ok(Topology { nodes, distance, cpu_to_node, fake })
+        let machine_cpus = if fake { machine.nr_cpus.min(nr_cpus) } else { nr_cpus };
+        Ok(Topology { nodes, distance, cpu_to_node, machine_cpus, fake })
     }
 
     /// The nodes, by id.
@@ -445,9 +495,23 @@ impl Topology {
         self.cpu_to_node.get(cpu.0 as usize).copied().unwrap_or(NodeId(0))
     }
 
-    /// Number of CPU ids this topology covers.
+    /// Number of CPU ids this topology covers, virtual ones included.
     pub fn nr_cpus(&self) -> usize {
         self.cpu_to_node.len()
+    }
+
+    /// Number of CPU ids of the machine: those at or above it (below [`Topology::nr_cpus`])
+    /// are virtual, declared with `vcpus=` (equal to `nr_cpus` when there are none).
+    pub fn nr_machine_cpus(&self) -> usize {
+        self.machine_cpus
+    }
+
+    /// Whether `cpu` is a virtual CPU of this topology: declared beyond the machine's
+    /// (`vcpus=`), so that no thread runs on it by itself. False for ids outside the
+    /// topology.
+    #[inline]
+    pub fn is_virtual(&self, cpu: CpuId) -> bool {
+        (self.machine_cpus..self.nr_cpus()).contains(&(cpu.0 as usize))
     }
 
     /// Whether this is a fake topology (nodes are ranges of the machine's memory).
@@ -467,8 +531,11 @@ impl Topology {
         let cpus: Vec<String> = self.nodes.iter().map(|n| fmt_cpulist(&n.cpus)).collect();
         let rows: Vec<String> =
             self.distance.iter().map(|r| r.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")).collect();
+        // Before the CPU lists, which name the virtual CPUs.
+        let vcpus =
+            if self.nr_cpus() > self.machine_cpus { format!("vcpus={},", self.nr_cpus()) } else { String::new() };
         format!(
-            "nodes={},sizes={},cpus={},distance={}",
+            "nodes={},sizes={},{vcpus}cpus={},distance={}",
             self.nodes.len(),
             sizes.join(":"),
             cpus.join(":"),
@@ -480,7 +547,15 @@ impl Topology {
     pub fn describe(&self) -> String {
         let mut s = String::new();
         let kind = if self.fake { "fake" } else { "real" };
-        s.push_str(&format!("{} topology, {} node(s), {} cpu(s)\n", kind, self.nodes.len(), self.nr_cpus()));
+        s.push_str(&format!("{} topology, {} node(s), {} cpu(s)", kind, self.nodes.len(), self.nr_cpus()));
+        if self.nr_cpus() > self.machine_cpus {
+            s.push_str(&format!(
+                ", {} of them virtual ({}: no thread runs on them by itself)",
+                self.nr_cpus() - self.machine_cpus,
+                fmt_cpulist(&(self.machine_cpus..self.nr_cpus()).map(|c| CpuId(c as u32)).collect::<Vec<_>>())
+            ));
+        }
+        s.push('\n');
         for n in &self.nodes {
             let cpus = if n.cpus.is_empty() { "(memory only)".to_string() } else { fmt_cpulist(&n.cpus) };
             s.push_str(&format!("node {} size: {} cpus: {}\n", n.id.0, fmt_size(n.mem_bytes), cpus));
@@ -740,6 +815,56 @@ mod tests {
         // The C ABI's config string goes through the same topology parser.
         let config = |s: &str| crate::Config::parse(s).unwrap_err().to_string();
         assert!(config("topology=nodes=1,size=4M,cpus=0-4294967295").contains("ids must be below 8192"));
+    }
+
+    /// Virtual CPUs: accepted with their declaration (spread as the machine's are, or listed
+    /// per node), refused without it (a typo stays an error, which says how to declare
+    /// them), bounded by the ids' limit, and written back by `to_spec` and `describe`.
+    #[test]
+    fn virtual_cpus_need_their_declaration() {
+        let t = Topology::parse_for("nodes=8,size=4M,vcpus=256", M).unwrap();
+        assert_eq!((t.nr_cpus(), t.nr_machine_cpus()), (256, 4));
+        assert!(t.nodes().iter().all(|n| n.cpus.len() == 32), "spread as the default spread does");
+        assert_eq!(
+            (t.cpu_to_node(CpuId(31)), t.cpu_to_node(CpuId(32)), t.cpu_to_node(CpuId(255))),
+            (NodeId(0), NodeId(1), NodeId(7))
+        );
+        assert!(!t.is_virtual(CpuId(3)) && t.is_virtual(CpuId(4)) && t.is_virtual(CpuId(255)));
+        assert!(!t.is_virtual(CpuId(256)), "outside the topology");
+        assert_eq!(Topology::parse_for(&t.to_spec(), M).unwrap(), t);
+        assert!(t.to_spec().contains(",vcpus=256,cpus=0-31:32-63:"), "{}", t.to_spec());
+        let d = t.describe();
+        assert!(d.starts_with("fake topology, 8 node(s), 256 cpu(s), 252 of them virtual (4-255:"), "{d}");
+        // Listed per node, with memory-only nodes (CXL expanders) and the bound at 8192 ids.
+        let t = Topology::parse_for("nodes=3,size=4M,vcpus=8192,cpus=0-4095:4096-8191:", M).unwrap();
+        assert_eq!((t.nr_cpus(), t.has_cpus(NodeId(2))), (8192, Ok(false)));
+        assert_eq!(Topology::parse_for(&t.to_spec(), M).unwrap(), t);
+        // CPUs no node lists go to the first node with CPUs, as the machine's do.
+        let t = Topology::parse_for("nodes=2,size=4M,vcpus=16,cpus=0-3:8", M).unwrap();
+        assert_eq!((t.cpu_to_node(CpuId(12)), t.cpu_to_node(CpuId(8))), (NodeId(0), NodeId(1)));
+        assert_eq!(Topology::parse_for(&t.to_spec(), M).unwrap(), t);
+        // As many as the machine has: none virtual, and the spec says nothing of them.
+        let t = Topology::parse_for("nodes=2,size=4M,vcpus=4", M).unwrap();
+        assert_eq!((t.nr_cpus(), t.is_virtual(CpuId(3))), (4, false));
+        assert!(!t.to_spec().contains("vcpus"));
+        assert_eq!(t, Topology::parse_for("nodes=2,size=4M", M).unwrap());
+        // Without the declaration, or past it: an error that says how to declare them.
+        let e = err("nodes=2,cpus=0:7");
+        assert!(
+            e.contains("cpu 7 does not exist (this machine has cpus 0-3; declare virtual CPUs with vcpus=N"),
+            "{e}"
+        );
+        assert!(e.contains("N up to 8192"), "{e}");
+        assert!(err("nodes=2,vcpus=8,cpus=0:8").contains("cpu 8 does not exist (vcpus=8 declares cpus 0-7)"));
+        assert!(err("nodes=1,vcpus=8193").contains("vcpus is at most 8192"), "{}", err("nodes=1,vcpus=8193"));
+        assert!(err("nodes=1,vcpus=2").contains("fewer than this machine's 4"));
+        assert!(err("nodes=1,vcpus=many").contains("not a number"));
+        assert!(err("nodes=1,vcpus=8,vcpus=9").contains("given twice"));
+        assert!(err("nodes=1,vcpus=8,cpus=0-8192").contains("ids must be below 8192"));
+        assert!(err("sys,vcpus=8").contains("only `size`"));
+        // The C ABI's config string goes through the same parser.
+        let c = crate::Config::parse("topology=nodes=2,size=4M,vcpus=64").unwrap();
+        assert!(c.topology.nr_cpus() == 64 && c.topology.is_virtual(CpuId(63)));
     }
 
     #[test]

@@ -417,7 +417,16 @@ impl Zone {
     /// lists' lock of CPU `cpu` for [`ZoneStatItem::NrPcpPages`].
     #[inline]
     pub(crate) fn mod_page_state(&self, cpu: usize, item: ZoneStatItem, delta: isize) {
-        self.pcpu[cpu % self.pcpu.len()].add(item, delta, |v| self.fold_in(item, v));
+        self.diffs(cpu).add(item, delta, |v| self.fold_in(item, v));
+    }
+
+    /// CPU `cpu`'s diffs (an id past the table wraps around, as it always has). The compare
+    /// spares the division of a bare modulo in the common case: a housekeeping pass asks
+    /// for every CPU's, and at 1024 CPUs on 8 nodes the divisions were half the pass.
+    #[inline]
+    fn diffs(&self, cpu: usize) -> &PerCpuZoneDiffs {
+        let n = self.pcpu.len();
+        &self.pcpu[if cpu < n { cpu } else { cpu % n }]
     }
 
     fn fold_in(&self, item: ZoneStatItem, v: isize) {
@@ -428,7 +437,7 @@ impl Zone {
     /// Folds CPU `cpu`'s diff of an item into the counters (the periodic fold). The caller
     /// holds the lock that guards the item, as for [`Zone::mod_page_state`].
     pub(crate) fn fold_diff(&self, cpu: usize, item: ZoneStatItem) {
-        let v = self.pcpu[cpu % self.pcpu.len()].take(item);
+        let v = self.diffs(cpu).take(item);
         if v != 0 {
             self.fold_in(item, v);
         }
@@ -437,12 +446,12 @@ impl Zone {
     /// CPU `cpu`'s unfolded diff of an item, read without the item's lock: a hint (for
     /// skipping folds that would find nothing), exact once changes stop.
     pub(crate) fn diff(&self, cpu: usize, item: ZoneStatItem) -> isize {
-        self.pcpu[cpu % self.pcpu.len()].diff(item)
+        self.diffs(cpu).diff(item)
     }
 
     /// The threshold CPU `cpu` folds this zone's diffs at (`vm stats threshold`).
     pub fn stat_threshold(&self, cpu: usize) -> usize {
-        self.pcpu[cpu % self.pcpu.len()].threshold()
+        self.diffs(cpu).threshold()
     }
 
     /// `percpu_drift_mark` (0: the drift never matters).
@@ -838,10 +847,15 @@ impl ZoneLocked<'_> {
     /// `vm.stat_refresh`).
     pub(crate) fn fold_diffs(&mut self) {
         self.account();
-        for cpu in 0..self.zone.pcpu.len() {
-            self.zone.fold_diff(cpu, ZoneStatItem::NrFreePages);
-            for o in 0..=self.zone.max_order.0 {
-                self.zone.fold_diff(cpu, ZoneStatItem::NrFreeOrder(Order(o)));
+        let zone = self.zone;
+        for d in zone.pcpu.iter() {
+            for item in std::iter::once(ZoneStatItem::NrFreePages)
+                .chain((0..=zone.max_order.0).map(|o| ZoneStatItem::NrFreeOrder(Order(o))))
+            {
+                let v = d.take(item);
+                if v != 0 {
+                    zone.fold_in(item, v);
+                }
             }
         }
     }

@@ -108,11 +108,18 @@ impl Zonal {
     /// way).
     #[inline(always)]
     pub(super) fn free_pages_locked(&self, addr: *mut u8, order: u32) -> Result<()> {
+        self.free_locked_on(addr, order, || self.current_cpu())
+    }
+
+    /// [`Zonal::free_pages_locked`] on the lists of the CPU `cpu` names once the block is
+    /// claimed: the CPU the thread runs on, or the one it acts as ([`Zonal::act_as_cpu`]).
+    #[inline(always)]
+    pub(super) fn free_locked_on(&self, addr: *mut u8, order: u32, cpu: impl FnOnce() -> usize) -> Result<()> {
         self.check_forked()?;
         let order = self.check_order(order)?;
         let (zone, pfn) = self.addr_to_zone(addr as usize, order)?;
         claim(zone, pfn, order)?;
-        let cpu = self.current_cpu();
+        let cpu = cpu();
         self.free_claimed(cpu, zone, &[pfn], order);
         self.count_event(cpu, VmEvent::Pgfree, order.pages() as u64);
         Ok(())

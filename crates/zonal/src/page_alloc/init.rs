@@ -82,7 +82,12 @@ impl Zonal {
             .map(|(cpu, z)| {
                 let (batch, high_min, high_max) = pcp_sizes(&topo, z, fraction);
                 if config.pcp {
-                    let lists = PerCpuPages::new(cpu as u32, batch, high_min, high_max).watching(z);
+                    let mut lists = PerCpuPages::new(cpu as u32, batch, high_min, high_max).watching(z);
+                    // A virtual CPU's lists: only a thread acting as it reaches them, never a
+                    // section, so their caches stay shut.
+                    if topo.is_virtual(CpuId(cpu as u32)) {
+                        lists = lists.virtual_cpu();
+                    }
                     // A zone of the CPU's node: its fast paths' lists, which route frees.
                     if topo.cpu_to_node(CpuId(cpu as u32)) == z.node {
                         lists.routing()

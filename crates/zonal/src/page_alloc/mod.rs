@@ -16,6 +16,7 @@
 //! Invariant, per zone and quiescent: `nr_free + allocated == managed`
 //! ([`Zonal::check_invariants`]).
 
+mod acting;
 mod alloc;
 mod bulk;
 mod drain;
@@ -27,6 +28,7 @@ mod numa;
 mod stats;
 mod tune;
 
+pub use acting::ActingCpu;
 pub use bulk::BulkPage;
 pub use stats::PcpInfo;
 pub use tune::LOG_LINES;
@@ -274,6 +276,10 @@ struct AllocContext<'a> {
     nodemask: Option<&'a NodeMask>,
     high: bool,
     no_watermarks: bool,
+    /// glibc's rseq offset when an order-0 `rmqueue` may pop the rseq cache of the CPU the
+    /// thread runs on: `None` without the sections, and for a thread acting as a CPU
+    /// ([`Zonal::act_as_cpu`]), whose CPU is another.
+    rseq: Option<isize>,
 }
 
 impl Zonal {

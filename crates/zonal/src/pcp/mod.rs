@@ -157,6 +157,10 @@ impl PcpInner {
     }
 }
 
+/// Frames of room each order's list starts with at most (orders above 0 a share of it):
+/// two refills of whole runs (`mem_map::RUN_ORDER`, 128 frames) for order 0.
+const LIST_START: usize = 256;
+
 /// Blocks the rseq *outbox* of one pcp holds at most: order-0 frames the fast free took on
 /// this CPU whose runs another CPU owns, pushed by the same section as a local free at other
 /// offsets ([`PerCpuPages::outbox`]), handed to their owners in one locked step per this
@@ -292,6 +296,13 @@ pub struct PerCpuPages {
     /// byte. 0 (no allocation pops) until the zone has its lists.
     gate: std::sync::atomic::AtomicU8,
     lock: AtomicBool,
+    /// Whether restartable sequences may run on these lists: with rseq in this process, and
+    /// unless their CPU is virtual (`Topology::is_virtual`), where no thread runs by itself.
+    /// Without, the caches and the outbox stay shut (empty, bound 0), so that no holder
+    /// flushes, fills or fences them (a fence of a CPU the machine lacks is a refused
+    /// syscall per lock), as under `ZONAL_NO_RSEQ`. In the padding before `cpu`: the fields
+    /// the sections read keep their offsets.
+    sections: bool,
     /// The CPU these lists belong to.
     cpu: u32,
     /// The frames of the zone these lists serve, `[span_start, span_start + span_pages)`
@@ -385,6 +396,10 @@ const _: () = assert!(
         == std::mem::offset_of!(PerCpuPages, small) + (NR_PCP_LISTS - 1) * std::mem::size_of::<SmallCache>()
 );
 
+// `sections` fills padding: the CPU, and every field after it, kept its offset (loom's atomics
+// are larger, and no section runs there).
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::offset_of!(PerCpuPages, cpu) == 4);
 const _: () = assert!(std::mem::size_of::<PerCpuPages>() % 128 == 0);
 const _: () = assert!(std::mem::align_of::<PerCpuPages>() == 128);
 
@@ -399,10 +414,15 @@ impl PerCpuPages {
     /// Lists of `cpu` with the given batch and bounds; `high` starts at `high_min`. They
     /// serve no zone's fast paths until [`PerCpuPages::watching`] gives them their zone.
     pub fn new(cpu: u32, batch: usize, high_min: usize, high_max: usize) -> PerCpuPages {
-        let cap = |o: usize| ((high_max + (batch << PCP_BATCH_SCALE_MAX)) >> o) + 4;
+        // Room for what the lists may hold at their largest, up to LIST_START frames: past
+        // that they grow as they fill (a reallocation under the lock, a few times per list
+        // in its life). Reserved whole, 256 CPUs' lists of 8 zones of 4 GiB took 187 MiB,
+        // 22 bytes per managed frame, for frames hardly ever on them (`bench scale`).
+        let cap = |o: usize| ((high_max + (batch << PCP_BATCH_SCALE_MAX)) >> o).min(LIST_START >> o) + 4;
         PerCpuPages {
             gate: std::sync::atomic::AtomicU8::new(0),
             lock: AtomicBool::new(false),
+            sections: rseq::enabled(),
             cpu,
             span_start: 0,
             span_pages: 0,
@@ -431,8 +451,9 @@ impl PerCpuPages {
                 transferred: 0,
                 cpu,
                 routes: false,
-                outbox: Vec::with_capacity(2 * OUTBOX_CAP),
-                sorting: Vec::with_capacity(2 * OUTBOX_CAP),
+                // Only lists that route frees use these (`routing`).
+                outbox: Vec::new(),
+                sorting: Vec::new(),
                 lists: std::array::from_fn(|o| Vec::with_capacity(cap(o))),
                 thp: Vec::with_capacity(PCP_THP_HIGH + 1),
                 thp_min: 0,
@@ -454,11 +475,25 @@ impl PerCpuPages {
         self
     }
 
+    /// These lists of a virtual CPU (`Topology::is_virtual`): no thread runs there by
+    /// itself, so no section ever does, and their caches stay shut (see the field
+    /// `sections`); only a thread acting as the CPU reaches them, on the locked path.
+    pub fn virtual_cpu(mut self) -> PerCpuPages {
+        self.sections = false;
+        self
+    }
+
     /// These lists made a party to run ownership ([`PcpInner::routes`]): the lists of a zone on
     /// their CPU's node.
     pub fn routing(self) -> PerCpuPages {
         // SAFETY: `self` is owned here, so no guard (nor any other access) exists.
-        unsafe { self.inner.with_mut(|i| i.routes = true) };
+        unsafe {
+            self.inner.with_mut(|i| {
+                i.routes = true;
+                i.outbox.reserve(2 * OUTBOX_CAP);
+                i.sorting.reserve(2 * OUTBOX_CAP);
+            })
+        };
         self
     }
 
@@ -535,7 +570,7 @@ impl PerCpuPages {
     #[inline]
     pub fn try_lock_thp<'a>(&'a self, zone: &'a Zone) -> Option<PcpGuard<'a>> {
         let mut g = self.try_lock_lists(zone)?;
-        if rseq::enabled() && (self.thp_cache.closed() || crate::sys::rseq_cpu_id() == Some(self.cpu) || self.fence()) {
+        if self.sections && (self.thp_cache.closed() || crate::sys::rseq_cpu_id() == Some(self.cpu) || self.fence()) {
             g.cache = Cache::Thp;
         }
         Some(g)
@@ -673,7 +708,7 @@ impl PerCpuPages {
     /// without rseq).
     #[inline]
     fn section_frames(&self) -> usize {
-        if rseq::enabled() {
+        if self.sections {
             self.frames_in_caches() + self.outbox_len()
         } else {
             0
@@ -708,9 +743,13 @@ impl PerCpuPages {
     /// (and restarts, finding it held) or had committed before this thread got the CPU (and
     /// the switch made its stores visible). A guessed id (0 when `sched_getcpu` fails)
     /// would let a remote holder skip the fence, so anything else fences.
-    #[inline]
+    ///
+    /// Out of line: once its first test read a field rather than `rseq::enabled()`, the
+    /// compiler inlined it and then left `Zonal::pcp_try_lock` out of line instead, 40
+    /// instructions more per order-1 pair under callgrind (`ZONAL_NO_RSEQ=1`).
+    #[inline(never)]
     fn fence_remote(&self) -> bool {
-        if !rseq::enabled() || self.caches_closed() || crate::sys::rseq_cpu_id() == Some(self.cpu) {
+        if !self.sections || self.caches_closed() || crate::sys::rseq_cpu_id() == Some(self.cpu) {
             return true;
         }
         self.fence()
@@ -763,7 +802,7 @@ impl PerCpuPages {
     /// Frames in the THP cache now (none without rseq, whose sections alone fill it).
     #[inline]
     fn thp_cached(&self) -> usize {
-        if rseq::enabled() {
+        if self.sections {
             self.thp_cache.len() << PCP_THP_ORDER.0
         } else {
             0
@@ -813,8 +852,8 @@ impl PerCpuPages {
     /// once: what the lists' owner holds beside `count`.
     #[inline]
     pub fn cache_frames(&self) -> usize {
-        // Without rseq no section runs and every cache stays empty.
-        if rseq::enabled() {
+        // Without rseq (or on a virtual CPU) no section runs and every cache stays empty.
+        if self.sections {
             self.frames_in_caches()
         } else {
             0
@@ -1059,8 +1098,9 @@ impl PcpGuard<'_> {
     #[inline]
     pub fn with<R>(&mut self, f: impl FnOnce(&mut PcpInner) -> R) -> R {
         let (pcp, zone, mode, allocating, small) = (self.pcp, self.zone, self.cache, self.allocating, self.small);
-        // Without rseq no section runs: every cache stays empty and every word 0.
-        let rseq_on = rseq::enabled();
+        // Without rseq (or on a virtual CPU) no section runs: every cache stays empty and
+        // every word 0.
+        let rseq_on = pcp.sections;
         // The small caches this holder flushes into their lists (a bit per order); the
         // others, if it works on the caches, count in `count` while it works.
         let flushed: u8 = match mode {
@@ -1225,7 +1265,7 @@ impl PerCpuPages {
     /// high + batch` (lock held). Without rseq the cache stays empty.
     #[inline]
     fn fill_cache(&self, zone: &Zone, inner: &mut PcpInner, allocating: bool) {
-        if !rseq::enabled() {
+        if !self.sections {
             return;
         }
         let fill = if allocating { CACHE_REFILL } else { CACHE_FILL };
@@ -1347,7 +1387,7 @@ impl PerCpuPages {
     /// already above its bound only shrinks: pushes find no room.
     #[inline]
     fn set_cache_limit(&self, inner: &PcpInner) {
-        if rseq::enabled() {
+        if self.sections {
             self.set_cache_limits_now(inner);
         }
     }
