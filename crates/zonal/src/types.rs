@@ -6,6 +6,12 @@
 
 use std::fmt;
 
+/// Highest order kept on the pcp lists counted in `count` (`PAGE_ALLOC_COSTLY_ORDER`).
+pub const PCP_MAX_ORDER: u8 = 3;
+/// The order of the one list above the costly orders (`NR_PCP_THP`, Linux 5.13+):
+/// `pageblock_order`, the order of a transparent huge page (2 MiB of 4 KiB frames).
+pub const PCP_THP_ORDER: Order = Order(9);
+
 /// Size of a frame in bytes (`PAGE_SIZE`).
 pub const PAGE_SIZE: usize = 4096;
 /// log2 of [`PAGE_SIZE`] (`PAGE_SHIFT`).

@@ -16,7 +16,6 @@
 use crate::buddy::{Buddy, FreeArea};
 use crate::mem_map;
 use crate::mem_map::{MemMap, ZoneMap};
-use crate::pcp::PerCpuPages;
 use crate::sync::{self, AtomicBool, AtomicU8, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::types::{NodeId, Order, Pfn, ZoneId, PAGE_SHIFT};
 use crate::vmstat::{self, PerCpuZoneDiffs, ZoneCounters, ZoneStatItem};
@@ -68,12 +67,12 @@ pub(crate) const ABOVE_LOW_ORDER0: u8 = 1;
 pub(crate) const ABOVE_LOW_SMALL: u8 = 2;
 /// How far above the `low` edge the free count must be for [`ABOVE_LOW_SMALL`]: an order-`o`
 /// allocation asks for `free - (2^o - 1) > low`, and the largest such `o` is 3.
-const ABOVE_LOW_SMALL_MARGIN: usize = (1 << crate::pcp::PCP_MAX_ORDER) - 1;
+const ABOVE_LOW_SMALL_MARGIN: usize = (1 << crate::types::PCP_MAX_ORDER) - 1;
 /// `Zone::above_low`'s level when an allocation of the pageblock order (the THP cache's
 /// section) passes `low` too, and so does every smaller order.
 pub(crate) const ABOVE_LOW_THP: u8 = 3;
 /// How far above the `low` edge the free count must be for [`ABOVE_LOW_THP`].
-const ABOVE_LOW_THP_MARGIN: usize = (1 << crate::pcp::PCP_THP_ORDER.0) - 1;
+const ABOVE_LOW_THP_MARGIN: usize = (1 << crate::types::PCP_THP_ORDER.0) - 1;
 
 /// What a zone's `above_low` level tells [`Zone::walk_ok`] about one demand, taken once a
 /// walk ([`WalkLevels::of`]).
@@ -177,8 +176,8 @@ pub struct Zone {
     /// The copies of `above_low` in this zone's per-CPU lists (`PerCpuPages::gate`), which
     /// the allocation sections read with the lists' lock byte in one load, where reading the
     /// zone's took two (its address, then the byte): written with it, under the lock, once
-    /// the handle has given the zone its lists ([`Zone::install_gates`]).
-    gates: std::sync::OnceLock<Gates>,
+    /// the handle has given the zone its lists ([`Zone::install_lists`]).
+    lists: std::sync::OnceLock<Arc<dyn CpuLists>>,
     /// The zone lock, the lists it guards, the exact free count and the transfer list, on
     /// lines of their own (Linux's `ZONE_PADDING`): every CPU's refills and drains write them,
     /// while the fields above are read by every allocation's watermark check.
@@ -264,24 +263,17 @@ impl fmt::Debug for Zone {
     }
 }
 
-/// A zone's per-CPU lists, as the zone reaches them to keep their gates.
-struct Gates {
-    pcps: Arc<[PerCpuPages]>,
-    /// The zone's lists of CPU 0 (the zone's id), then every `stride` (the zones).
-    first: usize,
-    stride: usize,
-}
-
-impl Gates {
-    fn lists(&self) -> impl Iterator<Item = &PerCpuPages> {
-        self.pcps.iter().skip(self.first).step_by(self.stride.max(1))
-    }
-
-    fn set(&self, level: u8) {
-        for p in self.lists() {
-            p.set_gate(level);
-        }
-    }
+/// A zone's per-CPU lists, as the zone sees them: what it keeps in step with its
+/// `above_low` (each CPU's gate) when that flips. The lists' type is the per-CPU layer's
+/// (`pcp::ZoneLists`), which installs them ([`Zone::install_lists`]) and reaches them
+/// again through [`CpuLists::as_any`]; the zone names nothing of that layer.
+pub(crate) trait CpuLists: Send + Sync + 'static {
+    /// Sets every CPU's gate to `level`; the zone lock is held.
+    fn set_gates(&self, level: u8);
+    /// A CPU whose gate is not `level`, and its gate (quiescent).
+    fn gate_mismatch(&self, level: u8) -> Option<(usize, u8)>;
+    /// The lists as their own type, for the layer that made them.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 impl Zone {
@@ -321,7 +313,7 @@ impl Zone {
             max_drift: AtomicUsize::new(0),
             pressure: AtomicBool::new(false),
             above_low: CachePadded::new(std::sync::atomic::AtomicU8::new(0)),
-            gates: std::sync::OnceLock::new(),
+            lists: std::sync::OnceLock::new(),
             locked: CachePadded::new(LockedArea {
                 lock: Mutex::new(FreeArea::new(pages)),
                 free_pages: AtomicUsize::new(0),
@@ -372,13 +364,11 @@ impl Zone {
         self.mem_map.set_run_owner(pfn, cpu);
     }
 
-    /// CPU `cpu`'s lists of this zone, once the handle has given the zone its lists
-    /// ([`Zone::install_gates`]); `None` before (lists built apart from a handle, in tests)
-    /// and for a CPU the handle does not have.
+    /// This zone's per-CPU lists, once the handle has given the zone them
+    /// ([`Zone::install_lists`]); `None` before (lists built apart from a handle, in tests).
     #[inline]
-    pub(crate) fn lists(&self, cpu: usize) -> Option<&PerCpuPages> {
-        let g = self.gates.get()?;
-        g.pcps.get(g.first + cpu.checked_mul(g.stride.max(1))?)
+    pub(crate) fn cpu_lists(&self) -> Option<&dyn CpuLists> {
+        self.lists.get().map(|l| &**l)
     }
 
     /// This zone's state bytes, in frame order from its first frame (invariant walks).
@@ -577,28 +567,26 @@ impl Zone {
         let above = self.above_low_level(free);
         if self.above_low.load(std::sync::atomic::Ordering::Relaxed) != above {
             self.above_low.store(above, std::sync::atomic::Ordering::Relaxed);
-            if let Some(g) = self.gates.get() {
-                g.set(above);
+            if let Some(l) = self.lists.get() {
+                l.set_gates(above);
             }
         }
     }
 
-    /// Gives the zone its per-CPU lists, `pcps[cpu * stride + id]` for every CPU, whose
-    /// gates it keeps equal to `Zone::above_low` from now on (see the field `gates`).
-    /// Once: a second call changes nothing.
-    pub(crate) fn install_gates(&self, pcps: Arc<[PerCpuPages]>, stride: usize) {
+    /// Gives the zone its per-CPU lists, whose gates it keeps equal to `Zone::above_low`
+    /// from now on (see the field `lists`). Once: a second call changes nothing.
+    pub(crate) fn install_lists(&self, lists: Arc<dyn CpuLists>) {
         let _l = self.lock();
-        let g = Gates { pcps, first: self.id.0 as usize, stride };
-        g.set(self.above_low.load(std::sync::atomic::Ordering::Relaxed));
-        let _ = self.gates.set(g);
+        lists.set_gates(self.above_low.load(std::sync::atomic::Ordering::Relaxed));
+        let _ = self.lists.set(lists);
     }
 
     /// Checks that every gate of this zone's lists equals `Zone::above_low` (quiescent).
     pub(crate) fn check_gates(&self) -> Result<(), String> {
-        let Some(g) = self.gates.get() else { return Ok(()) };
+        let Some(l) = self.lists.get() else { return Ok(()) };
         let above = self.above_low.load(std::sync::atomic::Ordering::Relaxed);
-        match g.lists().find(|p| p.gate() != above) {
-            Some(p) => Err(format!("zone {}: cpu {}'s gate {} but above_low {above}", self.id.0, p.cpu(), p.gate())),
+        match l.gate_mismatch(above) {
+            Some((cpu, gate)) => Err(format!("zone {}: cpu {cpu}'s gate {gate} but above_low {above}", self.id.0)),
             None => Ok(()),
         }
     }

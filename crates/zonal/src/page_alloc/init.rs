@@ -101,7 +101,7 @@ impl Zonal {
             .collect();
         // The zones keep their lists' gates (their `above_low` for the allocation sections).
         for z in zones.iter() {
-            z.install_gates(Arc::clone(&pcps), zones.len());
+            crate::pcp::ZoneLists::install(z, Arc::clone(&pcps), zones.len());
         }
         // Decide now (and register with membarrier, which can take milliseconds) whether the
         // rseq fast path runs, rather than inside the first allocation.

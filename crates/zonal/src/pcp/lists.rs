@@ -17,6 +17,7 @@
 //! Invariant (checked by [`check`]): `count == sum(len(lists[o]) << o)`, every block on
 //! `lists[o]` has head state `PCP|o`, and `count <= high + batch`.
 
+use super::ZoneListsOf;
 use super::{PcpInner, INBOX_CAP, NR_PCP_LISTS, OUTBOX_CAP, PCP_BATCH_SCALE_MAX, PCP_THP_HIGH, PCP_THP_ORDER};
 use crate::mem_map::{self, NO_OWNER, PCP, RUN_ORDER};
 use crate::sync::Ordering;

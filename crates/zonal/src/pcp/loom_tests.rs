@@ -157,7 +157,7 @@ fn loom_foreign_free_goes_to_the_owner_racing_its_refill_and_a_drain() {
     loom::model(|| {
         let z = Arc::new(Zone::new(ZoneId(0), NodeId(0), Pfn(0), 8, Order(2)));
         let pcps: std::sync::Arc<[PerCpuPages]> = (0..2).map(|c| PerCpuPages::new(c, 1, 4, 4).routing()).collect();
-        z.install_gates(std::sync::Arc::clone(&pcps), 1);
+        crate::pcp::ZoneLists::install(&z, std::sync::Arc::clone(&pcps), 1);
         let first = alloc(&z, &pcps[0]).unwrap();
         assert_eq!(z.run_owner(first), 0, "CPU 0's refill owns the run");
         let freer = {

@@ -32,9 +32,11 @@
 use crate::mem_map::{self, PCP};
 use crate::sync::{spin_wait, AtomicBool, AtomicU64, AtomicUsize, LockedCell, Ordering};
 use crate::types::{Order, Pfn};
+pub use crate::types::{PCP_MAX_ORDER, PCP_THP_ORDER};
 use crate::vmstat::ZoneStatItem;
-use crate::zone::{Transfer, Zone};
+use crate::zone::{CpuLists, Transfer, Zone};
 use crossbeam_utils::CachePadded;
+use std::sync::Arc;
 
 mod lists;
 #[cfg(all(test, loom))]
@@ -46,13 +48,8 @@ pub use lists::{
     set_high_and_batch, zone_batchsize, zone_highsize,
 };
 
-/// Highest order kept on the pcp lists counted in `count` (`PAGE_ALLOC_COSTLY_ORDER`).
-pub const PCP_MAX_ORDER: u8 = 3;
 /// Number of pcp lists counted in `count` (one per order `0..=PCP_MAX_ORDER`).
 pub const NR_PCP_LISTS: usize = PCP_MAX_ORDER as usize + 1;
-/// The order of the one list above the costly orders (`NR_PCP_THP`, Linux 5.13+):
-/// `pageblock_order`, the order of a transparent huge page (2 MiB of 4 KiB frames).
-pub const PCP_THP_ORDER: Order = Order(9);
 /// Blocks the THP list holds at most: its own bound, beside `high` (see [`PcpInner::thp`]).
 pub(crate) const PCP_THP_HIGH: usize = 2;
 
@@ -290,7 +287,7 @@ const _: () = assert!(SMALL_CACHE_CAP as u64 <= word::LEN);
 #[derive(Debug)]
 pub struct PerCpuPages {
     /// The zone's `Zone::above_low`, copied here by the zone (under its lock, when it
-    /// flips: `Zone::install_gates`): the allocation sections' watermark test. It lies just
+    /// flips: `ZoneLists::install`): the allocation sections' watermark test. It lies just
     /// before `lock`, so that a section reads both with one 16-bit load (`gate | lock << 8`,
     /// see `rseq::x86_64`), where it read the lock byte, the zone's address and then its
     /// byte. 0 (no allocation pops) until the zone has its lists.
@@ -410,6 +407,63 @@ unsafe impl Sync for PerCpuPages {}
 // SAFETY: as above; nothing in the struct is tied to the thread that built it.
 unsafe impl Send for PerCpuPages {}
 
+/// A zone's per-CPU lists: CPU c's are `pcps[first + c * stride]` (the handle keeps the
+/// lists of every zone for one CPU together, `first` the zone's id and `stride` the zones).
+/// The zone holds them as [`CpuLists`], to keep their gates; this layer reaches them back
+/// through [`ZoneListsOf::lists`].
+pub(crate) struct ZoneLists {
+    pcps: Arc<[PerCpuPages]>,
+    first: usize,
+    stride: usize,
+}
+
+impl ZoneLists {
+    /// Gives `zone` its lists in `pcps` (every zone's, `stride` zones per CPU).
+    pub(crate) fn install(zone: &Zone, pcps: Arc<[PerCpuPages]>, stride: usize) {
+        zone.install_lists(Arc::new(ZoneLists { pcps, first: zone.id.0 as usize, stride }));
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &PerCpuPages> {
+        self.pcps.iter().skip(self.first).step_by(self.stride.max(1))
+    }
+
+    /// CPU `cpu`'s lists, `None` for a CPU the handle does not have.
+    #[inline]
+    fn get(&self, cpu: usize) -> Option<&PerCpuPages> {
+        self.pcps.get(self.first + cpu.checked_mul(self.stride.max(1))?)
+    }
+}
+
+impl CpuLists for ZoneLists {
+    fn set_gates(&self, level: u8) {
+        for p in self.iter() {
+            p.set_gate(level);
+        }
+    }
+
+    fn gate_mismatch(&self, level: u8) -> Option<(usize, u8)> {
+        self.iter().find(|p| p.gate() != level).map(|p| (p.cpu(), p.gate()))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// A zone's lists of one CPU, through the [`ZoneLists`] the handle installed.
+pub(crate) trait ZoneListsOf {
+    /// CPU `cpu`'s lists of this zone; `None` before the handle installed them (lists built
+    /// apart from a handle, in tests) and for a CPU the handle does not have.
+    fn lists(&self, cpu: usize) -> Option<&PerCpuPages>;
+}
+
+impl ZoneListsOf for Zone {
+    #[inline]
+    fn lists(&self, cpu: usize) -> Option<&PerCpuPages> {
+        self.cpu_lists()?.as_any().downcast_ref::<ZoneLists>()?.get(cpu)
+    }
+}
+
 impl PerCpuPages {
     /// Lists of `cpu` with the given batch and bounds; `high` starts at `high_min`. They
     /// serve no zone's fast paths until [`PerCpuPages::watching`] gives them their zone.
@@ -469,7 +523,7 @@ impl PerCpuPages {
     }
 
     /// These lists given their zone's span, which the fast free's section reads (their
-    /// gate, the allocation sections' watermark test, the zone keeps: `Zone::install_gates`).
+    /// gate, the allocation sections' watermark test, the zone keeps: `ZoneLists::install`).
     pub fn watching(mut self, zone: &Zone) -> PerCpuPages {
         (self.span_start, self.span_pages) = (zone.start_pfn.0, zone.spanned);
         self
