@@ -383,23 +383,29 @@ fn connect_nowait(path: &Path, held: &mut Vec<std::os::fd::OwnedFd>) -> bool {
     false
 }
 
-#[test]
-fn the_exporter_and_ps_answer_within_their_bound_while_a_published_process_is_stopped() {
-    let dir = test_dir("stopped");
-    let mine = published(&dir);
+/// This test binary again as `child_publisher`, publishing a handle in `dir`: the child (its
+/// stdin kept open, which it waits on) and its socket.
+fn spawn_publisher(dir: &std::path::Path) -> (std::process::Child, PathBuf) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_publisher", "--nocapture", "--test-threads=1"])
-        .env("ZONAL_TEST_PUBLISH_IN", &dir)
+        .env("ZONAL_TEST_PUBLISH_IN", dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let line = std::io::BufReader::new(child.stdout.take().unwrap())
+    let sock = std::io::BufReader::new(child.stdout.take().unwrap())
         .lines()
         .map(Result::unwrap)
-        .find_map(|l| l.split_once("published ").map(|(_, p)| p.to_string()))
+        .find_map(|l| l.split_once("published ").map(|(_, p)| PathBuf::from(p)))
         .expect("the child publishes");
-    let child_sock = PathBuf::from(line);
+    (child, sock)
+}
+
+#[test]
+fn the_exporter_and_ps_answer_within_their_bound_while_a_published_process_is_stopped() {
+    let dir = test_dir("stopped");
+    let mine = published(&dir);
+    let (mut child, child_sock) = spawn_publisher(&dir);
     let child_pid = child.id() as i32;
     let signal = |sig| {
         // SAFETY: kill takes no pointers; the child is ours and not yet waited for.
@@ -516,18 +522,7 @@ fn zonal_publish_publishes_the_commands_handle_and_the_bench_refuses_it() {
 #[test]
 fn top_and_vmstat_say_a_stopped_process_did_not_answer() {
     let dir = test_dir("stopped-readers");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_publisher", "--nocapture", "--test-threads=1"])
-        .env("ZONAL_TEST_PUBLISH_IN", &dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let sock = std::io::BufReader::new(child.stdout.take().unwrap())
-        .lines()
-        .map(Result::unwrap)
-        .find_map(|l| l.split_once("published ").map(|(_, p)| PathBuf::from(p)))
-        .expect("the child publishes");
+    let (mut child, sock) = spawn_publisher(&dir);
     let pid = child.id() as i32;
     // SAFETY: kill takes no pointers; the child is ours and not yet waited for.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
