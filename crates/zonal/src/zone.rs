@@ -358,10 +358,23 @@ impl Zone {
         self.mem_map.run_owner(pfn)
     }
 
-    /// Names `cpu` the owner of `pfn`'s run (a refill's, under its pcp lock; last writer wins).
+    /// Names `cpu` the owner of `pfn`'s run (a refill's, under its pcp lock; last writer
+    /// wins), when the whole run lies in this zone: a run that a zone's edge cuts (a zone
+    /// smaller than a run, or not aligned to one) stays nobody's, so that a run's owner
+    /// always names lists whose zone holds every frame of it, which the fast free's section
+    /// trusts (see `pcp::rseq::push_frame`).
     #[inline]
     pub(crate) fn set_run_owner(&self, pfn: Pfn, cpu: u16) {
-        self.mem_map.set_run_owner(pfn, cpu);
+        if self.holds_run(pfn) {
+            self.mem_map.set_run_owner(pfn, cpu);
+        }
+    }
+
+    /// Whether every frame of `pfn`'s run lies in this zone.
+    #[inline]
+    pub(crate) fn holds_run(&self, pfn: Pfn) -> bool {
+        let first = pfn.0 >> mem_map::RUN_ORDER.0 << mem_map::RUN_ORDER.0;
+        first >= self.start_pfn.0 && first + (1 << mem_map::RUN_ORDER.0) <= self.start_pfn.0 + self.spanned
     }
 
     /// This zone's per-CPU lists, once the handle has given the zone them

@@ -76,6 +76,22 @@ impl Zonal {
         for z in zones.iter() {
             z.setup_watermarks(min_free, lowmem_pages, config.watermark_scale_factor);
         }
+        let local_zone = (0..nr_cpus)
+            .map(|c| {
+                let nid = topo.cpu_to_node(CpuId(c as u32));
+                zonelists[nid.0 as usize].fallback.first().map_or(NO_ZONE, |z| z.0)
+            })
+            .collect::<Box<[u16]>>();
+        let nz = zones.len();
+        let local_is_hit: Box<[bool]> = local_zone
+            .iter()
+            .enumerate()
+            .map(|(c, &z)| node_zones[topo.cpu_to_node(CpuId(c as u32)).0 as usize].iter().any(|id| id.0 == z))
+            .collect();
+        // The fast paths count their allocations as local hits: a CPU whose first zone is on
+        // another node (a memoryless node's) takes the general path, which charges each one.
+        let local_zone: Box<[u16]> =
+            local_zone.iter().zip(local_is_hit.iter()).map(|(&z, &hit)| if hit { z } else { NO_ZONE }).collect();
         let fraction = config.percpu_pagelist_high_fraction;
         let pcps: Arc<[PerCpuPages]> = (0..nr_cpus)
             .flat_map(|cpu| zones.iter().map(move |z| (cpu, z)))
@@ -88,8 +104,11 @@ impl Zonal {
                     if topo.is_virtual(CpuId(cpu as u32)) {
                         lists = lists.virtual_cpu();
                     }
-                    // A zone of the CPU's node: its fast paths' lists, which route frees.
-                    if topo.cpu_to_node(CpuId(cpu as u32)) == z.node {
+                    // The CPU's local lists (the zone on its node, which its fast paths
+                    // take), and only they, route frees and own runs: the fast free's
+                    // section relies on it (a run its CPU owns lies in its local lists'
+                    // span, see `pcp::rseq::push_frame`).
+                    if local_zone[cpu] == z.id.0 {
                         lists.routing()
                     } else {
                         lists
@@ -109,22 +128,6 @@ impl Zonal {
         let rseq = if config.pcp && pcp::rseq::enabled() { sys::rseq_offset() } else { None };
         let key = key::FastKey::new(rseq, mempolicy::policy_bit(id));
         let rseq_off = key.load().rseq();
-        let local_zone = (0..nr_cpus)
-            .map(|c| {
-                let nid = topo.cpu_to_node(CpuId(c as u32));
-                zonelists[nid.0 as usize].fallback.first().map_or(NO_ZONE, |z| z.0)
-            })
-            .collect::<Box<[u16]>>();
-        let nz = zones.len();
-        let local_is_hit: Box<[bool]> = local_zone
-            .iter()
-            .enumerate()
-            .map(|(c, &z)| node_zones[topo.cpu_to_node(CpuId(c as u32)).0 as usize].iter().any(|id| id.0 == z))
-            .collect();
-        // The fast paths count their allocations as local hits: a CPU whose first zone is on
-        // another node (a memoryless node's) takes the general path, which charges each one.
-        let local_zone: Box<[u16]> =
-            local_zone.iter().zip(local_is_hit.iter()).map(|(&z, &hit)| if hit { z } else { NO_ZONE }).collect();
         // `LOCAL_CPUS` entries, whatever the CPU count (the sections bound the id with it).
         let local_pcp: Box<[usize]> = (0..pcp::rseq::LOCAL_CPUS)
             .map(|c| match (local_zone.get(c), rseq_off) {

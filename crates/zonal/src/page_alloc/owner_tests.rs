@@ -223,3 +223,31 @@ fn another_nodes_frees_are_not_routed() {
     assert!(zone.transfer().len_hint() > 0, "CPU 1's lists drained past high to the transfer list");
     assert_eq!(z.check_invariants(), Ok(0));
 }
+
+/// A run that a zone's edge cuts is nobody's: with zones of 64 KiB (16 frames) side by
+/// side, one run of 128 frames holds both zones' frames. Were CPU 1's refill of zone 1 to name it the run's
+/// owner, its fast free of a zone-0 frame would take the run for its own and push the frame
+/// onto its zone-1 lists (the section trusts an owner to be the local zone's). The frame
+/// goes to CPU 1's lists of zone 0 instead, and every frame is where its zone says.
+#[test]
+fn a_run_two_zones_share_is_nobodys() {
+    if shared_zone("nodes=1,size=1M").is_none() {
+        return;
+    }
+    // Blocks of 8 frames (`MAX_ORDER` 3) put the zones side by side; a `min` mark of one
+    // frame leaves their 16 frames allocatable.
+    let mut config = Config::new(Topology::parse("nodes=2,sizes=64K:64K,cpus=0:1").unwrap()).max_order(3);
+    config.min_free_kbytes = Some(8);
+    config.stat_interval = Duration::from_secs(3600);
+    let z = Zonal::new(config).unwrap();
+    let (z0, z1) = (&z.mem.zones[0], &z.mem.zones[1]);
+    assert_eq!(z0.start_pfn.0 >> mem_map::RUN_ORDER.0, z1.start_pfn.0 >> mem_map::RUN_ORDER.0, "one run, two zones");
+    let a = on(0, || z.alloc_pages(Gfp::KERNEL, 0).unwrap().as_ptr() as usize);
+    let b = on(1, || z.alloc_pages(Gfp::KERNEL, 0).unwrap().as_ptr() as usize);
+    assert_eq!(z.page_to_nid(a as *const u8), Ok(NodeId(0)));
+    assert_eq!(z.page_to_nid(b as *const u8), Ok(NodeId(1)));
+    assert_eq!(z0.run_owner(z0.start_pfn), mem_map::NO_OWNER, "a cut run has no owner");
+    on(1, || z.free_pages(a as *mut u8, 0).unwrap());
+    on(1, || z.free_pages(b as *mut u8, 0).unwrap());
+    assert_eq!(z.check_invariants(), Ok(0));
+}

@@ -190,6 +190,23 @@ impl Zonal {
                 })?;
             }
             on_pcp += pcp::check_transfer(z)?;
+            // Only a CPU's local lists own runs, and only runs wholly in their zone: the fast
+            // free's section trusts a run its CPU owns to lie in its local lists' zone (see
+            // `pcp::rseq::push_frame`).
+            let mut run = z.start_pfn.0 >> mem_map::RUN_ORDER.0 << mem_map::RUN_ORDER.0;
+            while run < z.start_pfn.0 + z.spanned {
+                let pfn = Pfn(run.max(z.start_pfn.0));
+                let owner = z.run_owner(pfn);
+                if owner != mem_map::NO_OWNER
+                    && (!z.holds_run(pfn) || self.cpus.local_zone.get(owner as usize) != Some(&z.id.0))
+                {
+                    return Err(format!(
+                        "zone {}: the run at frame {run} is owned by cpu {owner}, whose local zone does not hold it",
+                        z.id.0
+                    ));
+                }
+                run += 1 << mem_map::RUN_ORDER.0;
+            }
             let counted = self.snapshot(z, ZoneStatItem::NrPcpPages);
             if counted != on_pcp {
                 return Err(format!("zone {}: nr_zone_pcp_pages {counted} but the lists hold {on_pcp}", z.id.0));

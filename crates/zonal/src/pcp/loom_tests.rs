@@ -73,7 +73,7 @@ fn loom_alloc_free_drain_race() {
             loom::thread::spawn(move || assert!(free(&z, &pcp, first)))
         };
         pcp.lock(&z).with(|p| drain(&z, p));
-        let second = t1.join().unwrap().expect("8 frames: the allocation cannot fail");
+        let second = t1.join().unwrap().expect("128 frames: the allocation cannot fail");
         t2.join().unwrap();
         assert_ne!(second, Pfn(usize::MAX));
         check_all(&z, &pcp, 1);
@@ -155,7 +155,7 @@ fn loom_thp_holder_races_small_orders_and_a_drain() {
 #[test]
 fn loom_foreign_free_goes_to_the_owner_racing_its_refill_and_a_drain() {
     loom::model(|| {
-        let z = Arc::new(Zone::new(ZoneId(0), NodeId(0), Pfn(0), 8, Order(2)));
+        let z = Arc::new(Zone::new(ZoneId(0), NodeId(0), Pfn(0), 128, Order(2)));
         let pcps: std::sync::Arc<[PerCpuPages]> = (0..2).map(|c| PerCpuPages::new(c, 1, 4, 4).routing()).collect();
         crate::pcp::ZoneLists::install(&z, std::sync::Arc::clone(&pcps), 1);
         let first = alloc(&z, &pcps[0]).unwrap();
@@ -174,7 +174,7 @@ fn loom_foreign_free_goes_to_the_owner_racing_its_refill_and_a_drain() {
         };
         pcps[0].lock(&z).with(|p| drain(&z, p));
         freer.join().unwrap();
-        let second = allocator.join().unwrap().expect("8 frames: the allocation cannot fail");
+        let second = allocator.join().unwrap().expect("128 frames: the allocation cannot fail");
         assert_ne!(second, Pfn(usize::MAX));
         let mut on_pcp = 0;
         for (c, pcp) in pcps.iter().enumerate() {

@@ -96,12 +96,13 @@ pub struct PcpInner {
     /// The CPU these lists belong to (as `PerCpuPages::cpu`): the owner a refill names for
     /// the runs it takes, and whose frames a free keeps (see `mem_map::MemMap`'s owners).
     pub(crate) cpu: u32,
-    /// Whether these lists take part in run ownership: a CPU's lists of a zone on its own
-    /// node (the lists its fast paths use, `PerCpuPages::routing`). Their refills name their
-    /// CPU the owner of the runs they take, and their frees send frames of other CPUs' runs
-    /// back; another node's CPU's lists of the zone (which take only that CPU's fallback
-    /// allocations and its frees of the zone's frames) do neither, as the fast free's
-    /// section tests owners on its local branch alone.
+    /// Whether these lists take part in run ownership: a CPU's local lists (of the zone on
+    /// its node, which its fast paths use, `PerCpuPages::routing`), and no other lists of
+    /// the CPU. Their refills name their CPU the owner of the runs they take, and their
+    /// frees send frames of other CPUs' runs back; another node's CPU's lists of the zone
+    /// (which take only that CPU's fallback allocations and its frees of the zone's frames)
+    /// do neither. So a run a CPU owns lies in its local lists' span, which the fast free's
+    /// section takes on trust when the owner is its CPU.
     pub(crate) routes: bool,
     /// Order-0 frames freed here whose runs another CPU owns, on their way to that CPU's
     /// inbox (`lists::deliver`), tagged `PCP` and counted as this CPU's pcp frames until
