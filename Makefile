@@ -43,7 +43,7 @@ INSTALL_LIB ?= $(INSTALL) -m 755
 # What a Rust staticlib needs from the system, as `cargo rustc -p zonal-numab --lib
 # --crate-type staticlib -- --print native-static-libs` prints it (Rust 1.95, Linux, glibc;
 # no dependency of zonal links a native library of its own, so it is the standard library's
-# list, the same for both archives). The static link in tests/install.rs checks it suffices.
+# list, the same for both archives). The static link in tests/suite/install.rs checks it suffices.
 NATIVE_STATIC_LIBS ?= -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
 
 # The first `version = "..."` / `description = "..."` line of a manifest: its [package]'s.

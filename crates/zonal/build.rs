@@ -12,7 +12,8 @@
 //! happened to find, and nothing tells the loader which ABI it needs. `libzonal.so.0` names
 //! the append-only C ABI of `include/zonal.h` (0 until a release breaks it), so the library
 //! installs as distributions install any other (`libzonal.so.0`, with `libzonal.so` a link
-//! to it for `-lzonal`); programs record `NEEDED libzonal.so.0` (tests/c_abi.rs checks both).
+//! to it for `-lzonal`); programs record `NEEDED libzonal.so.0` (tests/suite/c_abi.rs checks
+//! both).
 //!
 //! Why `rustc-link-arg` for the SONAME and not `rustc-cdylib-link-arg`: cargo also passes a
 //! package's cdylib link arguments to the cdylibs of the packages that depend on it

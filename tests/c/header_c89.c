@@ -1,6 +1,6 @@
 /* The headers as C89: compiled (not run) with cc -std=c89 -pedantic -Wall -Wextra -Werror by
- * crates/zonal/tests/c_abi.rs, and with -DZONAL_TEST_NUMAB_FIRST by crates/numab's, which
- * includes zonal_numab.h first (it includes zonal.h itself). A header a C89 program cannot
+ * crates/zonal/tests/suite/c_abi.rs, and with -DZONAL_TEST_NUMAB_FIRST by crates/numab's,
+ * which includes zonal_numab.h first (it includes zonal.h itself). A header a C89 program cannot
  * include is one many C code bases cannot use: no // comments, nothing newer than C89. */
 #ifdef ZONAL_TEST_NUMAB_FIRST
 #include "zonal_numab.h"

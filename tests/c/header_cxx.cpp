@@ -1,5 +1,5 @@
 // zonal.h from C++: compiled with c++ -Wall -Wextra -Werror, linked against libzonal.so and
-// run by crates/zonal/tests/c_abi.rs. The header's extern "C" block is written by hand
+// run by crates/zonal/tests/suite/c_abi.rs. The header's extern "C" block is written by hand
 // (cbindgen's own uses // comments, which C89 rejects): without it these calls would link
 // against C++-mangled names and fail.
 #include <cstdio>

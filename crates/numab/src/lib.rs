@@ -74,7 +74,7 @@ pub use uffd::{userfaultfd_available, userfaultfd_thread_available};
 /// --release -p zonal-numab --doc`), so the README cannot drift from the API. Here because
 /// the balancing example needs both zonal and zonal-numab, and this crate sees both. Only
 /// under `cfg(doctest)`: the README is not this crate's documentation. (Its C examples are
-/// built and run by tests/install.rs at the root.)
+/// built and run by tests/suite/install.rs at the root.)
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;

@@ -2,6 +2,10 @@
 //! touched in random order; the mapping budget reached while pages migrate; a region of
 //! gigabytes dropped while another first-touches with a small reserve. One case at a time
 //! (they use gigabytes).
+//!
+//! A test binary of its own, not a module of tests/suite: these tests count the whole
+//! process's mappings (`/proc/self/maps` against `vm.max_map_count`) and take gigabytes,
+//! which other tests' regions beside them would disturb.
 
 mod common;
 

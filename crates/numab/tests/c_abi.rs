@@ -2,6 +2,10 @@
 //! include/zonal.h and include/zonal_numab.h, linked once against libzonal_numab.so (found
 //! through its SONAME) and once against libzonal_numab.a, and run; include/zonal_numab.h
 //! compiled as C89; the SONAME itself.
+//!
+//! A test binary of its own, not a module of tests/suite: numab_test.c checks that a page
+//! moves right after an access from CPU 1, which fails when other threads keep that CPU busy
+//! (see `SERIAL` below); alone in its binary, no other test's threads run beside it.
 
 // The ELF reader of crates/zonal's tests (SONAME and NEEDED entries, no binutils needed).
 #[path = "../../zonal/tests/common/elf.rs"]

@@ -1,6 +1,9 @@
 //! The application's own SIGSEGV handler keeps working for faults outside regions: installed
 //! before the balancer, it is chained to; region faults never reach it. (Its own process:
 //! the handler is process-wide.)
+//!
+//! A test binary of its own, not a module of tests/suite: the program's handler must be
+//! installed before any balancer of the process, and it is process-wide.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

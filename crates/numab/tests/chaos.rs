@@ -6,6 +6,10 @@
 //! and the mapping budget pulled down and let go, while the balancer's thread scans every
 //! 2 ms and collapses. Every byte and every increment is checked, and every frame is back at
 //! the end.
+//!
+//! A test binary of its own, not a module of tests/suite: it installs a SIGUSR1 handler and
+//! forks children, both process-wide, and .ci/run runs it alone for longer
+//! (`ZONAL_CHAOS_SECS=40 cargo test --release -p zonal-numab --test chaos`).
 
 mod common;
 

@@ -1,4 +1,8 @@
 //! `fork()` of a process with regions: the child shares no frame of its parent's regions.
+//!
+//! A test binary of its own, not a module of tests/suite: its children use the allocator
+//! after `fork()`, which is safe only when no other thread of the process can hold a lock at
+//! that moment (`SERIAL` below orders this file's tests; the suite's run on other threads).
 
 mod common;
 

@@ -3,6 +3,9 @@
 //! handler, so each child installs it over the disposition the case sets): a `kill -SEGV`/
 //! `-BUS` takes the default action or reaches the program's handler, and a fault the
 //! balancer cannot resolve kills instead of spinning.
+//!
+//! A test binary of its own, not a module of tests/suite: its cases need a process that has
+//! never installed the balancer's handler (the suite's tests all do), and they fork.
 
 mod common;
 

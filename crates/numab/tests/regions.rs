@@ -1,6 +1,10 @@
 //! Regions end to end on a fake two-node topology with CPU 0 on node 0 and CPU 1 on node 1:
 //! first-touch placement by policy, hint faults and migration in both mapping orders, the
 //! two-stage filter, the counters, bad input, and every frame back when a region goes.
+//!
+//! A test binary of its own, not a module of tests/suite: one test forks a child that must
+//! die touching a region's range just unmapped, which another test's new mapping could take
+//! in the meantime; the fewer tests beside it making regions, the safer.
 
 mod common;
 

@@ -2,6 +2,9 @@
 //! while zonal's locks are held, safe code freeing frames it does not own, its own
 //! `MADV_DONTNEED` on a region page, and its own signal handlers touching region pages.
 //! A hang is the failure of most of these, so each runs under a bound (`within`).
+//!
+//! A test binary of its own, not a module of tests/suite: it installs a SIGUSR1 handler for
+//! the whole process, whose test relies on nothing else in the binary using SIGUSR1.
 
 mod common;
 

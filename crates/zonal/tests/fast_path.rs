@@ -4,6 +4,11 @@
 //!
 //! Handles are built one at a time (`BUILD`), so the handles of one test get consecutive ids
 //! and the per-thread policy bits (`handle id % 64`) of two handles of a test never collide.
+//!
+//! A test binary of its own, not a module of tests/suite: handle ids are process-wide, and
+//! other tests building handles at the same time would break the consecutive ids above (two
+//! ids 64 apart share a policy bit); and the fast path's share of allocations
+//! (`>= 128 of 256`) assumes no other test's threads preempting these on both CPUs.
 
 use std::sync::{mpsc, Arc, Mutex};
 

@@ -6,6 +6,11 @@
 //! Each child runs only this file's code and zonal's, then `_exit`s with a status the
 //! parent checks; a failed check in the child writes its message to stderr with one
 //! `write` (no lock a parent thread may have held) and exits with status 1.
+//!
+//! A test binary of its own, not a module of tests/suite: it forks, and its children run
+//! zonal's code after the fork, which is safe only when no other thread of the process can
+//! be inside the allocator or hold a lock at that moment (true of this file's few tests, not
+//! of the suite's).
 
 use std::ffi::c_void;
 use std::ptr::NonNull;

@@ -1,5 +1,10 @@
 //! Live introspection at the library level: publishing, the directory's and socket's
 //! modes, the protocol's replies, and a server that bad clients cannot stop or hold up.
+//!
+//! A test binary of its own, not a module of tests/suite: one test sets `ZONAL_RUNTIME_DIR`
+//! in the process's environment (the default directory of `Zonal::shared`), which every other
+//! test running beside it would see; and two tests run this binary again by a test's exact
+//! name (`child_publisher`, `child_env_publish`) to get a published process of their own.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;

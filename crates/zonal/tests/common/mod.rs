@@ -1,5 +1,5 @@
-//! Helpers the integration tests share (each test file includes this module with
-//! `mod common;` and uses what it needs).
+//! Helpers the integration tests share (the suite binary includes this module as `common`,
+//! tests/suite/main.rs, and its files use what they need).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};

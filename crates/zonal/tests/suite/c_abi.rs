@@ -3,12 +3,12 @@
 //! README.md's `make install`) and once against libzonal.a, and run; the header compiled as
 //! C89 and used from C++; and the SONAME itself.
 
-mod common;
-// The ELF reader sits with the shared helpers; crates/numab/tests/c_abi.rs includes it too.
-#[path = "common/elf.rs"]
+// The ELF reader sits with the shared helpers (tests/common/elf.rs); crates/numab/tests/c_abi.rs
+// includes it too. A path here is relative to this file's directory, tests/suite.
+#[path = "../common/elf.rs"]
 mod elf;
 
-use common::build_libs;
+use crate::common::build_libs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -2,7 +2,7 @@
 //! the reports make no `membarrier` calls (`pcp_fence`), a drain of a remote cache that holds
 //! frames does, and fake topologies with more CPUs than the machine stay correct.
 
-mod common;
+use crate::common;
 
 use common::on_cpu;
 

@@ -10,9 +10,10 @@
 //! `make`, `pkg-config`, `cc` and `ldd` are needed: a missing one fails the test with what
 //! to install (.ci/run installs them); it never skips.
 
-// The ELF reader of crates/zonal's C ABI tests: SONAME and NEEDED entries without binutils.
+// The ELF reader of crates/zonal's C ABI tests: SONAME and NEEDED entries without binutils. (A
+// path here is relative to this file's directory, tests/suite.)
 #[allow(dead_code)]
-#[path = "../crates/zonal/tests/common/elf.rs"]
+#[path = "../../crates/zonal/tests/common/elf.rs"]
 mod elf;
 
 use std::collections::BTreeSet;

@@ -4,7 +4,7 @@
 //! so `dlclose` keeps it mapped. A C program dlopens it, allocates and frees order-0 frames,
 //! destroys the handle, dlcloses, then is preempted many times and must exit 0.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -10,7 +10,7 @@
 //! old frame (the region keeps the old bytes), and a hidden buffer page makes a system call
 //! fail with `EFAULT` under the `mprotect` and `userfaultfd` backends.
 
-mod common;
+use crate::common;
 
 use common::io::*;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

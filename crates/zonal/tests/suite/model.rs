@@ -319,7 +319,8 @@ impl Harness {
         c.stat_interval = Duration::from_secs(3600);
         let z = Zonal::new(c).unwrap();
         // The model is Linux's walk without the zonelist cache: a stale mark may send an
-        // allocation past a zone that has room (by design; tests/zlc.rs covers the cache).
+        // allocation past a zone that has room (by design; zlc.rs beside this file covers the
+        // cache).
         z.set_zonelist_cache(false);
         // The arena's base, from any frame's address and number.
         let p = z.alloc_pages_node(NodeId(0), Gfp::THISNODE | Gfp::NO_WATERMARKS, 0).unwrap();

@@ -2,7 +2,7 @@
 //! (seed 001): every counter moves in a scenario made for it; auto counts nothing before the
 //! first read; coarse zeroes; strict counts; an invalid value changes nothing.
 
-mod common;
+use crate::common;
 
 use common::on_cpu;
 use zonal::topology::Machine;

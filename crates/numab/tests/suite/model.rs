@@ -5,7 +5,7 @@
 //! (`numa_pte_updates >= numa_hint_faults`), a collapse copies at most its budget; at the
 //! end every frame is back with zonal.
 
-mod common;
+use crate::common;
 
 use common::{driven_balancer, on_cpu};
 use proptest::prelude::*;

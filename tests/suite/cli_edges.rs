@@ -1,7 +1,7 @@
 //! The rough edges a new user found in the `zonal` command, each fixed: a closed pipe, the
 //! words of errors, `sysctl`'s checks and JSON, `--workload`'s checks, buddyinfo's JSON.
 
-mod common;
+use crate::common;
 use common::{err, ok};
 use std::io::Read;
 use std::process::{Command, Output, Stdio};

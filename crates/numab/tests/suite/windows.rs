@@ -5,7 +5,7 @@
 //! the scanner's flushes come to; the kernel's own `/proc/self/maps` is checked beside the
 //! balancer's count. On a fake two-node topology with CPU 0 on node 0 and CPU 1 on node 1.
 
-mod common;
+use crate::common;
 
 use common::{driven_balancer, on_cpu};
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! bulk calls fill exactly the empty slots, counters move once per call, tunables reject bad
 //! values and keep the old one.
 
-mod common;
+use crate::common;
 
 use std::ptr::NonNull;
 use zonal::topology::Machine;

@@ -2,7 +2,7 @@
 //! command reads it (`ps`, `--pid` reports, `sysctl`, `top`), the exporter serves it over
 //! HTTP to a real client, and a peer of another uid is refused.
 
-mod common;
+use crate::common;
 use common::{err, ok};
 use std::io::BufRead;
 use std::os::unix::fs::PermissionsExt;
@@ -248,7 +248,7 @@ fn a_peer_of_another_uid_is_refused() {
     assert!(e.contains("belongs to uid 0") && e.contains(dir.to_str().unwrap()), "{e}");
     // A raw client of that uid reaches the server, which refuses it.
     let o = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_raw_client", "--nocapture", "--test-threads=1"])
+        .args(["--exact", "live::child_raw_client", "--nocapture", "--test-threads=1"])
         .env("ZONAL_TEST_RAW_SOCKET", &sock)
         .uid(65534)
         .gid(65534)
@@ -387,7 +387,7 @@ fn connect_nowait(path: &Path, held: &mut Vec<std::os::fd::OwnedFd>) -> bool {
 /// stdin kept open, which it waits on) and its socket.
 fn spawn_publisher(dir: &std::path::Path) -> (std::process::Child, PathBuf) {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_publisher", "--nocapture", "--test-threads=1"])
+        .args(["--exact", "live::child_publisher", "--nocapture", "--test-threads=1"])
         .env("ZONAL_TEST_PUBLISH_IN", dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
