@@ -440,7 +440,13 @@ impl Zone {
     /// Folds CPU `cpu`'s diff of an item into the counters (the periodic fold). The caller
     /// holds the lock that guards the item, as for [`Zone::mod_page_state`].
     pub(crate) fn fold_diff(&self, cpu: usize, item: ZoneStatItem) {
-        let v = self.diffs(cpu).take(item);
+        self.fold_from(self.diffs(cpu), item);
+    }
+
+    /// Folds one CPU's diff `d` of an item into the counters (see [`Zone::fold_diff`]).
+    #[inline]
+    fn fold_from(&self, d: &PerCpuZoneDiffs, item: ZoneStatItem) {
+        let v = d.take(item);
         if v != 0 {
             self.fold_in(item, v);
         }
@@ -853,10 +859,7 @@ impl ZoneLocked<'_> {
             for item in std::iter::once(ZoneStatItem::NrFreePages)
                 .chain((0..=zone.max_order.0).map(|o| ZoneStatItem::NrFreeOrder(Order(o))))
             {
-                let v = d.take(item);
-                if v != 0 {
-                    zone.fold_in(item, v);
-                }
+                zone.fold_from(d, item);
             }
         }
     }

@@ -538,8 +538,8 @@ impl PerCpuPages {
         self
     }
 
-    /// These lists made a party to run ownership ([`PcpInner::routes`]): the lists of a zone on
-    /// their CPU's node.
+    /// These lists made a party to run ownership ([`PcpInner::routes`]): their CPU's local
+    /// lists (of the zone on its node), and no other lists of the CPU.
     pub fn routing(self) -> PerCpuPages {
         // SAFETY: `self` is owned here, so no guard (nor any other access) exists.
         unsafe {
