@@ -123,9 +123,11 @@ INSTALLED_FILES = \
 
 all: build
 
-# cargo decides what is stale; when everything is built this takes a second.
+# cargo decides what is stale; when everything is built this takes a second. The workspace's
+# libraries (zonal and zonal-numab; the command has none), with the features `cargo test
+# --workspace` gives their dependencies: after a `cargo test --release`, nothing recompiles.
 build:
-	$(CARGO) build --release --target-dir "$(CARGO_TARGET_DIR)" -p zonal -p zonal-numab
+	$(CARGO) build --release --target-dir "$(CARGO_TARGET_DIR)" --workspace --lib
 
 # Every directory must be absolute: the .pc files tell compilers where the files are, and
 # an empty PREFIX would install into /lib and /include.

@@ -45,13 +45,15 @@ fn soname_link(libdir: &Path) {
 
 /// Builds the crate's cdylib and staticlib in this test's target directory and profile
 /// (cargo does not guarantee they are fresh for an integration test); returns their dir.
+/// The whole workspace's libraries, as `cargo test --workspace` resolves their features, so
+/// that this build finds them fresh instead of recompiling zonal (see zonal's `build_libs`).
 fn build_libs() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let profile_dir = exe.parent().and_then(Path::parent).expect("<target>/<profile>");
     let profile = profile_dir.file_name().expect("profile").to_string_lossy().into_owned();
     let target = profile_dir.parent().expect("<target>").to_path_buf();
     let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["build", "-p", "zonal-numab", "--lib"]).env("CARGO_TARGET_DIR", &target);
+    cmd.args(["build", "--workspace", "--lib"]).env("CARGO_TARGET_DIR", &target);
     if profile == "release" {
         cmd.arg("--release");
     }

@@ -28,10 +28,15 @@ fn target_and_profile() -> (PathBuf, String) {
 
 /// Builds the cdylib and staticlib of the crate (cargo does not guarantee they are fresh for
 /// an integration test) and returns their directory.
+///
+/// The workspace's libraries, as `cargo test --workspace` resolves them: with `-p zonal`
+/// alone the derive macros' dependencies had other features (those of the command's
+/// macros), so this build recompiled zonal and the next `cargo test` recompiled it back.
+/// Built as the tests were, it finds everything fresh and only links the files into place.
 pub fn build_libs() -> PathBuf {
     let (target, profile) = target_and_profile();
     let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["build", "-p", "zonal", "--lib"]).env("CARGO_TARGET_DIR", &target);
+    cmd.args(["build", "--workspace", "--lib"]).env("CARGO_TARGET_DIR", &target);
     if profile == "release" {
         cmd.arg("--release");
     }
