@@ -682,7 +682,7 @@ impl RegionShared {
         for j in a..b {
             let old = self.entries[j].frame.swap(first + (j - a) * PAGE, Ordering::Relaxed);
             let from = z.page_to_nid(old as *const u8).map(|n| n.0).ok();
-            let across = from.map_or(true, |n| n != dst);
+            let across = from != Some(dst);
             moved += across as u64;
             promoted += from.is_some_and(|n| across && self.promotes(n, dst)) as u64;
             own |= across && j == idx;

@@ -87,7 +87,10 @@ impl Scope {
                 && bal.tiers.demote_to(n).is_some()
                 && bal.free_pages(n) < bal.mark(n, Watermark::Promo)
         };
-        let hide = (0..nodes as u16).map(|n| bal.enabled() || !bal.tiers.is_top(n) || aging(n)).collect();
+        // Only tiering alone leaves pages accessible (a pass driven with balancing off,
+        // `scan_now`, hides as normal balancing would).
+        let all = bal.enabled() || !bal.tiering();
+        let hide = (0..nodes as u16).map(|n| all || !bal.tiers.is_top(n) || aging(n)).collect();
         Scope { hide, now_ms: bal.clock.now_ms() as u32 }
     }
 
