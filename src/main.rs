@@ -821,7 +821,7 @@ fn bench(b: &BenchArgs, publish: bool) -> Result<ExitCode, String> {
     }
     let known: Vec<&str> = bench::EXPERIMENTS.iter().map(|(n, _)| *n).collect();
     let chosen: Vec<&str> = if experiments.is_empty() {
-        known.clone()
+        known.iter().copied().filter(|e| !bench::ON_REQUEST.contains(e)).collect()
     } else {
         for e in experiments {
             if !known.contains(&e.as_str()) {
@@ -899,6 +899,7 @@ fn bench(b: &BenchArgs, publish: bool) -> Result<ExitCode, String> {
             "zlc" => bench::zlc::run(&opts)?,
             "numab" => bench::numab::run(&opts)?,
             "scale" => bench::scale::run(&opts)?,
+            "tier" => bench::tier::run(&opts)?,
             _ => unreachable!("checked against EXPERIMENTS"),
         };
         opts.child = None;
