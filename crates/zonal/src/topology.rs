@@ -303,11 +303,11 @@ impl Topology {
                     }
                     sys_mode = true;
                 }
-                _ => return Err(Error::InvalidConfig(format!(
-                    "{}topology: unknown key `{}`; valid keys: nodes, size, sizes, cpus, vcpus, distance, tiers, sys",
-                    at(it),
-                    it.key
-                ))),
+                _ => {
+                    let keys = "nodes, size, sizes, cpus, vcpus, distance, tiers, sys";
+                    let msg = format!("{}topology: unknown key `{}`; valid keys: {keys}", at(it), it.key);
+                    return Err(Error::InvalidConfig(msg));
+                }
             }
         }
         if sys_mode {
