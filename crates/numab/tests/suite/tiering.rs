@@ -4,6 +4,12 @@
 //! (distance 20: the tier below). The tests drive the scanner (`scan_now`), the demotion
 //! (`demote_now`) and the tiering clock (`Config::tier_clock`), so hint-fault latencies and
 //! rate windows are exact: nothing here depends on how fast the machine runs.
+//!
+//! Each test was run once with its mechanism taken out, and fails then (see each test's
+//! note): the promotion branch of the hint fault (`fault::promotion_fault` never called), the
+//! latency test (`TierNode::promote` ignoring the threshold), the rate limit (always within
+//! it), the demotion pass (a no-op), and the coldness of demotion's candidates (any page of
+//! the node, present or hinted, taken in address order).
 
 use crate::common::on_cpu;
 use std::sync::atomic::{AtomicU64, Ordering};
