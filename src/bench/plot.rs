@@ -970,6 +970,14 @@ mod tests {
             900.0,
             "main",
         ));
+        v.push(rec(
+            "tier",
+            "mode 2 delayed",
+            json!({"timeline": {"window_ms": 100, "runs": [
+            {"end_s": [0.1, 0.2, 0.3], "accesses_per_s": [2e6, 2e7, 3e7], "hot_on_fast": [0.0, 0.5, 1.0]}]}}),
+            40.0,
+            "main",
+        ));
         let recs = parse(&v).unwrap();
         for (e, want) in [
             ("bulk", vec!["zonal bulk array", "mimalloc", "N, pages per call (log scale)"]),
@@ -980,6 +988,7 @@ mod tests {
             ("stats", vec!["shared", "percpu", "bulk_accounting per_page"]),
             ("zlc", vec!["8 nodes, 7 full ahead, 2 threads"]),
             ("numab", vec!["userfaultfd delayed", "userfaultfd delayed received", "eater freed"]),
+            ("tier", vec!["mode 2 delayed", "% of the hot set"]),
             ("scale", vec!["housekeeping pass", "the CPUs (linear)", "CPUs (log scale, virtual beyond the machine)"]),
         ] {
             let of: Vec<&Rec> = recs.iter().filter(|r| r.experiment == e).collect();
