@@ -202,6 +202,8 @@ const BALANCING: &[(&str, &str)] = &[
     ("numa_pages_migrated", "migrated"),
     ("pgmigrate_fail", "failed"),
     ("numab_collapsed_pages", "collapsed"),
+    ("pgpromote_success", "promoted"),
+    ("pgdemote_kswapd", "demoted"),
 ];
 
 /// One frame of `zonal top`: per node its pages and the rates since `prev`.

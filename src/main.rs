@@ -564,7 +564,22 @@ fn run_live(command: &Command, alloc: &AllocArgs, target: &LiveArgs, pid: i32) -
     };
     let h = || live::target(&dir, pid, target.handle);
     match command {
-        Command::Topology { json, .. } => out(&live::ask(&h()?, if *json { "topology json" } else { "topology" })?),
+        Command::Topology { json, .. } => {
+            let text = live::ask(&h()?, if *json { "topology json" } else { "topology" })?;
+            // The tiers from the spec the process reports (its own balancer, if any, ranks
+            // the same topology the same way).
+            let spec = match *json {
+                true => serde_json::from_str::<serde_json::Value>(&text)
+                    .ok()
+                    .and_then(|v| v["spec"].as_str().map(String::from)),
+                false => text.lines().find_map(|l| l.strip_prefix("spec: ").map(String::from)),
+            };
+            let any = zonal::topology::Machine { nr_cpus: 1, mem_total: u64::MAX };
+            match spec.and_then(|s| Topology::parse_for(&s, any).ok()) {
+                Some(t) => out(&with_tiers(text, &t, *json)),
+                None => out(&text),
+            }
+        }
         Command::Zoneinfo { workload, json, .. } => {
             no_workload(workload)?;
             out(&live::ask(&h()?, if *json { "zoneinfo json" } else { "zoneinfo" })?)
@@ -607,6 +622,12 @@ fn run_live(command: &Command, alloc: &AllocArgs, target: &LiveArgs, pid: i32) -
                     None => (item.trim(), None),
                 };
                 check_tunable_name(name)?;
+                if zonal_numab::tunable::tunable(name).is_ok() {
+                    return Err(format!(
+                        "`{name}` is a tunable of the NUMA balancing layer, which --pid does not reach yet: set it in \
+                         the process (Balancer::sysctl_set, or its config string: `{name}=VALUE`)"
+                    ));
+                }
                 let got = match value {
                     Some(v) if v.is_empty() || v.contains(char::is_whitespace) => {
                         return Err(format!("`{item}`: the value must be one word"))
@@ -637,13 +658,32 @@ fn out(text: &str) -> Result<(), String> {
     o.write_all(text.as_bytes()).and_then(|_| o.flush()).map_err(|e| format!("cannot write: {e}"))
 }
 
-/// Refuses a name that is no tunable, listing them.
+/// Refuses a name that is no tunable (of zonal or of its NUMA balancing layer), listing them.
 fn check_tunable_name(name: &str) -> Result<(), String> {
-    if zonal::sysctl::TUNABLES.iter().any(|t| t.name == name) {
+    let numab = zonal_numab::tunable::TUNABLES.iter().map(|t| t.name);
+    if zonal::sysctl::TUNABLES.iter().map(|t| t.name).chain(numab.clone()).any(|n| n == name) {
         return Ok(());
     }
-    let names: Vec<&str> = zonal::sysctl::TUNABLES.iter().map(|t| t.name).collect();
+    let names: Vec<&str> = zonal::sysctl::TUNABLES.iter().map(|t| t.name).chain(numab).collect();
     Err(format!("unknown tunable `{name}`; tunables: {}", names.join(", ")))
+}
+
+/// A topology report with its memory tiers (`zonal_numab::Tiers`): a section after the
+/// text, or a `tiers` array in the JSON.
+fn with_tiers(report: String, t: &Topology, json: bool) -> String {
+    let tiers = zonal_numab::Tiers::of(t);
+    if !json {
+        return report + &tiers.describe();
+    }
+    let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&report) else { return report };
+    let rows: Vec<serde_json::Value> = (0..t.nr_nodes() as u16)
+        .map(|n| {
+            serde_json::json!({ "node": n, "tier": tiers.tier(n), "top": tiers.is_top(n),
+                "adistance": tiers.adistance(n), "demotes_to": tiers.demote_to(n) })
+        })
+        .collect();
+    v["tiers"] = serde_json::Value::Array(rows);
+    serde_json::to_string_pretty(&v).map_or(report, |s| s + "\n")
 }
 
 /// A tunable's value as JSON: a number when it is one.
@@ -673,6 +713,11 @@ fn sysctl_doc(items: &[String], json: bool) -> Result<(), String> {
         .iter()
         .filter(|t| items.is_empty() || items.iter().any(|i| i.trim() == t.name))
         .collect();
+    let layer: Vec<&zonal_numab::tunable::Tunable> = zonal_numab::tunable::TUNABLES
+        .iter()
+        .filter(|t| items.is_empty() || items.iter().any(|i| i.trim() == t.name))
+        .collect();
+    let layer_values = |t: &zonal_numab::tunable::Tunable| format!("{}..={}", t.min, t.max);
     if json {
         let v: Vec<serde_json::Value> = rows
             .iter()
@@ -680,6 +725,10 @@ fn sysctl_doc(items: &[String], json: bool) -> Result<(), String> {
                 serde_json::json!({ "name": t.name, "default": json_value(t.default),
                     "values": t.bounds.describe(), "unit": t.unit, "doc": t.doc })
             })
+            .chain(layer.iter().map(|t| {
+                serde_json::json!({ "name": t.name, "default": json_value(t.default),
+                    "values": layer_values(t), "unit": t.unit, "doc": t.doc, "layer": "numab" })
+            }))
             .collect();
         return out(&(serde_json::to_string_pretty(&v).map_err(|e| e.to_string())? + "\n"));
     }
@@ -693,6 +742,16 @@ fn sysctl_doc(items: &[String], json: bool) -> Result<(), String> {
             };
             format!("{} (default {}, {}{unit}): {}\n", t.name, t.default, t.bounds.describe(), t.doc)
         })
+        .chain(layer.iter().map(|t| {
+            format!(
+                "{} (NUMA balancing layer; default {}, {}, unit {}): {}\n",
+                t.name,
+                t.default,
+                layer_values(t),
+                t.unit,
+                t.doc
+            )
+        }))
         .collect::<String>())
 }
 
@@ -735,25 +794,40 @@ fn run(command: &Command, publish: bool) -> Result<(), String> {
                 return sysctl_doc(items, *json);
             }
             let mut shown = Vec::new();
+            // The NUMA balancing layer's tunables: this command has no balancer, so a value
+            // is checked as a balancer checks it and shown, and ends with the command as
+            // every setting of the command's own handle does.
+            let mut layer: Vec<(String, String)> =
+                zonal_numab::tunable::TUNABLES.iter().map(|t| (t.name.to_string(), t.default.to_string())).collect();
             for item in items {
                 let name = item.split_once('=').map_or(item.as_str(), |(n, _)| n).trim();
                 check_tunable_name(name)?;
-                if item.contains('=') {
-                    set_tunable(&z, item)?;
+                match (item.split_once('='), layer.iter_mut().find(|(n, _)| n == name)) {
+                    (Some((_, v)), Some(slot)) => {
+                        slot.1 = zonal_numab::tunable::parse(name, v).map_err(|e| e.to_string())?.to_string()
+                    }
+                    (Some(_), None) => set_tunable(&z, item)?,
+                    (None, _) => {}
                 }
                 shown.push(name.to_string());
             }
             let pairs: Vec<(String, String)> = if *all || items.is_empty() {
-                z.sysctl_all().into_iter().map(|(n, v)| (n.to_string(), v)).collect()
+                z.sysctl_all().into_iter().map(|(n, v)| (n.to_string(), v)).chain(layer).collect()
             } else {
                 shown
                     .iter()
-                    .map(|n| z.sysctl_get(n).map(|v| (n.clone(), v)).map_err(|e| e.to_string()))
+                    .map(|n| match layer.iter().find(|(l, _)| l == n) {
+                        Some(p) => Ok(p.clone()),
+                        None => z.sysctl_get(n).map(|v| (n.clone(), v)).map_err(|e| e.to_string()),
+                    })
                     .collect::<Result<_, _>>()?
             };
             print_sysctl(pairs, *json)?;
         }
-        Command::Topology { json, .. } => out(&if *json { z.topology_json() + "\n" } else { z.topology_text() })?,
+        Command::Topology { json, .. } => {
+            let report = if *json { z.topology_json() + "\n" } else { z.topology_text() };
+            out(&with_tiers(report, z.topology(), *json))?
+        }
         Command::Ps { .. } | Command::Top { .. } | Command::Exporter { .. } | Command::Bench(_) => {
             return Err("this command builds no report of its own; it was dispatched before this point".into())
         }
@@ -821,7 +895,7 @@ fn bench(b: &BenchArgs, publish: bool) -> Result<ExitCode, String> {
     }
     let known: Vec<&str> = bench::EXPERIMENTS.iter().map(|(n, _)| *n).collect();
     let chosen: Vec<&str> = if experiments.is_empty() {
-        known.clone()
+        known.iter().copied().filter(|e| !bench::ON_REQUEST.contains(e)).collect()
     } else {
         for e in experiments {
             if !known.contains(&e.as_str()) {
@@ -899,6 +973,7 @@ fn bench(b: &BenchArgs, publish: bool) -> Result<ExitCode, String> {
             "zlc" => bench::zlc::run(&opts)?,
             "numab" => bench::numab::run(&opts)?,
             "scale" => bench::scale::run(&opts)?,
+            "tier" => bench::tier::run(&opts)?,
             _ => unreachable!("checked against EXPERIMENTS"),
         };
         opts.child = None;

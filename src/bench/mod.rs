@@ -22,6 +22,7 @@ pub mod plot;
 pub mod scale;
 pub mod single;
 pub mod targets;
+pub mod tier;
 pub mod vmstat_exp;
 pub mod zlc;
 
@@ -51,7 +52,16 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
          userfaultfd and mprotect",
     ),
     ("scale", "issue 38: costs against 2 to 1024 CPUs (virtual ones, vcpus=N) and 1, 2 and 8 fake nodes"),
+    (
+        "tier",
+        "issue 41: memory tiering, a hot set on a memory-only node promoted to the CPUs' node, cold data demoted; \
+         mode 1, mode 2 delayed and eager, and the ideal (run only when named)",
+    ),
 ];
+
+/// The experiments `zonal bench` runs only when named: `tier` takes ~35 s (two repetitions), and
+/// the full run is kept to a few minutes.
+pub const ON_REQUEST: &[&str] = &["tier"];
 
 /// The experiments with tcmalloc among their peers.
 pub const WITH_TCMALLOC: &[&str] = &["single", "parallel", "bulk", "cross", "mixed"];

@@ -100,6 +100,7 @@ pub fn render(experiment: &str, recs: &[&Rec]) -> Result<String, String> {
             "zlc" => zlc(&root, recs)?,
             "numab" => numab(&root, recs)?,
             "scale" => scale(&root, recs)?,
+            "tier" => tier(&root, recs)?,
             other => return Err(format!("no plot for experiment `{other}`")),
         }
         root.present().map_err(|e| e.to_string())?;
@@ -200,7 +201,7 @@ fn size(experiment: &str, recs: &[&Rec]) -> (u32, u32) {
         "modes" => (960, bars(recs.len()).max(360)),
         "stats" => (960, 2 * bars(recs.len() / 2).max(300)),
         "threshold" => (960, 840),
-        "numab" => (1000, 760),
+        "numab" | "tier" => (1000, 760),
         _ => (960, 560),
     }
 }
@@ -857,6 +858,37 @@ fn numab(root: &Area, recs: &[&Rec]) -> Result<(), String> {
     lines(&bottom, &spec, false, false, None)
 }
 
+/// `tier`: accesses/s over time per variant, and the hot set's share on the fast node.
+fn tier(root: &Area, recs: &[&Rec]) -> Result<(), String> {
+    let (mut rates, mut shares) = (Vec::new(), Vec::new());
+    for r in recs {
+        let Some(runs) = r.params["timeline"]["runs"].as_array() else { continue };
+        rates.push((r.label.clone(), over_time(runs, |run, i| Some(run["accesses_per_s"][i].as_f64()? / 1e6))));
+        shares.push((r.label.clone(), over_time(runs, |run, i| Some(run["hot_on_fast"][i].as_f64()? * 100.0))));
+    }
+    let (top, bottom) = root.split_vertically(root.dim_in_pixel().1 / 2);
+    let spec = Lines {
+        title: "tier (issue 41): accesses/s per 100 ms window, median over repetitions, whiskers min–max".into(),
+        x_desc: "s from the start",
+        y_desc: "M accesses/s",
+        series: rates,
+        x_names: None,
+        markers: Vec::new(),
+        dashed_suffix: None,
+    };
+    lines(&top, &spec, false, false, None)?;
+    let spec = Lines {
+        title: "the hot set's share on the fast node".into(),
+        x_desc: "s from the start",
+        y_desc: "% of the hot set",
+        series: shares,
+        x_names: None,
+        markers: Vec::new(),
+        dashed_suffix: None,
+    };
+    lines(&bottom, &spec, false, false, None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -938,6 +970,14 @@ mod tests {
             900.0,
             "main",
         ));
+        v.push(rec(
+            "tier",
+            "mode 2 delayed",
+            json!({"timeline": {"window_ms": 100, "runs": [
+            {"end_s": [0.1, 0.2, 0.3], "accesses_per_s": [2e6, 2e7, 3e7], "hot_on_fast": [0.0, 0.5, 1.0]}]}}),
+            40.0,
+            "main",
+        ));
         let recs = parse(&v).unwrap();
         for (e, want) in [
             ("bulk", vec!["zonal bulk array", "mimalloc", "N, pages per call (log scale)"]),
@@ -948,6 +988,7 @@ mod tests {
             ("stats", vec!["shared", "percpu", "bulk_accounting per_page"]),
             ("zlc", vec!["8 nodes, 7 full ahead, 2 threads"]),
             ("numab", vec!["userfaultfd delayed", "userfaultfd delayed received", "eater freed"]),
+            ("tier", vec!["mode 2 delayed", "% of the hot set"]),
             ("scale", vec!["housekeeping pass", "the CPUs (linear)", "CPUs (log scale, virtual beyond the machine)"]),
         ] {
             let of: Vec<&Rec> = recs.iter().filter(|r| r.experiment == e).collect();

@@ -19,8 +19,55 @@ use zonal::zone::Watermark;
 use zonal::{Gfp, MemPolicy, NodeId, Zonal};
 
 impl Shared {
+    /// `numa_balancing` bit 0: normal balancing.
     pub(crate) fn enabled(&self) -> bool {
         self.cfg.enabled.load(Ordering::Relaxed)
+    }
+
+    /// `numa_balancing` bit 1: memory tiering, on a topology with a lower tier.
+    pub(crate) fn tiering(&self) -> bool {
+        self.cfg.tiering.load(Ordering::Relaxed) && self.tiers.has_lower()
+    }
+
+    /// Whether the scanner runs: either bit.
+    pub(crate) fn scanning(&self) -> bool {
+        self.enabled() || self.tiering()
+    }
+
+    /// Node `nid`'s watermark `w`, its zones' summed (atomics only).
+    pub(crate) fn mark(&self, nid: u16, w: Watermark) -> usize {
+        self.z
+            .node_zones(NodeId(nid))
+            .map(|ids| ids.iter().map(|id| self.z.zones()[id.0 as usize].watermark(w)).sum())
+            .unwrap_or(0)
+    }
+
+    /// Node `nid`'s free pages (as `has_room_for` reads them).
+    pub(crate) fn free_pages(&self, nid: u16) -> usize {
+        self.z.nr_free_pages_approx(NodeId(nid)).unwrap_or(0)
+    }
+
+    /// Whether a hint fault on a lower-tier page whose scan was `latency_ms` ago should
+    /// promote it to `dst` (see `tier`): plenty of free memory there
+    /// (`pgdat_free_space_enough`: above high by 1 GiB or a sixteenth of the node), or hot
+    /// and within the rate limit. Async-signal-safe.
+    pub(crate) fn should_promote(&self, dst: u16, latency_ms: u64, now_ms: u64) -> bool {
+        let managed: usize = self
+            .z
+            .node_zones(NodeId(dst))
+            .map(|ids| ids.iter().map(|id| self.z.zones()[id.0 as usize].managed).sum())
+            .unwrap_or(0);
+        if self.has_room_for(dst, ((1usize << 30) / PAGE).max(managed / 16)) {
+            return true;
+        }
+        let c = &self.cfg;
+        let limits = crate::tier::Limits {
+            now_ms,
+            hot_ms: c.hot_threshold_ms.load(Ordering::Relaxed),
+            rate_pages: c.promote_rate_limit_mbps.load(Ordering::Relaxed).saturating_mul((1 << 20) / PAGE as u64),
+            period_ms: c.scan_period_max_ms.load(Ordering::Relaxed),
+        };
+        self.tier_nodes[dst as usize].promote(latency_ms, 1, &limits)
     }
 
     pub(crate) fn mode(&self) -> MigrateMode {
@@ -179,6 +226,22 @@ impl Shared {
             coalesced: l(&s.coalesced),
             scans: l(&s.scans),
             scan_period_ms: self.period_ms.load(Ordering::Relaxed),
+            pgpromote_success: self.tier_nodes.iter().map(|n| l(&n.pgpromote_success)).sum(),
+            pgpromote_candidate: self.tier_nodes.iter().map(|n| l(&n.pgpromote_candidate)).sum(),
+            pgdemote_kswapd: self.tier_nodes.iter().map(|n| l(&n.pgdemote_kswapd)).sum(),
+            pgdemote_direct: self.tier_nodes.iter().map(|n| l(&n.pgdemote_direct)).sum(),
+            nodes: self
+                .tier_nodes
+                .iter()
+                .map(|n| crate::NodeTierStats {
+                    pgpromote_success: l(&n.pgpromote_success),
+                    pgpromote_candidate: l(&n.pgpromote_candidate),
+                    pgdemote_kswapd: l(&n.pgdemote_kswapd),
+                    pgdemote_direct: l(&n.pgdemote_direct),
+                    numa_pages_migrated: l(&n.pages_migrated),
+                    hot_threshold_ms: n.threshold(self.cfg.hot_threshold_ms.load(Ordering::Relaxed)),
+                })
+                .collect(),
         }
     }
 
@@ -363,7 +426,7 @@ impl Shared {
     }
 
     /// The live regions, dropping the dead ones from the list.
-    fn live_regions(&self) -> Vec<Arc<RegionShared>> {
+    pub(crate) fn live_regions(&self) -> Vec<Arc<RegionShared>> {
         let mut l = self.regions.lock().unwrap_or_else(|p| p.into_inner());
         l.retain(|w| w.upgrade().is_some_and(|r| !r.is_dead()));
         l.iter().filter_map(Weak::upgrade).collect()
@@ -432,6 +495,10 @@ impl Balancer {
         let shared = Arc::new(Shared {
             cfg: Tunables {
                 enabled: AtomicBool::new(cfg.enabled),
+                tiering: AtomicBool::new(cfg.tiering),
+                hot_threshold_ms: AtomicU64::new(cfg.hot_threshold_ms),
+                promote_rate_limit_mbps: AtomicU64::new(cfg.promote_rate_limit_mbps),
+                demotion_enabled: AtomicBool::new(cfg.demotion_enabled),
                 mode: AtomicU8::new((cfg.mode == MigrateMode::Eager) as u8),
                 scan_delay_ms: AtomicU64::new(cfg.scan_delay_ms),
                 scan_period_min_ms: AtomicU64::new(cfg.scan_period_min_ms.max(1)),
@@ -476,16 +543,20 @@ impl Balancer {
             last_vma_check: Mutex::new(None),
             scan_cursor: Mutex::new(Cursor::default()),
             collapse_cursor: Mutex::new(Cursor::default()),
+            tiers: crate::tier::Tiers::of(z.topology()),
+            tier_nodes: (0..nodes).map(|_| crate::tier::TierNode::default()).collect(),
+            clock: crate::tier::Clock(cfg.tier_clock.clone()),
+            demoting: Mutex::new(()),
             z,
         });
+        let now = shared.clock.now_ms();
+        shared.tier_nodes.iter().for_each(|n| n.start(now));
         // The layer's counters in the handle's vmstat, JSON and Prometheus reports. A weak
         // reference: the handle must not keep the balancer alive (it holds the handle).
         let weak = Arc::downgrade(&shared);
-        let id = shared.z.add_counter_source(Box::new(move || {
-            weak.upgrade()
-                .map(|s| s.stats().items().into_iter().map(|(n, v)| (n.to_string(), v)).collect())
-                .unwrap_or_default()
-        }));
+        let id = shared
+            .z
+            .add_counter_source(Box::new(move || weak.upgrade().map(|s| s.stats().all_items()).unwrap_or_default()));
         let _ = shared.source.set(id);
         shared.housekeep();
         let weak = Arc::downgrade(&shared);
@@ -600,6 +671,88 @@ impl Balancer {
     /// Whether balancing is on.
     pub fn enabled(&self) -> bool {
         self.shared.enabled()
+    }
+
+    /// Sets `kernel.numa_balancing`'s bits: 1 normal balancing, 2 memory tiering, 3 both,
+    /// 0 neither (see [`Config::tiering`]). Anything above 3 is refused, nothing changed.
+    pub fn set_numa_balancing(&self, bits: u8) -> Result<()> {
+        if bits > 3 {
+            return Err(Error::InvalidConfig(format!(
+                "numa_balancing: `{bits}` is not 0 (off), 1 (normal), 2 (memory tiering) or 3 (both)"
+            )));
+        }
+        self.shared.cfg.enabled.store(bits & 1 != 0, Ordering::Relaxed);
+        self.shared.cfg.tiering.store(bits & 2 != 0, Ordering::Relaxed);
+        self.shared.kick();
+        Ok(())
+    }
+
+    /// `kernel.numa_balancing`'s bits.
+    pub fn numa_balancing(&self) -> u8 {
+        let c = &self.shared.cfg;
+        c.enabled.load(Ordering::Relaxed) as u8 | (c.tiering.load(Ordering::Relaxed) as u8) << 1
+    }
+
+    /// Sets `numa_balancing_hot_threshold_ms` (the nodes' adjusted thresholds start again
+    /// from it).
+    pub fn set_hot_threshold_ms(&self, ms: u64) {
+        self.shared.cfg.hot_threshold_ms.store(ms, Ordering::Relaxed);
+        self.shared.tier_nodes.iter().for_each(|n| n.threshold_ms.store(0, Ordering::Relaxed));
+    }
+
+    /// Sets `numa_balancing_promote_rate_limit_MBps`.
+    pub fn set_promote_rate_limit_mbps(&self, mbps: u64) {
+        self.shared.cfg.promote_rate_limit_mbps.store(mbps, Ordering::Relaxed);
+    }
+
+    /// Sets `demotion_enabled`.
+    pub fn set_demotion_enabled(&self, on: bool) {
+        self.shared.cfg.demotion_enabled.store(on, Ordering::Relaxed);
+        self.shared.kick();
+    }
+
+    /// The nodes' memory tiers.
+    pub fn tiers(&self) -> &crate::Tiers {
+        &self.shared.tiers
+    }
+
+    /// A balancer tunable's value by name ([`crate::tunable::TUNABLES`]).
+    pub fn sysctl_get(&self, name: &str) -> Result<String> {
+        let c = &self.shared.cfg;
+        Ok(match crate::tunable::tunable(name)?.name {
+            "numa_balancing" => self.numa_balancing().to_string(),
+            "numa_balancing_hot_threshold_ms" => c.hot_threshold_ms.load(Ordering::Relaxed).to_string(),
+            "numa_balancing_promote_rate_limit_MBps" => c.promote_rate_limit_mbps.load(Ordering::Relaxed).to_string(),
+            _ => (c.demotion_enabled.load(Ordering::Relaxed) as u8).to_string(),
+        })
+    }
+
+    /// Sets a balancer tunable by name; an invalid value is refused and the old one kept.
+    pub fn sysctl_set(&self, name: &str, value: &str) -> Result<()> {
+        let n = crate::tunable::parse(name, value)?;
+        match name {
+            "numa_balancing" => self.set_numa_balancing(n as u8)?,
+            "numa_balancing_hot_threshold_ms" => self.set_hot_threshold_ms(n),
+            "numa_balancing_promote_rate_limit_MBps" => self.set_promote_rate_limit_mbps(n),
+            _ => self.set_demotion_enabled(n != 0),
+        }
+        Ok(())
+    }
+
+    /// Every balancer tunable with its value.
+    pub fn sysctl_all(&self) -> Vec<(&'static str, String)> {
+        crate::tunable::TUNABLES.iter().map(|t| (t.name, self.sysctl_get(t.name).unwrap_or_default())).collect()
+    }
+
+    /// Demotes now, from the calling thread, up to `max_pages` of the coldest region pages
+    /// of every top-tier node below its promo watermark (as the balancer's thread does
+    /// with `demotion_enabled`; counted in `pgdemote_direct`); returns the pages demoted.
+    pub fn demote_now(&self, max_pages: usize) -> usize {
+        if fault::forked() {
+            return 0;
+        }
+        let _signals = os::SignalsBlocked::new();
+        self.shared.demote_pass(Some(max_pages))
     }
 
     /// Sets the mapping order (`numa_balancing_migrate`).
@@ -736,7 +889,7 @@ fn worker(weak: Weak<Shared>) {
         let delay = Duration::from_millis(s.cfg.scan_delay_ms.load(Ordering::Relaxed));
         let due: Vec<Arc<RegionShared>> = regions.into_iter().filter(|r| now.duration_since(r.born) >= delay).collect();
         let over = s.over_budget.load(Ordering::Relaxed);
-        if s.enabled() && !over && !due.is_empty() && next_scan.is_none_or(|t| now >= t) {
+        if s.scanning() && !over && !due.is_empty() && next_scan.is_none_or(|t| now >= t) {
             s.stats.scans.fetch_add(1, Ordering::Relaxed);
             scan::scan_pass(&s, &due, &mut cur);
             let cost = now.elapsed();
@@ -758,6 +911,10 @@ fn worker(weak: Weak<Shared>) {
             }
             s.period_ms.store(capped, Ordering::Relaxed);
             next_scan = Some(now + Duration::from_millis(capped));
+        }
+        // kswapd's demotion: top-tier nodes below their promo watermark make room.
+        if s.tiering() && s.cfg.demotion_enabled.load(Ordering::Relaxed) && !over {
+            s.demote_pass(None);
         }
         // Collapses at most a tenth of `collapse_mb` each tenth of a second.
         if now >= next_collapse {

@@ -3,6 +3,7 @@
 
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8};
+use std::sync::Arc;
 
 /// When a migrating page is mapped (`numa_balancing_migrate`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -61,8 +62,27 @@ impl std::str::FromStr for Backend {
 /// The balancer's settings, Linux's defaults.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// `kernel.numa_balancing` (bit 0: normal balancing).
+    /// `kernel.numa_balancing` bit 0 (`NUMA_BALANCING_NORMAL`): pages move to the node of
+    /// the CPUs that use them.
     pub enabled: bool,
+    /// `kernel.numa_balancing` bit 1 (`NUMA_BALANCING_MEMORY_TIERING`, Linux 5.18): pages on
+    /// lower memory tiers (see `tier`) are promoted to the faulting CPU's top-tier node when
+    /// hot, and top-tier nodes short of room demote their coldest pages (with
+    /// `demotion_enabled`). Alone (`numa_balancing=2`), the scanner hides only lower-tier pages.
+    pub tiering: bool,
+    /// `kernel.numa_balancing_hot_threshold_ms` (1000): a lower-tier page whose hint fault
+    /// came sooner than this after the scan that hid it is hot. The balancer adjusts the
+    /// threshold it uses, per node, so that candidates come at the promotion rate limit.
+    pub hot_threshold_ms: u64,
+    /// `kernel.numa_balancing_promote_rate_limit_MBps` (65536): most MiB promoted to a node
+    /// per second; past it, candidates wait for the next second.
+    pub promote_rate_limit_mbps: u64,
+    /// `/sys/kernel/mm/numa/demotion_enabled` (false, as Linux): a top-tier node below its
+    /// promotion watermark moves its coldest region pages to the next tier down.
+    pub demotion_enabled: bool,
+    /// The tiering clock in ms, for tests and simulations: when set, hint-fault latencies and
+    /// the rate limit's windows read it instead of the monotonic clock.
+    pub tier_clock: Option<Arc<AtomicU64>>,
     /// Delayed or eager mapping.
     pub mode: MigrateMode,
     /// Wait before the first scan of a new region (`scan_delay_ms`, 1000).
@@ -100,6 +120,11 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             enabled: true,
+            tiering: false,
+            hot_threshold_ms: 1000,
+            promote_rate_limit_mbps: 65536,
+            demotion_enabled: false,
+            tier_clock: None,
             mode: MigrateMode::Delayed,
             scan_delay_ms: 1000,
             scan_period_min_ms: 1000,
@@ -116,8 +141,10 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Parses `key=value` items separated by `;` over the defaults: `numa_balancing` (0 or
-    /// 1), `mode` (delayed or eager), `backend` (auto, mprotect, userfaultfd),
+    /// Parses `key=value` items separated by `;` over the defaults: `numa_balancing` (0 to
+    /// 3: bit 0 normal balancing, bit 1 memory tiering), `numa_balancing_hot_threshold_ms`,
+    /// `numa_balancing_promote_rate_limit_MBps`, `demotion_enabled` (0 or 1), `mode`
+    /// (delayed or eager), `backend` (auto, mprotect, userfaultfd),
     /// `scan_delay_ms`, `scan_period_min_ms`, `scan_period_max_ms`, `scan_size_mb`,
     /// `reserve_pages`, `vma_budget`, `chunk_migration` (0 or not), `collapse_mb`,
     /// `window_migration` (0 or not). An empty string is the defaults.
@@ -134,12 +161,16 @@ impl Config {
             };
             match k.trim() {
                 "numa_balancing" => {
-                    c.enabled = match v.trim() {
-                        "0" => false,
-                        "1" => true,
-                        _ => return Err(Error::InvalidConfig(format!("numa_balancing: `{v}` is not 0 or 1"))),
-                    }
+                    let bits = crate::tunable::parse("numa_balancing", v)?;
+                    (c.enabled, c.tiering) = (bits & 1 != 0, bits & 2 != 0);
                 }
+                "numa_balancing_hot_threshold_ms" | "hot_threshold_ms" => {
+                    c.hot_threshold_ms = crate::tunable::parse("numa_balancing_hot_threshold_ms", v)?
+                }
+                "numa_balancing_promote_rate_limit_MBps" | "promote_rate_limit_MBps" => {
+                    c.promote_rate_limit_mbps = crate::tunable::parse("numa_balancing_promote_rate_limit_MBps", v)?
+                }
+                "demotion_enabled" => c.demotion_enabled = crate::tunable::parse("demotion_enabled", v)? != 0,
                 "mode" | "numa_balancing_migrate" => c.mode = v.trim().parse().map_err(Error::InvalidConfig)?,
                 "backend" | "numa_balancing_backend" => c.backend = v.trim().parse().map_err(Error::InvalidConfig)?,
                 "scan_delay_ms" => c.scan_delay_ms = num(v)?,
@@ -153,7 +184,8 @@ impl Config {
                 "window_migration" => c.window_migration = num(v)? != 0,
                 other => {
                     return Err(Error::InvalidConfig(format!(
-                        "numab config: unknown key `{other}` (numa_balancing, mode, backend, scan_delay_ms, \
+                        "numab config: unknown key `{other}` (numa_balancing, numa_balancing_hot_threshold_ms, \
+                         numa_balancing_promote_rate_limit_MBps, demotion_enabled, mode, backend, scan_delay_ms, \
                          scan_period_min_ms, scan_period_max_ms, scan_size_mb, reserve_pages, vma_budget, \
                          chunk_migration, collapse_mb, window_migration)"
                     )))
@@ -173,6 +205,10 @@ impl Config {
 /// The settings, changeable at run time.
 pub(crate) struct Tunables {
     pub(crate) enabled: AtomicBool,
+    pub(crate) tiering: AtomicBool,
+    pub(crate) hot_threshold_ms: AtomicU64,
+    pub(crate) promote_rate_limit_mbps: AtomicU64,
+    pub(crate) demotion_enabled: AtomicBool,
     pub(crate) mode: AtomicU8,
     pub(crate) scan_delay_ms: AtomicU64,
     pub(crate) scan_period_min_ms: AtomicU64,
@@ -197,9 +233,21 @@ mod tests {
         assert_eq!((c.scan_delay_ms, c.scan_period_min_ms, c.scan_period_max_ms), (5, 10, 20));
         assert_eq!((c.scan_size_mb, c.reserve_pages, c.vma_budget), (4, 8, Some(100)));
         assert_eq!(Config::parse("").unwrap().scan_size_mb, 256);
+        let t = Config::parse(
+            "numa_balancing=2;numa_balancing_hot_threshold_ms=50;numa_balancing_promote_rate_limit_MBps=8;\
+             demotion_enabled=1",
+        )
+        .unwrap();
+        assert!(!t.enabled && t.tiering && t.demotion_enabled);
+        assert_eq!((t.hot_threshold_ms, t.promote_rate_limit_mbps), (50, 8));
+        let both = Config::parse("numa_balancing=3").unwrap();
+        assert!(both.enabled && both.tiering);
         for bad in [
             "mode=sideways",
-            "numa_balancing=2",
+            "numa_balancing=4",
+            "numa_balancing_hot_threshold_ms=-1",
+            "numa_balancing_promote_rate_limit_MBps=lots",
+            "demotion_enabled=yes",
             "colour=red",
             "scan_size_mb=lots",
             "novalue",

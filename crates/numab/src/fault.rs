@@ -500,6 +500,12 @@ impl RegionShared {
             st.hint_faults_local.fetch_add(1, Ordering::Relaxed);
         }
         self.bal.window_fault(src == here);
+        // Memory tiering: a lower-tier page goes by its hint-fault latency, not by the
+        // two-stage filter (Linux's `should_numa_migrate_memory` returns from its tiering
+        // branch for such pages).
+        if self.bal.tiering() && !self.bal.tiers.is_top(src) {
+            return self.promotion_fault(idx, here, src, tid);
+        }
         let dst = self.target(idx, here);
         let early = self.scan_seq.load(Ordering::Relaxed) <= 4;
         // The decision records this fault as the page's last even when the page stays (as
@@ -567,6 +573,70 @@ impl RegionShared {
         self.move_pages(idx, dst, new, slot.is_some(), eager, t0)
     }
 
+    /// A hint fault on page `idx` (claimed) of a lower tier, from a CPU of node `here`:
+    /// promoted to `here` (or the node the policy names, if top tier) when hot and within
+    /// the rate limit (see `tier`), with room there above the high watermark; else mapped
+    /// back where it is. A promotion moves the page alone, onto a frame of the node's
+    /// reserve: its neighbours are no candidates (a window's destination block would bring
+    /// the cold ones along and hold fast memory for pages that never come).
+    fn promotion_fault(&self, idx: usize, here: u16, src: u16, tid: u32) -> Outcome {
+        let e = &self.entries[idx];
+        let st = &self.bal.stats;
+        let Some(dst) = self.target(idx, here).filter(|&d| d != src && self.bal.tiers.is_top(d)) else {
+            return self.map_back(idx);
+        };
+        let now = self.bal.clock.now_ms();
+        let latency = (now as u32).wrapping_sub(e.hidden_ms.load(Ordering::Relaxed)) as u64;
+        if !self.bal.should_promote(dst, latency, now) {
+            return self.map_back(idx);
+        }
+        e.last.store(Cpupid::new(here, tid).0, Ordering::Relaxed);
+        if e.pinned() {
+            st.fail_pinned.fetch_add(1, Ordering::Relaxed);
+            return self.fail_and_map_back(idx);
+        }
+        if !self.bal.has_room(dst) {
+            // kswapd's wake-up: the balancer's thread demotes to make room.
+            st.fail_room.fetch_add(1, Ordering::Relaxed);
+            self.bal.tier_nodes[dst as usize].short.store(true, Ordering::Relaxed);
+            self.bal.kick();
+            return self.fail_and_map_back(idx);
+        }
+        if self.bal.over_budget.load(Ordering::Relaxed) {
+            st.fail_vma.fetch_add(1, Ordering::Relaxed);
+            return self.fail_and_map_back(idx);
+        }
+        let t0 = os::now_ns();
+        let eager = self.bal.mode() == MigrateMode::Eager;
+        // SAFETY: a mapped page of this region, claimed.
+        if eager && unsafe { self.reveal_in_use(self.start + idx * PAGE, PAGE) }.is_err() {
+            return self.fail_and_map_back(idx);
+        }
+        let Some(new) = self.bal.reserves[dst as usize].take(self.bal.z.current_cpu()) else {
+            st.fail_reserve.fetch_add(1, Ordering::Relaxed);
+            self.bal.kick();
+            return if eager { self.fail_done(idx) } else { self.fail_and_map_back(idx) };
+        };
+        self.bal.kick_if_low(dst);
+        self.move_pages(idx, dst, new, false, eager, t0)
+    }
+
+    /// Counts `moved` pages migrated to `dst` by hint faults, of which `promoted` came up
+    /// from a lower tier.
+    fn count_migrated(&self, dst: u16, moved: u64, promoted: u64) {
+        let n = &self.bal.tier_nodes[dst as usize];
+        n.pages_migrated.fetch_add(moved, Ordering::Relaxed);
+        if promoted > 0 {
+            n.pgpromote_success.fetch_add(promoted, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a page moving from `src` to `dst` is a promotion (tiering on, lower tier to
+    /// top tier), as Linux counts `pgpromote_success`.
+    fn promotes(&self, src: u16, dst: u16) -> bool {
+        self.bal.tiering() && !self.bal.tiers.is_top(src) && self.bal.tiers.is_top(dst)
+    }
+
     /// Moves page `idx` (claimed, hidden, or accessible again when `eager`) to node `dst`
     /// onto frame `new`, taken for it: its slot in its window's destination block (`slot`),
     /// with the untouched neighbours that come along into theirs (`gather_cold`), or a
@@ -608,17 +678,20 @@ impl RegionShared {
             self.bal.kick();
             return self.fail_and_map_back(idx);
         }
-        let (mut moved, mut own) = (0u64, false);
+        let (mut moved, mut own, mut promoted) = (0u64, false, 0u64);
         for j in a..b {
             let old = self.entries[j].frame.swap(first + (j - a) * PAGE, Ordering::Relaxed);
-            let across = z.page_to_nid(old as *const u8).map_or(true, |n| n.0 != dst);
+            let from = z.page_to_nid(old as *const u8).map(|n| n.0).ok();
+            let across = from != Some(dst);
             moved += across as u64;
+            promoted += from.is_some_and(|n| across && self.promotes(n, dst)) as u64;
             own |= across && j == idx;
             // SAFETY: the old frame is mapped nowhere now but the arena, and ours alone.
             unsafe { self.bal.to_free.push(old) };
         }
         st.pages_migrated.fetch_add(moved, Ordering::Relaxed);
         st.migrate_success.fetch_add(moved, Ordering::Relaxed);
+        self.count_migrated(dst, moved, promoted);
         st.migrated_along.fetch_add(moved - own as u64, Ordering::Relaxed);
         st.coalesced.fetch_add((b - a) as u64 - moved, Ordering::Relaxed);
         if own {
@@ -772,6 +845,7 @@ impl RegionShared {
         }
         st.pages_migrated.fetch_add(n as u64, Ordering::Relaxed);
         st.migrate_success.fetch_add(n as u64, Ordering::Relaxed);
+        self.count_migrated(dst, n as u64, if self.promotes(src, dst) { n as u64 } else { 0 });
         st.chunks_migrated.fetch_add(1, Ordering::Relaxed);
         st.migrate_ns.fetch_add(os::now_ns().saturating_sub(t0), Ordering::Relaxed);
         self.bal.kick();

@@ -23,7 +23,15 @@ fn fail(e: &crate::Error) -> c_int {
 ///
 /// config is a list of key=value items separated by ';' (an empty string: every default,
 /// Linux's). The keys, with their defaults:
-/// - numa_balancing: 1 balances, 0 places pages on first touch only; default 1.
+/// - numa_balancing: Linux's bits: 1 balances (pages move to the CPUs that use them), 2
+///   memory tiering (hot pages of lower tiers promoted to the top tier), 3 both, 0 places
+///   pages on first touch only; default 1.
+/// - numa_balancing_hot_threshold_ms: a lower-tier page faulting sooner than this after its
+///   scan is hot; default 1000.
+/// - numa_balancing_promote_rate_limit_MBps: most MiB promoted to a node per second;
+///   default 65536.
+/// - demotion_enabled: 1 moves a short top-tier node's coldest pages one tier down;
+///   default 0.
 /// - mode: delayed (migrate, then map; no TLB flush) or eager (map back first); default
 ///   delayed.
 /// - backend: how hint faults are taken: mprotect (SIGSEGV), userfaultfd (minor faults) or
@@ -98,9 +106,9 @@ pub unsafe extern "C" fn zonal_numab_destroy(b: *mut ZonalNumab) {
     }
 }
 
-/// Stores one counter of the balancer (numa_hint_faults, numa_pages_migrated, ...; the
-/// same names zonal_vmstat reads) in *out. Returns 0, or -EINVAL for a NULL argument or an
-/// unknown name.
+/// Stores one counter of the balancer (numa_hint_faults, numa_pages_migrated,
+/// pgpromote_success, ...; a node's as pgpromote_success_node0; the same names zonal_vmstat
+/// reads) in *out. Returns 0, or -EINVAL for a NULL argument or an unknown name.
 ///
 /// Safety
 /// ------
@@ -118,7 +126,7 @@ pub unsafe extern "C" fn zonal_numab_stat(b: *const ZonalNumab, name: *const c_c
             Ok(n) => n,
             Err(e) => return e,
         };
-        match b.0.stats().items().into_iter().find(|(n, _)| *n == name) {
+        match b.0.stats().all_items().into_iter().find(|(n, _)| *n == name) {
             Some((_, v)) => {
                 // SAFETY: `out` is non-null and valid for a write (contract).
                 unsafe { *out = v };

@@ -42,6 +42,7 @@
 mod balancer;
 mod collapse;
 mod config;
+mod demote;
 mod dest;
 mod error;
 mod fault;
@@ -53,6 +54,8 @@ mod scan;
 mod state;
 mod stats;
 mod table;
+mod tier;
+pub mod tunable;
 mod uffd;
 mod window;
 
@@ -66,8 +69,9 @@ pub use region::{Pin, Region, MAX_REGION_BYTES};
 pub use state::RegionShared;
 pub(crate) use state::Shared;
 pub(crate) use stats::Counters;
-pub use stats::Stats;
+pub use stats::{NodeTierStats, Stats};
 pub use table::MAX_REGIONS;
+pub use tier::Tiers;
 pub use uffd::{userfaultfd_available, userfaultfd_thread_available};
 
 /// README.md's Rust examples, compiled and run as this crate's doc-tests (`cargo test

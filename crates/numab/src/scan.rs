@@ -10,6 +10,13 @@
 //! fault, which would let writes land on the old frame during a copy (Linux checks
 //! `pte_same` under the PTE lock for the same reason). The end of a region's pages ends its
 //! scan sequence (`numa_scan_seq`).
+//!
+//! Memory tiering alone (`numa_balancing=2`): a pass hides only pages on lower tiers (a
+//! top-tier page is no promotion candidate), and the pages of a top-tier node below its
+//! promo watermark with demotion on, so that the pages nobody touches show up for the
+//! demotion (`demote`): hidden and still hinted passes later, as kswapd's aging finds the
+//! pages whose referenced bits stay clear. Every page hidden is stamped with the tiering
+//! clock, from which a hint fault measures its latency.
 
 use crate::fault::Hide;
 use crate::os::PAGE;
@@ -18,6 +25,7 @@ use crate::table::{Cpupid, HINT, PRESENT};
 use crate::{RegionShared, Shared};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use zonal::zone::Watermark;
 
 /// `NUMA_PERIOD_SLOTS` and `NUMA_PERIOD_THRESHOLD`: the period aims at 7 local faults of 10.
 const PERIOD_SLOTS: u64 = 10;
@@ -35,6 +43,7 @@ pub fn scan_pass(bal: &Shared, regions: &[Arc<RegionShared>], cur: &mut Cursor) 
     }
     let budget = (bal.cfg.scan_size_mb.load(Ordering::Relaxed) as usize) << (20 - 12);
     let mut virt = budget.saturating_mul(8);
+    let scope = Scope::new(bal);
     let mut marked = 0;
     if cur.region >= regions.len() {
         *cur = Cursor::default();
@@ -45,7 +54,7 @@ pub fn scan_pass(bal: &Shared, regions: &[Arc<RegionShared>], cur: &mut Cursor) 
         let r = &regions[cur.region];
         let dead = r.scan_lock.lock().unwrap_or_else(|p| p.into_inner());
         let (m, end) =
-            if *dead { (0, r.entries.len()) } else { mark_from(bal, r, cur.page, budget - marked, &mut virt) };
+            if *dead { (0, r.entries.len()) } else { mark_from(bal, r, &scope, cur.page, budget - marked, &mut virt) };
         drop(dead);
         marked += m;
         cur.page = end;
@@ -63,12 +72,48 @@ pub fn scan_pass(bal: &Shared, regions: &[Arc<RegionShared>], cur: &mut Cursor) 
     marked
 }
 
+/// What a pass hides: per node, whether its present pages are hidden; and the tiering
+/// clock to stamp them with.
+struct Scope {
+    hide: Vec<bool>,
+    now_ms: u32,
+}
+
+impl Scope {
+    fn new(bal: &Shared) -> Scope {
+        let nodes = bal.tier_nodes.len();
+        let aging = |n: u16| {
+            bal.cfg.demotion_enabled.load(Ordering::Relaxed)
+                && bal.tiers.demote_to(n).is_some()
+                && bal.free_pages(n) < bal.mark(n, Watermark::Promo)
+        };
+        // Only tiering alone leaves pages accessible (a pass driven with balancing off,
+        // `scan_now`, hides as normal balancing would).
+        let all = bal.enabled() || !bal.tiering();
+        let hide = (0..nodes as u16).map(|n| all || !bal.tiers.is_top(n) || aging(n)).collect();
+        Scope { hide, now_ms: bal.clock.now_ms() as u32 }
+    }
+
+    /// Whether the pass hides page `e` (present), by its frame's node.
+    fn hides(&self, bal: &Shared, e: &crate::table::PageEntry) -> bool {
+        let f = e.frame.load(Ordering::Relaxed);
+        bal.z.page_to_nid(f as *const u8).map_or(true, |n| self.hide.get(n.0 as usize).copied().unwrap_or(true))
+    }
+}
+
 /// Marks up to `want` present pages of `r` from page `from`, spending `virt`; returns the
 /// pages marked and where it stopped.
-fn mark_from(bal: &Shared, r: &RegionShared, from: usize, want: usize, virt: &mut usize) -> (usize, usize) {
+fn mark_from(
+    bal: &Shared,
+    r: &RegionShared,
+    scope: &Scope,
+    from: usize,
+    want: usize,
+    virt: &mut usize,
+) -> (usize, usize) {
     let mut marked = 0;
     let mut i = from;
-    let mut run = Run::new(r.scan_seq.load(Ordering::Relaxed) as u32);
+    let mut run = Run::new(r.scan_seq.load(Ordering::Relaxed) as u32, scope.now_ms);
     while i < r.entries.len() && marked < want && *virt > 0 {
         // A window that pages are migrating into, split into many mappings, waits for the
         // next pass (`RegionShared::scan_skips`).
@@ -81,6 +126,9 @@ fn mark_from(bal: &Shared, r: &RegionShared, from: usize, want: usize, virt: &mu
         *virt -= 1;
         let e = &r.entries[i];
         match e.state.load(Ordering::Relaxed) {
+            // A page the pass leaves accessible (a top-tier page under tiering alone) ends
+            // the call.
+            PRESENT if !scope.hides(bal, e) => marked -= run.hide(bal, r),
             // A pinned page is put back at once (the pin is read after the claim: see
             // `table`), and ends the call: it must stay mapped.
             PRESENT if e.claim(PRESENT) => {
@@ -143,12 +191,13 @@ struct Run {
     last: (usize, usize),
     /// Every page to hide is where its last hint fault came from (none set to move).
     settled: bool,
-    /// The region's scan sequence, stamped on each page hidden.
+    /// The region's scan sequence and the tiering clock, stamped on each page hidden.
     seq: u32,
+    now_ms: u32,
 }
 
 impl Run {
-    fn new(seq: u32) -> Run {
+    fn new(seq: u32, now_ms: u32) -> Run {
         Run {
             start: None,
             end: 0,
@@ -159,6 +208,7 @@ impl Run {
             last: (0, 0),
             settled: true,
             seq,
+            now_ms,
         }
     }
 
@@ -219,6 +269,7 @@ impl Run {
                 match (res.is_ok(), is_new(i)) {
                     (true, true) => {
                         p.hidden_seq.store(self.seq, Ordering::Relaxed);
+                        p.hidden_ms.store(self.now_ms, Ordering::Relaxed);
                         p.kept.store(how == Hide::ProtectOnly && r.bal.uffd.is_none(), Ordering::Relaxed);
                         p.release(HINT);
                     }
@@ -238,7 +289,7 @@ impl Run {
                 failed = count;
             }
         }
-        *self = Run::new(self.seq);
+        *self = Run::new(self.seq, self.now_ms);
         failed
     }
 }

@@ -71,6 +71,12 @@ pub(crate) struct Shared {
     pub(crate) scan_cursor: Mutex<Cursor>,
     /// Where the last collapse pass stopped.
     pub(crate) collapse_cursor: Mutex<Cursor>,
+    /// The nodes' memory tiers, their tiering state (per node), and the tiering clock.
+    pub(crate) tiers: crate::tier::Tiers,
+    pub(crate) tier_nodes: Vec<crate::tier::TierNode>,
+    pub(crate) clock: crate::tier::Clock,
+    /// Held by a demotion pass (the thread's or `Balancer::demote_now`'s): one at a time.
+    pub(crate) demoting: Mutex<()>,
 }
 
 /// A region's state, shared with the scanner and the fault handler.

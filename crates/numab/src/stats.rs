@@ -109,6 +109,48 @@ pub struct Stats {
     pub scans: u64,
     /// The current scan period in ms.
     pub scan_period_ms: u64,
+    /// Memory tiering, summed over the nodes (see [`NodeTierStats`] for each's).
+    pub pgpromote_success: u64,
+    pub pgpromote_candidate: u64,
+    pub pgdemote_kswapd: u64,
+    pub pgdemote_direct: u64,
+    /// Per node: its tiering counters.
+    pub nodes: Vec<NodeTierStats>,
+}
+
+/// One node's counters of memory tiering and migration, as Linux's
+/// `/sys/devices/system/node/nodeN/vmstat` has them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeTierStats {
+    /// Pages promoted to this node from a lower tier (`pgpromote_success`).
+    pub pgpromote_success: u64,
+    /// Hot lower-tier pages whose hint fault asked for this node, rate-limited or not
+    /// (`pgpromote_candidate`).
+    pub pgpromote_candidate: u64,
+    /// Pages demoted from this node by the balancer's thread (`pgdemote_kswapd`: Linux's
+    /// kswapd demotes in its reclaim).
+    pub pgdemote_kswapd: u64,
+    /// Pages demoted from this node by a caller's own thread (`Balancer::demote_now`;
+    /// `pgdemote_direct`: Linux's direct reclaim runs in the allocating task).
+    pub pgdemote_direct: u64,
+    /// Pages hint faults moved to this node (`numa_pages_migrated`, by destination).
+    pub numa_pages_migrated: u64,
+    /// The hot threshold in use for promotions to this node, ms.
+    pub hot_threshold_ms: u64,
+}
+
+impl NodeTierStats {
+    /// The counters as `(name, value)`, Linux's names.
+    pub fn items(&self) -> [(&'static str, u64); 6] {
+        [
+            ("pgpromote_success", self.pgpromote_success),
+            ("pgpromote_candidate", self.pgpromote_candidate),
+            ("pgdemote_kswapd", self.pgdemote_kswapd),
+            ("pgdemote_direct", self.pgdemote_direct),
+            ("numa_pages_migrated", self.numa_pages_migrated),
+            ("numab_hot_threshold_ms", self.hot_threshold_ms),
+        ]
+    }
 }
 
 impl Stats {
@@ -147,6 +189,20 @@ impl Stats {
             ("numab_coalesced", self.coalesced),
             ("numab_scans", self.scans),
             ("numab_scan_period_ms", self.scan_period_ms),
+            ("pgpromote_success", self.pgpromote_success),
+            ("pgpromote_candidate", self.pgpromote_candidate),
+            ("pgdemote_kswapd", self.pgdemote_kswapd),
+            ("pgdemote_direct", self.pgdemote_direct),
         ]
+    }
+
+    /// Every counter, then each node's tiering counters as `<name>_node<N>` (what the
+    /// balancer adds to zonal's vmstat, JSON and Prometheus reports).
+    pub fn all_items(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = self.items().into_iter().map(|(n, v)| (n.to_string(), v)).collect();
+        for (nid, n) in self.nodes.iter().enumerate() {
+            v.extend(n.items().into_iter().map(|(name, x)| (format!("{name}_node{nid}"), x)));
+        }
+        v
     }
 }

@@ -59,6 +59,10 @@ pub struct PageEntry {
     /// page still hinted two sequences later went a whole scan period untouched
     /// ([`PageEntry::cold`]).
     pub hidden_seq: AtomicU32,
+    /// The tiering clock (ms, wrapping) when the scanner last hid the page: a hint fault's
+    /// latency is measured from it (Linux keeps it in the page's cpupid field in tiering
+    /// mode).
+    pub hidden_ms: AtomicU32,
     /// Hidden under mprotect with its entry kept (`PROT_NONE` over a present entry, not
     /// zapped: `fault::Hide::ProtectOnly`), so that mapping another frame over it flushes.
     /// Changed only by the page's owner (`BUSY`).

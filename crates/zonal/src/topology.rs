@@ -29,6 +29,7 @@
 //! | `vcpus` | CPU ids `0..N` in all, `N` at least the machine's CPUs and at most 8192: those from the machine's count on are virtual | the machine's CPUs |
 //! | `distance` | rows of the matrix: `10 20:20 10` (entries split by spaces) | 10 local, 20 remote |
 //! | `sys` | (no value) read nodes, CPUs and distances from `/sys`; `size` is then the memory zonal manages on each node | |
+//! | `tiers` | per node, its memory tier, 0 the fastest: `0:1:2` (at most 15; overrides the ranking by distance that NUMA balancing's tiering computes) | none |
 //!
 //! In a file, one item per line, `#` starts a comment, and a line without `=` continues the
 //! key above it as the next node's entry (one distance row or CPU list per line).
@@ -49,6 +50,9 @@ pub const MAX_NUMNODES: usize = 1024;
 pub(crate) const MAX_CPUS: usize = 8192;
 /// Per-node memory when a spec gives no size.
 pub const DEFAULT_NODE_SIZE: u64 = 64 << 20;
+/// The slowest memory tier a spec may give a node (`tiers=`): Linux's abstract distances
+/// fall in 16 chunks of 128 below the bound its tiering uses.
+pub const MAX_TIER: u8 = 15;
 
 /// The limits of the machine a topology must fit: injected so tests are deterministic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +104,9 @@ pub struct Topology {
     /// (declared with `vcpus=`): `nr_cpus` when there are none.
     machine_cpus: usize,
     fake: bool,
+    /// Each node's memory tier as the spec gave it (`tiers=`), `None` when it gave none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tiers: Option<Vec<u8>>,
 }
 
 impl Topology {
@@ -202,6 +209,7 @@ impl Topology {
         let mut cpus: Option<Vec<Vec<u32>>> = None;
         let mut distance: Option<Vec<Vec<u32>>> = None;
         let mut vcpus: Option<usize> = None;
+        let mut tiers: Option<Vec<u8>> = None;
         let mut sys_mode = false;
         let at = |it: &Item| match file {
             Some(f) => format!("{f}:{}: ", it.line),
@@ -275,6 +283,20 @@ impl Topology {
                     }
                     vcpus = Some(n);
                 }
+                "tiers" => {
+                    seen(tiers.is_some())?;
+                    let v = it
+                        .value
+                        .split(':')
+                        .enumerate()
+                        .map(|(n, t)| match t.trim().parse::<u8>() {
+                            Ok(t) if t <= MAX_TIER => Ok(t),
+                            _ => Err(format!("node {n}: `{}` is not a tier from 0 (fastest) to {MAX_TIER}", t.trim())),
+                        })
+                        .collect::<std::result::Result<Vec<_>, _>>()
+                        .map_err(err)?;
+                    tiers = Some(v);
+                }
                 "sys" => {
                     if !it.value.is_empty() {
                         return Err(err("takes no value".into()));
@@ -282,21 +304,21 @@ impl Topology {
                     sys_mode = true;
                 }
                 _ => {
-                    return Err(Error::InvalidConfig(format!(
-                        "{}topology: unknown key `{}`; valid keys: nodes, size, sizes, cpus, vcpus, distance, sys",
-                        at(it),
-                        it.key
-                    )))
+                    let keys = "nodes, size, sizes, cpus, vcpus, distance, tiers, sys";
+                    let msg = format!("{}topology: unknown key `{}`; valid keys: {keys}", at(it), it.key);
+                    return Err(Error::InvalidConfig(msg));
                 }
             }
         }
         if sys_mode {
             if nodes_n.is_some() || sizes.is_some() || cpus.is_some() || distance.is_some() || vcpus.is_some() {
                 return Err(Error::InvalidConfig(
-                    "topology `sys` reads nodes, cpus and distances from /sys: only `size` may go with it".into(),
+                    "topology `sys` reads nodes, cpus and distances from /sys: only `size` and `tiers` may go with it"
+                        .into(),
                 ));
             }
-            return Self::from_sys_root("/sys/devices/system/node", size.unwrap_or(DEFAULT_NODE_SIZE), machine);
+            let t = Self::from_sys_root("/sys/devices/system/node", size.unwrap_or(DEFAULT_NODE_SIZE), machine)?;
+            return t.with_tiers(tiers);
         }
         let n = match (nodes_n, &sizes, &cpus) {
             (Some(n), _, _) => n,
@@ -349,7 +371,22 @@ impl Topology {
                 cpus: cpus[i].iter().map(|&c| CpuId(c)).collect(),
             })
             .collect();
-        Self::build(nodes, distance, machine, true, vcpus)
+        Self::build(nodes, distance, machine, true, vcpus)?.with_tiers(tiers)
+    }
+
+    /// Sets the tiers a spec gave, one per node.
+    fn with_tiers(mut self, tiers: Option<Vec<u8>>) -> Result<Topology> {
+        if let Some(t) = &tiers {
+            if t.len() != self.nodes.len() {
+                return Err(Error::InvalidConfig(format!(
+                    "topology `tiers`: {} entries for {} nodes",
+                    t.len(),
+                    self.nodes.len()
+                )));
+            }
+        }
+        self.tiers = tiers;
+        Ok(self)
     }
 
     /// Checks and builds a topology; `vcpus` (fake topologies only) declares CPU ids up to
@@ -461,7 +498,7 @@ impl Topology {
         let fallback = nodes.iter().find(|n| !n.cpus.is_empty()).map_or(NodeId(0), |n| n.id);
         let cpu_to_node = cpu_to_node.into_iter().map(|n| n.unwrap_or(fallback)).collect();
         let machine_cpus = if fake { machine.nr_cpus.min(nr_cpus) } else { nr_cpus };
-        Ok(Topology { nodes, distance, cpu_to_node, machine_cpus, fake })
+        Ok(Topology { nodes, distance, cpu_to_node, machine_cpus, fake, tiers: None })
     }
 
     /// The nodes, by id.
@@ -525,6 +562,12 @@ impl Topology {
         self.nodes.get(n.0 as usize).map(|node| !node.cpus.is_empty()).ok_or_else(|| self.invalid_node(n))
     }
 
+    /// Each node's memory tier as the spec gave it (`tiers=`, 0 the fastest), `None` when it
+    /// gave none: NUMA balancing's tiering then ranks the nodes by distance itself.
+    pub fn tier_override(&self) -> Option<&[u8]> {
+        self.tiers.as_deref()
+    }
+
     /// The topology written back as a spec string that parses to the same topology.
     pub fn to_spec(&self) -> String {
         let sizes: Vec<String> = self.nodes.iter().map(|n| fmt_size(n.mem_bytes)).collect();
@@ -534,8 +577,12 @@ impl Topology {
         // Before the CPU lists, which name the virtual CPUs.
         let vcpus =
             if self.nr_cpus() > self.machine_cpus { format!("vcpus={},", self.nr_cpus()) } else { String::new() };
+        let tiers = match &self.tiers {
+            Some(t) => format!(",tiers={}", t.iter().map(u8::to_string).collect::<Vec<_>>().join(":")),
+            None => String::new(),
+        };
         format!(
-            "nodes={},sizes={},{vcpus}cpus={},distance={}",
+            "nodes={},sizes={},{vcpus}cpus={},distance={}{tiers}",
             self.nodes.len(),
             sizes.join(":"),
             cpus.join(":"),
@@ -779,6 +826,22 @@ mod tests {
         assert!(err("size=4M").contains("how many nodes"));
         assert!(err("nodes=2,cpus=3-1:").contains("backwards"));
         assert!(err("sys,nodes=2").contains("only `size`"));
+    }
+
+    /// `tiers=` gives each node its memory tier: kept, written back by `to_spec`, and every
+    /// bad value refused with the node and the bounds named.
+    #[test]
+    fn tiers_are_given_per_node_and_checked() {
+        let t = Topology::parse_for("nodes=3,size=4M,cpus=0-1::,tiers=0:2:1", M).unwrap();
+        assert_eq!(t.tier_override(), Some(&[0u8, 2, 1][..]));
+        assert_eq!(Topology::parse_for(&t.to_spec(), M).unwrap(), t, "{}", t.to_spec());
+        let plain = Topology::parse_for("nodes=2,size=4M", M).unwrap();
+        assert_eq!(plain.tier_override(), None);
+        assert!(!plain.to_spec().contains("tiers"));
+        assert!(err("nodes=2,tiers=0").contains("1 entries for 2 nodes"), "{}", err("nodes=2,tiers=0"));
+        assert!(err("nodes=2,tiers=0:16").contains("node 1: `16` is not a tier from 0 (fastest) to 15"));
+        assert!(err("nodes=2,tiers=0:slow").contains("node 1: `slow` is not a tier"));
+        assert!(err("nodes=2,tiers=0:1,tiers=0:1").contains("given twice"));
     }
 
     /// A user's range or count is bounded before it is expanded: these used to allocate

@@ -19,4 +19,5 @@ mod common;
 mod io;
 mod model;
 mod stress;
+mod tiering;
 mod windows;
