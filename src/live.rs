@@ -132,6 +132,10 @@ struct NodeSample {
     pcp: u64,
     low: u64,
     high: u64,
+    /// Pages allocated from and freed to the node's zones (`None` from a server that does
+    /// not count them by zone).
+    pgalloc: Option<u64>,
+    pgfree: Option<u64>,
     numa: std::collections::BTreeMap<String, u64>,
 }
 
@@ -157,6 +161,8 @@ fn sample(p: &Published) -> Result<Sample, String> {
             pcp: num(n, "pcp"),
             low: num(n, "low"),
             high: num(n, "high"),
+            pgalloc: n.get("pgalloc").and_then(serde_json::Value::as_u64),
+            pgfree: n.get("pgfree").and_then(serde_json::Value::as_u64),
             numa: map(n.get("numa")),
         })
         .collect();
@@ -176,15 +182,6 @@ fn fmt_rate(r: f64) -> String {
         format!("{:.0}k", r / 1e3)
     } else {
         format!("{r:.0}")
-    }
-}
-
-/// A rate that may be negative, signed unless it is 0.
-fn fmt_signed_rate(r: f64) -> String {
-    match fmt_rate(r.abs()) {
-        s if s == "0" => s,
-        s if r < 0.0 => format!("-{s}"),
-        s => format!("+{s}"),
     }
 }
 
@@ -208,55 +205,71 @@ const BALANCING: &[(&str, &str)] = &[
 
 /// One frame of `zonal top`: per node its pages and the rates since `prev`.
 ///
-/// Per node, what is in pages comes from the zone counters, kept in every mode: the pages
-/// managed, free, on per-CPU lists, the headroom over the high watermark, and USED/s, the
-/// change per second in the pages in use (allocated less freed). How many allocations a node
-/// served comes from its NUMA counters, which count an allocation once whatever its order
-/// (a bulk call once per page), as Linux's do: ALLOCS/s is allocations, not pages, and with
-/// HIT/s to LOCAL% it is `-` under `numa_stats_mode=coarse`, which keeps no NUMA counters.
-/// Pages allocated and freed per node are counted nowhere (the allocation and free paths
-/// count them for the whole handle only), so the pages are in the all-nodes line.
+/// Per node, in pages of 4 KiB, kept in every `numa_stats_mode`: managed, free, on per-CPU
+/// lists, the headroom over the high watermark, and ALLOC/s and FREE/s, the pages allocated
+/// from and freed to the node's zones per second (its `pgalloc_normal` and `pgfree`, which
+/// the allocator counts by zone on every path). HIT/s to LOCAL% come from the NUMA counters,
+/// which count an allocation once whatever its order, as Linux's do; they are `-` under
+/// `numa_stats_mode=coarse`, which keeps none. With memory tiering, PROMO/s and DEMO/s are
+/// the pages promoted to and demoted from the node (`pgpromote_success`, `pgdemote_*`).
 fn frame(p: &Published, now: &Sample, prev: Option<&Sample>, interval: Duration) -> String {
     let secs = prev.map(|o| now.at.duration_since(o.at).as_secs_f64());
     let numa = numa_counted(now) && prev.is_none_or(numa_counted);
-    let mut rows = vec![[
+    let tiering = now.counters.keys().any(|k| k.starts_with("pgpromote_success_node"));
+    let mut head = vec![
         "NODE",
         "MANAGED",
         "FREE",
         "PCP",
         "USED%",
         "FREE-HIGH",
-        "USED/s",
-        "ALLOCS/s",
+        "ALLOC/s",
+        "FREE/s",
         "HIT/s",
         "MISS/s",
         "FOREIGN/s",
         "LOCAL%",
-    ]
-    .map(String::from)
-    .to_vec()];
+    ];
+    if tiering {
+        head.extend(["PROMO/s", "DEMO/s"]);
+    }
+    let mut rows = vec![head.into_iter().map(String::from).collect::<Vec<_>>()];
     let used = |s: &NodeSample| s.managed.saturating_sub(s.free + s.pcp);
+    let counter = |s: &Sample, name: &str, node: u64| s.counters.get(&format!("{name}_node{node}")).copied();
+    let mut uncounted = false;
     for n in &now.nodes {
         let old = prev.and_then(|o| o.nodes.iter().find(|x| x.node == n.node));
-        let mut rates: Vec<String> = match (old, secs) {
-            (Some(o), Some(dt)) => {
+        let mut rates: Vec<String> = match (old, secs, prev) {
+            (Some(o), Some(dt), Some(ps)) => {
                 let g = |k: &str| rate(n.numa.get(k).copied().unwrap_or(0), o.numa.get(k).copied().unwrap_or(0), dt);
+                let pages = |new: Option<u64>, old: Option<u64>| match (new, old) {
+                    (Some(a), Some(b)) => fmt_rate(rate(a, b, dt)),
+                    _ => "-".to_string(),
+                };
                 let (local, other) = (g("local_node"), g("other_node"));
                 let local_pct =
                     if local + other > 0.0 { format!("{:.0}", 100.0 * local / (local + other)) } else { "-".into() };
-                vec![
-                    fmt_signed_rate((used(n) as f64 - used(o) as f64) / dt.max(1e-9)),
-                    fmt_rate(g("numa_hit") + g("numa_miss")),
+                let mut r = vec![
+                    pages(n.pgalloc, o.pgalloc),
+                    pages(n.pgfree, o.pgfree),
                     fmt_rate(g("numa_hit")),
                     fmt_rate(g("numa_miss")),
                     fmt_rate(g("numa_foreign")),
                     local_pct,
-                ]
+                ];
+                if tiering {
+                    let c = |s: &Sample, k: &str| counter(s, k, n.node).unwrap_or(0);
+                    let demoted = |s: &Sample| c(s, "pgdemote_kswapd") + c(s, "pgdemote_direct");
+                    r.push(fmt_rate(rate(c(now, "pgpromote_success"), c(ps, "pgpromote_success"), dt)));
+                    r.push(fmt_rate(rate(demoted(now), demoted(ps), dt)));
+                }
+                r
             }
-            _ => vec!["-".to_string(); 6],
+            _ => vec!["-".to_string(); if tiering { 8 } else { 6 }],
         };
+        uncounted |= secs.is_some() && n.pgalloc.is_none();
         if !numa {
-            rates[1..].fill("-".to_string());
+            rates[2..6].fill("-".to_string());
         }
         let mut row = vec![
             n.node.to_string(),
@@ -274,14 +287,17 @@ fn frame(p: &Published, now: &Sample, prev: Option<&Sample>, interval: Duration)
         format!("zonal top: pid {} handle {}, every {:.1} s{mode}\n\n", p.pid, p.handle, interval.as_secs_f64());
     out.push_str(&table(&rows));
     out.push_str(&format!(
-        "\nMANAGED to FREE-HIGH and USED/s in pages of 4 KiB. FREE-HIGH: free pages above the high watermark \
-         (below 0: under it{}). USED/s: the change per second in the node's pages in use.\n\
-         ALLOCS/s: allocations the node served per second, from the NUMA counters, which count an allocation \
-         once whatever its order (a bulk call once per page); HIT/s to LOCAL% from the same counters.\n",
-        now.nodes.iter().map(|n| format!("; node {} low {}", n.node, n.low)).collect::<String>()
+        "\nMANAGED to FREE/s in pages of 4 KiB. FREE-HIGH: free pages above the high watermark \
+         (below 0: under it{}). ALLOC/s, FREE/s: pages allocated from and freed to the node per second.\n\
+         HIT/s to LOCAL%: allocations, from the NUMA counters, which count an allocation once whatever its \
+         order (a bulk call once per page).{}\n",
+        now.nodes.iter().map(|n| format!("; node {} low {}", n.node, n.low)).collect::<String>(),
+        if tiering { " PROMO/s, DEMO/s: pages promoted to and demoted from the node per second." } else { "" }
     ));
     if prev.is_none() {
         out.push_str("-: a rate needs two samples; the next frame has them.\n");
+    } else if uncounted {
+        out.push_str("-: ALLOC/s and FREE/s: this process's zonal does not count pages by node.\n");
     } else if !numa {
         out.push_str(&format!(
             "-: numa_stats_mode is coarse, which keeps no NUMA counters (`zonal --pid {} sysctl \
@@ -342,7 +358,20 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v))
             .into_iter()
             .collect();
-        let node = NodeSample { node: 0, managed: 1000, free: 1000 - used - 10, pcp: 10, low: 20, high: 30, numa };
+        // The node's pages allocated (all still in use) and freed (5 per 8 in use beyond 100:
+        // any figure, which the NUMA counters could not give), kept in every mode.
+        let (pgalloc, pgfree) = (Some(used), Some(used.saturating_sub(100) * 5 / 8));
+        let node = NodeSample {
+            node: 0,
+            managed: 1000,
+            free: 1000 - used - 10,
+            pcp: 10,
+            low: 20,
+            high: 30,
+            pgalloc,
+            pgfree,
+            numa,
+        };
         let counters = [("pgalloc_normal", 8 * (hit + miss)), ("pgfree", 0)].map(|(k, v)| (k.to_string(), v)).into();
         Sample { at, nodes: vec![node], counters, numa_mode: Some(mode.to_string()) }
     }
@@ -361,20 +390,39 @@ mod tests {
 
     #[test]
     fn a_nodes_pages_are_pages_and_its_allocations_are_allocations() {
-        // One second in which 10 order-3 blocks were allocated from node 0: 80 pages more in
-        // use, 10 allocations by its NUMA counters, 80 pages by pgalloc.
+        // One second in which 10 order-3 blocks were allocated from node 0: 80 pages by the
+        // node's pgalloc, 10 allocations by its NUMA counters; and 50 pages freed.
         let t0 = Instant::now();
         let (before, after) = (sample(t0, "auto", 100, 5, 0), sample(t0 + Duration::from_secs(1), "auto", 180, 15, 0));
         let f = frame(&published(), &after, Some(&before), Duration::from_secs(1));
         let r = row(&f);
-        assert_eq!((r["USED/s"].as_str(), r["ALLOCS/s"].as_str(), r["HIT/s"].as_str()), ("+80", "10", "10"), "{f}");
+        assert_eq!((r["ALLOC/s"].as_str(), r["FREE/s"].as_str(), r["HIT/s"].as_str()), ("80", "50", "10"), "{f}");
         assert_eq!((r["FREE"].as_str(), r["FREE-HIGH"].as_str(), r["LOCAL%"].as_str()), ("810", "780", "100"), "{f}");
         assert!(f.contains("all nodes: pgalloc/s 80 "), "{f}");
         assert!(f.contains("in pages of 4 KiB") && f.contains("once whatever its order"), "{f}");
-        assert!(!f.contains("numa_stats_mode is coarse"), "{f}");
-        // Pages freed: the count in use goes down.
-        let later = sample(t0 + Duration::from_secs(2), "auto", 130, 15, 0);
-        assert_eq!(row(&frame(&published(), &later, Some(&after), Duration::from_secs(1)))["USED/s"], "-50");
+        assert!(!f.contains("numa_stats_mode is coarse") && !f.contains("PROMO/s"), "{f}");
+        // A server that does not count pages by node: the columns say they cannot be computed.
+        let (mut old, mut new) = (before, after);
+        (old.nodes[0].pgalloc, new.nodes[0].pgalloc, new.nodes[0].pgfree) = (None, None, None);
+        let f = frame(&published(), &new, Some(&old), Duration::from_secs(1));
+        assert_eq!((row(&f)["ALLOC/s"].as_str(), row(&f)["FREE/s"].as_str()), ("-", "-"), "{f}");
+        assert!(f.contains("does not count pages by node"), "{f}");
+    }
+
+    #[test]
+    fn tiering_shows_each_nodes_promotions_and_demotions() {
+        let t0 = Instant::now();
+        let (mut before, mut after) =
+            (sample(t0, "auto", 100, 5, 0), sample(t0 + Duration::from_secs(2), "auto", 180, 15, 0));
+        for (s, (promoted, kswapd, direct)) in [(&mut before, (10, 0, 0)), (&mut after, (410, 100, 20))] {
+            for (k, v) in [("pgpromote_success", promoted), ("pgdemote_kswapd", kswapd), ("pgdemote_direct", direct)] {
+                s.counters.insert(format!("{k}_node0"), v);
+            }
+        }
+        let f = frame(&published(), &after, Some(&before), Duration::from_secs(2));
+        let r = row(&f);
+        assert_eq!((r["PROMO/s"].as_str(), r["DEMO/s"].as_str()), ("200", "60"), "{f}");
+        assert!(f.contains("pages promoted to and demoted from the node"), "{f}");
     }
 
     #[test]
@@ -385,18 +433,18 @@ mod tests {
             (sample(t0, "coarse", 100, 0, 0), sample(t0 + Duration::from_secs(1), "coarse", 180, 0, 0));
         let f = frame(&published(), &after, Some(&before), Duration::from_secs(1));
         let r = row(&f);
-        assert_eq!(r["USED/s"], "+80", "{f}");
-        for c in ["ALLOCS/s", "HIT/s", "MISS/s", "FOREIGN/s", "LOCAL%"] {
+        assert_eq!(r["ALLOC/s"], "80", "pages are counted in every mode: {f}");
+        for c in ["HIT/s", "MISS/s", "FOREIGN/s", "LOCAL%"] {
             assert_eq!(r[c], "-", "{c}: {f}");
         }
         assert!(f.contains("-: numa_stats_mode is coarse, which keeps no NUMA counters"), "{f}");
         assert!(f.contains("zonal --pid 4242 sysctl numa_stats_mode=auto"), "{f}");
         // A switch from coarse between the two samples: the counters started again at 0.
         let strict = sample(t0 + Duration::from_secs(2), "strict", 180, 7, 0);
-        assert_eq!(row(&frame(&published(), &strict, Some(&after), Duration::from_secs(1)))["ALLOCS/s"], "-");
+        assert_eq!(row(&frame(&published(), &strict, Some(&after), Duration::from_secs(1)))["HIT/s"], "-");
         // The first frame has no rates, and says why.
         let first = frame(&published(), &before, None, Duration::from_secs(1));
-        assert_eq!(row(&first)["USED/s"], "-");
+        assert_eq!(row(&first)["ALLOC/s"], "-");
         assert!(first.contains("-: a rate needs two samples"), "{first}");
     }
 }

@@ -622,19 +622,22 @@ fn run_live(command: &Command, alloc: &AllocArgs, target: &LiveArgs, pid: i32) -
                     None => (item.trim(), None),
                 };
                 check_tunable_name(name)?;
-                if zonal_numab::tunable::tunable(name).is_ok() {
-                    return Err(format!(
-                        "`{name}` is a tunable of the NUMA balancing layer, which --pid does not reach yet: set it in \
-                         the process (Balancer::sysctl_set, or its config string: `{name}=VALUE`)"
-                    ));
-                }
                 let got = match value {
                     Some(v) if v.is_empty() || v.contains(char::is_whitespace) => {
                         return Err(format!("`{item}`: the value must be one word"))
                     }
-                    Some(v) => live::ask(&h, &format!("sysctl set {name} {v}"))?,
-                    None => live::ask(&h, &format!("sysctl get {name}"))?,
+                    Some(v) => live::ask(&h, &format!("sysctl set {name} {v}")),
+                    None => live::ask(&h, &format!("sysctl get {name}")),
                 };
+                // A balancer's tunable is the process's only while a balancer runs on the handle.
+                let got = got.map_err(|e| match zonal_numab::tunable::tunable(name) {
+                    Ok(_) if e.contains("unknown tunable") => format!(
+                        "process {pid} handle {} runs no NUMA balancing (a zonal-numab Balancer), whose \
+                         tunable `{name}` is",
+                        h.handle
+                    ),
+                    _ => e,
+                })?;
                 shown.push((name.to_string(), got.trim().to_string()));
             }
             if *all || items.is_empty() {

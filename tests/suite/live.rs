@@ -134,10 +134,12 @@ fn top_marks_the_numa_columns_under_coarse_and_counts_pages_apart_from_allocatio
         let out = ok(&zonal(&dir, &["--pid", &pid, "top", "--count", "2", "--interval", "0.1"]));
         let second = out.rsplit("zonal top:").next().unwrap();
         assert!(second.contains(&format!("numa_stats_mode {mode}")), "{second}");
-        assert!(column(second, "USED/s").parse::<f64>().is_ok(), "pages in use, in every mode: {second}");
-        let allocs = column(second, "ALLOCS/s");
-        assert_eq!(allocs.parse::<f64>().is_ok(), counted, "{mode}: {second}");
-        assert_eq!(allocs == "-", !counted, "{mode}: {second}");
+        for c in ["ALLOC/s", "FREE/s"] {
+            assert!(column(second, c).parse::<f64>().is_ok(), "{c}: pages, in every mode: {second}");
+        }
+        let hits = column(second, "HIT/s");
+        assert_eq!(hits.parse::<f64>().is_ok(), counted, "{mode}: {second}");
+        assert_eq!(hits == "-", !counted, "{mode}: {second}");
         assert_eq!(second.contains("-: numa_stats_mode is coarse"), !counted, "{mode}: {second}");
     }
     drop(z);
@@ -275,10 +277,53 @@ fn top_shows_balancing_rates_once_regions_are_balanced() {
     let out = ok(&zonal(&dir, &["--pid", &pid, "top", "--count", "2", "--interval", "0.1"]));
     let second = out.rsplit("zonal top:").next().unwrap();
     assert!(second.contains("balancing: hint faults/s 0  local/s 0  migrated/s 0"), "{second}");
+    assert!(second.contains("PROMO/s"), "a balancer's per-node tiering counters, as columns: {second}");
     drop(bal);
     // Without a balancer the line is gone.
     let out = ok(&zonal(&dir, &["--pid", &pid, "top", "--count", "2", "--interval", "0.1"]));
-    assert!(!out.contains("balancing:"), "{out}");
+    assert!(!out.contains("balancing:") && !out.contains("PROMO/s"), "{out}");
+    drop(z);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A running balancer's tunables are the process's: `zonal --pid P sysctl` reads and sets
+/// them (checked as the balancer checks them), lists them with zonal's, and says so when the
+/// process runs no balancer; `top` shows each node's promotions and demotions.
+#[test]
+fn sysctl_with_pid_reaches_the_balancer_and_top_shows_tiering_per_node() {
+    let dir = test_dir("sysctl-numab");
+    let z = published(&dir);
+    let pid = std::process::id().to_string();
+    let p = ["--pid", pid.as_str(), "sysctl"];
+    let sysctl = |args: &[&str]| zonal(&dir, &[&p[..], args].concat());
+    let e = err(&sysctl(&["numa_balancing=2"]));
+    assert!(e.contains("runs no NUMA balancing") && e.contains("numa_balancing"), "{e}");
+
+    let cfg = zonal_numab::Config { scan_delay_ms: 3_600_000, ..Default::default() };
+    let bal = zonal_numab::Balancer::new(z.clone(), cfg).unwrap();
+    assert_eq!(ok(&sysctl(&["numa_balancing=2"])), "numa_balancing = 2\n");
+    assert_eq!(bal.numa_balancing(), 2, "set in the process's balancer");
+    assert_eq!(
+        ok(&sysctl(&["numa_balancing_hot_threshold_ms=250", "demotion_enabled"])),
+        "numa_balancing_hot_threshold_ms = 250\ndemotion_enabled = 0\n"
+    );
+    assert_eq!(bal.sysctl_get("numa_balancing_hot_threshold_ms").unwrap(), "250");
+    let e = err(&sysctl(&["numa_balancing=4"]));
+    assert!(e.contains("2 (memory tiering)") && e.contains("kept the old value"), "{e}");
+    assert_eq!(bal.numa_balancing(), 2, "an invalid value changes nothing");
+    let all: serde_json::Value = serde_json::from_str(&ok(&sysctl(&["-a", "--json"]))).unwrap();
+    assert_eq!((all["numa_balancing"].as_u64(), all["min_free_kbytes"].is_number()), (Some(2), true), "{all}");
+
+    let out = ok(&zonal(&dir, &["--pid", &pid, "top", "--count", "2", "--interval", "0.1"]));
+    let second = out.rsplit("zonal top:").next().unwrap();
+    let head = second.lines().find(|l| l.starts_with("NODE")).unwrap();
+    assert!(
+        head.ends_with("PROMO/s  DEMO/s") || head.split_whitespace().rev().take(2).eq(["DEMO/s", "PROMO/s"]),
+        "{second}"
+    );
+    drop(bal);
+    let e = err(&sysctl(&["numa_balancing"]));
+    assert!(e.contains("runs no NUMA balancing"), "the balancer's tunables leave with it: {e}");
     drop(z);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -442,6 +442,9 @@ impl Drop for Shared {
         if let Some(&id) = self.source.get() {
             self.z.remove_counter_source(id);
         }
+        if let Some(&id) = self.tunable_source.get() {
+            self.z.remove_tunable_source(id);
+        }
         for f in self.to_free.take_all() {
             self.free_frame(f);
         }
@@ -536,6 +539,7 @@ impl Balancer {
             high,
             uffd,
             source: std::sync::OnceLock::new(),
+            tunable_source: std::sync::OnceLock::new(),
             vma_budget: AtomicUsize::new(cfg.vma_budget.unwrap_or(os::max_map_count() / 4 * 3)),
             vmas: AtomicUsize::new(0),
             vmas_peak: AtomicUsize::new(0),
@@ -558,6 +562,9 @@ impl Balancer {
             .z
             .add_counter_source(Box::new(move || weak.upgrade().map(|s| s.stats().all_items()).unwrap_or_default()));
         let _ = shared.source.set(id);
+        // Its tunables in the handle's sysctl, so that `zonal --pid P sysctl` reaches them.
+        let id = shared.z.add_tunable_source(Arc::new(crate::tunable::Source(Arc::downgrade(&shared))));
+        let _ = shared.tunable_source.set(id);
         shared.housekeep();
         let weak = Arc::downgrade(&shared);
         let thread = std::thread::Builder::new()
@@ -676,28 +683,18 @@ impl Balancer {
     /// Sets `kernel.numa_balancing`'s bits: 1 normal balancing, 2 memory tiering, 3 both,
     /// 0 neither (see [`Config::tiering`]). Anything above 3 is refused, nothing changed.
     pub fn set_numa_balancing(&self, bits: u8) -> Result<()> {
-        if bits > 3 {
-            return Err(Error::InvalidConfig(format!(
-                "numa_balancing: `{bits}` is not 0 (off), 1 (normal), 2 (memory tiering) or 3 (both)"
-            )));
-        }
-        self.shared.cfg.enabled.store(bits & 1 != 0, Ordering::Relaxed);
-        self.shared.cfg.tiering.store(bits & 2 != 0, Ordering::Relaxed);
-        self.shared.kick();
-        Ok(())
+        self.shared.set_numa_balancing(bits)
     }
 
     /// `kernel.numa_balancing`'s bits.
     pub fn numa_balancing(&self) -> u8 {
-        let c = &self.shared.cfg;
-        c.enabled.load(Ordering::Relaxed) as u8 | (c.tiering.load(Ordering::Relaxed) as u8) << 1
+        self.shared.numa_balancing()
     }
 
     /// Sets `numa_balancing_hot_threshold_ms` (the nodes' adjusted thresholds start again
     /// from it).
     pub fn set_hot_threshold_ms(&self, ms: u64) {
-        self.shared.cfg.hot_threshold_ms.store(ms, Ordering::Relaxed);
-        self.shared.tier_nodes.iter().for_each(|n| n.threshold_ms.store(0, Ordering::Relaxed));
+        self.shared.set_hot_threshold_ms(ms)
     }
 
     /// Sets `numa_balancing_promote_rate_limit_MBps`.
@@ -707,8 +704,7 @@ impl Balancer {
 
     /// Sets `demotion_enabled`.
     pub fn set_demotion_enabled(&self, on: bool) {
-        self.shared.cfg.demotion_enabled.store(on, Ordering::Relaxed);
-        self.shared.kick();
+        self.shared.set_demotion_enabled(on)
     }
 
     /// The nodes' memory tiers.
@@ -716,32 +712,20 @@ impl Balancer {
         &self.shared.tiers
     }
 
-    /// A balancer tunable's value by name ([`crate::tunable::TUNABLES`]).
+    /// A balancer tunable's value by name ([`crate::tunable::TUNABLES`]). The handle's
+    /// `Zonal::sysctl_get` reaches the same tunables (and so does `zonal --pid P sysctl`).
     pub fn sysctl_get(&self, name: &str) -> Result<String> {
-        let c = &self.shared.cfg;
-        Ok(match crate::tunable::tunable(name)?.name {
-            "numa_balancing" => self.numa_balancing().to_string(),
-            "numa_balancing_hot_threshold_ms" => c.hot_threshold_ms.load(Ordering::Relaxed).to_string(),
-            "numa_balancing_promote_rate_limit_MBps" => c.promote_rate_limit_mbps.load(Ordering::Relaxed).to_string(),
-            _ => (c.demotion_enabled.load(Ordering::Relaxed) as u8).to_string(),
-        })
+        self.shared.sysctl_get(name)
     }
 
     /// Sets a balancer tunable by name; an invalid value is refused and the old one kept.
     pub fn sysctl_set(&self, name: &str, value: &str) -> Result<()> {
-        let n = crate::tunable::parse(name, value)?;
-        match name {
-            "numa_balancing" => self.set_numa_balancing(n as u8)?,
-            "numa_balancing_hot_threshold_ms" => self.set_hot_threshold_ms(n),
-            "numa_balancing_promote_rate_limit_MBps" => self.set_promote_rate_limit_mbps(n),
-            _ => self.set_demotion_enabled(n != 0),
-        }
-        Ok(())
+        self.shared.sysctl_set(name, value)
     }
 
     /// Every balancer tunable with its value.
     pub fn sysctl_all(&self) -> Vec<(&'static str, String)> {
-        crate::tunable::TUNABLES.iter().map(|t| (t.name, self.sysctl_get(t.name).unwrap_or_default())).collect()
+        self.shared.sysctl_all()
     }
 
     /// Demotes now, from the calling thread, up to `max_pages` of the coldest region pages

@@ -60,6 +60,8 @@ pub(crate) struct Shared {
     pub(crate) uffd: Option<uffd::Uffd>,
     /// The id of the counters added to the zonal handle's reports.
     pub(crate) source: std::sync::OnceLock<u64>,
+    /// The id of the tunables added to the zonal handle's sysctl.
+    pub(crate) tunable_source: std::sync::OnceLock<u64>,
     /// The mapping budget, the mappings at the last check and the most seen, and whether
     /// the process is at the budget (scans and migrations wait).
     pub(crate) vma_budget: AtomicUsize,

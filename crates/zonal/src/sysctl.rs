@@ -9,10 +9,39 @@ use crate::error::{Error, Result};
 use crate::page_alloc::Zonal;
 pub use crate::tunables::{parse_value, tunable, Bounds, Knob, Tunable, TUNABLES};
 
+/// A layer's tunables, reached by name through the handle's `sysctl` ([`Zonal::sysctl_get`],
+/// [`Zonal::sysctl_set`], [`Zonal::sysctl_all`]) and so through the live `sysctl` requests of
+/// `zonal --pid P sysctl`: NUMA balancing adds its own this way
+/// ([`Zonal::add_tunable_source`]), as a kernel module adds its knobs beside the kernel's.
+/// zonal's own names come first: a source's tunable of the same name is never reached.
+pub trait TunableSource: Send + Sync {
+    /// Every tunable of the source with its value.
+    fn all(&self) -> Vec<(&'static str, String)>;
+    /// A tunable's value; `None` when the name is not the source's.
+    fn get(&self, name: &str) -> Option<String>;
+    /// Sets a tunable (an invalid value refused with why, the old value kept); `None` when
+    /// the name is not the source's.
+    fn set(&self, name: &str, value: &str) -> Option<std::result::Result<(), String>>;
+}
+
 impl Zonal {
     /// The current value of a tunable.
     pub fn sysctl_get(&self, name: &str) -> Result<String> {
-        Ok(self.tunable_value(tunable(name)?))
+        match tunable(name) {
+            Ok(t) => Ok(self.tunable_value(t)),
+            Err(e) => self.tunable_sources().iter().find_map(|s| s.get(name)).ok_or_else(|| self.unknown(name, e)),
+        }
+    }
+
+    /// The error for a name that is no tunable: zonal's, with the added sources' names.
+    fn unknown(&self, name: &str, zonal: Error) -> Error {
+        let sources = self.tunable_sources();
+        if sources.is_empty() {
+            return zonal;
+        }
+        let names: Vec<&str> =
+            TUNABLES.iter().map(|t| t.name).chain(sources.iter().flat_map(|s| s.all()).map(|(n, _)| n)).collect();
+        Error::InvalidConfig(format!("unknown tunable `{name}`; tunables: {}", names.join(", ")))
     }
 
     /// The current value of a row of the table: an exhaustive match, so a new row without
@@ -35,7 +64,15 @@ impl Zonal {
 
     /// Sets a tunable; an invalid value is rejected and the old value kept.
     pub fn sysctl_set(&self, name: &str, value: &str) -> Result<()> {
-        let t = tunable(name)?;
+        let t = match tunable(name) {
+            Ok(t) => t,
+            Err(e) => {
+                return match self.tunable_sources().iter().find_map(|s| s.set(name, value)) {
+                    Some(r) => r.map_err(Error::InvalidConfig),
+                    None => Err(self.unknown(name, e)),
+                }
+            }
+        };
         if t.knob == Knob::NumaStatsMode {
             // Seed 001's handler: it logs an invalid value as well as rejecting it.
             return self.set_numa_stats_mode(value.trim());
@@ -77,9 +114,11 @@ impl Zonal {
         }
     }
 
-    /// Every tunable with its current value (`sysctl -a`).
+    /// Every tunable with its current value (`sysctl -a`): zonal's, then the added
+    /// sources'.
     pub fn sysctl_all(&self) -> Vec<(&'static str, String)> {
-        TUNABLES.iter().map(|t| (t.name, self.tunable_value(t))).collect()
+        let own = TUNABLES.iter().map(|t| (t.name, self.tunable_value(t)));
+        own.chain(self.tunable_sources().iter().flat_map(|s| s.all())).collect()
     }
 
     /// Applies `ZONAL_<NAME>` from the environment for every tunable (at build time), after

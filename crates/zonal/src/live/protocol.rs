@@ -96,7 +96,8 @@ fn info(z: &Zonal, stats: &ServerStats) -> String {
     v.to_string() + "\n"
 }
 
-/// One sample of what `zonal top` shows: per node the memory figures and NUMA counters,
+/// One sample of what `zonal top` shows: per node the memory figures, the pages allocated
+/// and freed (`pgalloc`, `pgfree`, kept in every `numa_stats_mode`) and the NUMA counters,
 /// and the events and layer counters of the whole handle, with the time it was taken and the
 /// `numa_stats_mode` in force.
 fn top_sample(z: &Zonal) -> String {
@@ -105,8 +106,11 @@ fn top_sample(z: &Zonal) -> String {
             let nid = NodeId(n as u16);
             let zones = z.node_zones(nid).unwrap_or(&[]);
             let (mut managed, mut min, mut low, mut high) = (0, 0, 0, 0);
+            let (mut pgalloc, mut pgfree) = (0u64, 0u64);
             for id in zones {
                 let zone = &z.zones()[id.0 as usize];
+                let (a, f) = z.zone_page_events(*id);
+                (pgalloc, pgfree) = (pgalloc.wrapping_add(a), pgfree.wrapping_add(f));
                 managed += zone.managed;
                 min += zone.watermark(Watermark::Min);
                 low += zone.watermark(Watermark::Low);
@@ -122,6 +126,7 @@ fn top_sample(z: &Zonal) -> String {
                 "free": z.nr_free_pages(nid).unwrap_or(0),
                 "pcp": z.nr_pcp_pages(nid).unwrap_or(0),
                 "min": min, "low": low, "high": high,
+                "pgalloc": pgalloc, "pgfree": pgfree,
                 "numa": numa,
             })
         })

@@ -104,7 +104,7 @@ impl Zonal {
         if next > 1 {
             self.count_event(cpu, VmEvent::ZlcSkipped, next as u64 - 1);
         }
-        self.count_event(cpu, VmEvent::PgallocNormal, 1);
+        self.count_pages(cpu, z.id, false, 1);
         if self.key.load().numa() != 0 {
             let (_, ctx) = self.context(cpu, gfp, &Resolved::Node(local));
             self.zone_statistics(cpu, &ctx, z, 1, None);
@@ -203,7 +203,7 @@ impl Zonal {
             Some(p) => p,
             None => self.alloc_pages_slowpath(ctx, order)?,
         };
-        self.count_event(cpu, VmEvent::PgallocNormal, order.pages() as u64);
+        self.count_pages(cpu, self.zone_of(pfn).id, false, order.pages() as u64);
         // One predictable branch on a read-mostly flag when NUMA statistics are off.
         if self.key.load().numa() != 0 {
             let target = match r {

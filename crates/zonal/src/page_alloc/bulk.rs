@@ -175,7 +175,7 @@ impl Zonal {
             // Once with the batch count (seed 002), or page by page as before it.
             let (calls, each) = if self.bulk_accounting_per_page() { (n, 1) } else { (1, n as u64) };
             for _ in 0..calls.min(n) {
-                self.count_event(cpu, VmEvent::PgallocNormal, each);
+                self.count_pages(cpu, zone.id, false, each);
                 if self.key.load().numa() != 0 {
                     self.zone_statistics(cpu, &ctx, zone, each, target);
                 }
@@ -327,10 +327,10 @@ impl Zonal {
                 i += 1;
             }
             freed += run.len();
+            self.count_pages(cpu, z.id, true, run.len() as u64);
             self.free_run(cpu, rseq, z, &run);
             run.clear();
         }
-        self.count_event(cpu, VmEvent::Pgfree, freed as u64);
         match first_err {
             None => Ok(freed),
             Some(e) => Err(e),

@@ -114,7 +114,7 @@ impl Zonal {
         }
         // Release: pairs with the Acquire of the claim in a later free (as `rmqueue`).
         z.state(pfn).store(mem_map::state(mem_map::ALLOCATED, order), Ordering::Release);
-        self.count_event(cpu, VmEvent::PgallocNormal, order.pages() as u64);
+        self.count_pages(cpu, z.id, false, order.pages() as u64);
         // The local node's first zone: a hit, and local (`zone_statistics` of the general path).
         if self.key.load().numa() != 0 {
             self.numa_charge(cpu, z, z, 1, None);
@@ -170,7 +170,7 @@ impl Zonal {
             // A racing free's second copy: its `pgalloc` (counted in the cache's word, as
             // its frames) taken back with a wrapping subtraction on the CPU's event counter,
             // which [`Zonal::event`] adds to the words' counts. In line, as order 0's.
-            self.count_event(cpu, VmEvent::PgallocNormal, (order.pages() as u64).wrapping_neg());
+            self.count_pages(cpu, self.zone_of(pfn).id, false, (order.pages() as u64).wrapping_neg());
             return None;
         }
         // The section counted `pgalloc` in the cache's word (`pcp::word`).
@@ -339,7 +339,7 @@ impl Zonal {
         if mem_map::unpush_block(zone, pfn, order) {
             self.free_claimed(cpu, zone, &[pfn], order);
         }
-        self.count_event(cpu, VmEvent::Pgfree, order.pages() as u64);
+        self.count_pages(cpu, zone.id, true, order.pages() as u64);
         Ok(())
     }
 }

@@ -92,7 +92,7 @@ impl Zonal {
         mem_map::claim_held(zone, pfn, order)?;
         let cpu = self.current_cpu();
         self.free_claimed(cpu, zone, &[pfn], order);
-        self.count_event(cpu, VmEvent::Pgfree, order.pages() as u64);
+        self.count_pages(cpu, zone.id, true, order.pages() as u64);
         Ok(())
     }
 
@@ -121,7 +121,7 @@ impl Zonal {
         claim(zone, pfn, order)?;
         let cpu = cpu();
         self.free_claimed(cpu, zone, &[pfn], order);
-        self.count_event(cpu, VmEvent::Pgfree, order.pages() as u64);
+        self.count_pages(cpu, zone.id, true, order.pages() as u64);
         Ok(())
     }
 

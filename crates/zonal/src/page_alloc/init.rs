@@ -193,7 +193,8 @@ impl Zonal {
                 fast_base: (0..nr_cpus).map(|_| AtomicU64::new(0)).collect(),
                 fast_frozen: (0..nr_cpus).map(|_| AtomicU64::new(0)).collect(),
             },
-            sources: CounterSources::default(),
+            sources: Sources::default(),
+            tunable_sources: Sources::default(),
             tun: Tunables {
                 bulk_per_page: std::sync::atomic::AtomicBool::new(false),
                 percpu_pagelist_high_fraction: AtomicU32::new(fraction),

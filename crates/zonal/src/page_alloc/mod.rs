@@ -83,7 +83,9 @@ pub struct Zonal {
     /// The run-time tunables.
     tun: Tunables,
     /// Counters that layers on top of this handle add to its reports (NUMA balancing's).
-    sources: CounterSources,
+    sources: Sources<CounterSource>,
+    /// Tunables that layers on top of this handle add to its `sysctl` (NUMA balancing's).
+    tunable_sources: Sources<std::sync::Arc<dyn crate::sysctl::TunableSource>>,
     worker: Option<Worker>,
     /// Held for writing by each housekeeping pass (the worker's, `decay_pcp_high`,
     /// `refresh_vm_stats`), for reading by the exact readers ([`Zonal::settled`]).
@@ -97,12 +99,17 @@ pub struct Zonal {
 /// A function that reads a layer's counters as `(name, value)`, for the reports.
 pub type CounterSource = Box<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
 
-/// The counter sources of a handle, by id.
+/// What layers on top of a handle added to it (counter sources, tunable sources), by id.
 /// Plain std types: no allocator protocol runs through them, so loom need not model them.
-#[derive(Default)]
-pub(crate) struct CounterSources {
+pub(crate) struct Sources<T> {
     next: std::sync::atomic::AtomicU64,
-    list: std::sync::Mutex<Vec<(u64, CounterSource)>>,
+    list: std::sync::Mutex<Vec<(u64, T)>>,
+}
+
+impl<T> Default for Sources<T> {
+    fn default() -> Self {
+        Sources { next: Default::default(), list: Default::default() }
+    }
 }
 
 impl Zonal {
@@ -118,9 +125,22 @@ impl Zonal {
     }
 }
 
-impl CounterSources {
-    fn list(&self) -> std::sync::MutexGuard<'_, Vec<(u64, CounterSource)>> {
+impl<T> Sources<T> {
+    fn list(&self) -> std::sync::MutexGuard<'_, Vec<(u64, T)>> {
         self.list.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn add(&self, x: T) -> u64 {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.list().push((id, x));
+        id
+    }
+
+    fn remove(&self, id: u64) -> bool {
+        let mut l = self.list();
+        let before = l.len();
+        l.retain(|(i, _)| *i != id);
+        l.len() != before
     }
 }
 
@@ -130,22 +150,35 @@ impl Zonal {
     /// balancing, reports what it does where zonal's counters are read. Returns the id that
     /// removes it. The function runs at every report, so it should only read counters.
     pub fn add_counter_source(&self, f: CounterSource) -> u64 {
-        let id = self.sources.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.sources.list().push((id, f));
-        id
+        self.sources.add(f)
     }
 
     /// Removes a counter source; `false` if there was none with this id.
     pub fn remove_counter_source(&self, id: u64) -> bool {
-        let mut l = self.sources.list();
-        let before = l.len();
-        l.retain(|(i, _)| *i != id);
-        l.len() != before
+        self.sources.remove(id)
     }
 
     /// Every added source's counters, in the order they were added.
     pub(crate) fn source_counters(&self) -> Vec<(String, u64)> {
         self.sources.list().iter().flat_map(|(_, f)| f()).collect()
+    }
+
+    /// Adds a layer's tunables to this handle's `sysctl` (get, set, all; and so to the live
+    /// `sysctl` requests of `zonal --pid P sysctl`), after zonal's own, which keep their
+    /// names. Returns the id that removes it.
+    pub fn add_tunable_source(&self, s: std::sync::Arc<dyn crate::sysctl::TunableSource>) -> u64 {
+        self.tunable_sources.add(s)
+    }
+
+    /// Removes a tunable source; `false` if there was none with this id.
+    pub fn remove_tunable_source(&self, id: u64) -> bool {
+        self.tunable_sources.remove(id)
+    }
+
+    /// The added tunable sources, in the order they were added (copied out, so that a
+    /// source runs without the list's lock).
+    pub(crate) fn tunable_sources(&self) -> Vec<std::sync::Arc<dyn crate::sysctl::TunableSource>> {
+        self.tunable_sources.list().iter().map(|(_, s)| s.clone()).collect()
     }
 }
 
@@ -445,6 +478,34 @@ impl Zonal {
         self.cpus.events[cpu].add(ev, n);
     }
 
+    /// Counts `n` frames of `zone` allocated (`free` false) or freed by `cpu` outside the
+    /// caches' words: `pgalloc_normal` or `pgfree`, by zone (see [`Zonal::zone_page_events`]).
+    #[inline]
+    fn count_pages(&self, cpu: usize, zone: ZoneId, free: bool, n: u64) {
+        self.pcp(cpu, zone).count_slow(free, n);
+    }
+
+    /// The frames allocated from `zone` and freed to it since the handle was built
+    /// (`pgalloc_normal` and `pgfree` of that zone, wrapping), summed over CPUs: the fast
+    /// paths' counts in the caches' words and the local allocations they count per CPU
+    /// (`local_first`, all from the CPU's local zone), and the slow paths' counts. Over
+    /// every zone they sum to [`Zonal::event`]'s. Per node, they are `zonal top`'s pages
+    /// allocated and freed per second.
+    pub fn zone_page_events(&self, zone: ZoneId) -> (u64, u64) {
+        let (nz, z) = (self.mem.zones.len(), zone.0 as usize);
+        let mut sum = (0u64, 0u64);
+        for cpu in 0..self.cpus.events.len() {
+            let p = &self.cpus.pcps[cpu * nz + z];
+            for (a, f) in [p.fast_counts(), p.small_counts(), p.slow_counts()] {
+                sum = (sum.0.wrapping_add(a), sum.1.wrapping_add(f));
+            }
+            if self.cpus.local_zone.get(cpu).is_some_and(|&l| l as usize == z) {
+                sum.0 = sum.0.wrapping_add(self.cpus.events[cpu].local_first());
+            }
+        }
+        sum
+    }
+
     /// An event counter summed over CPUs.
     pub fn event(&self, ev: VmEvent) -> u64 {
         let n = vmstat::sum_events(&self.cpus.events, ev);
@@ -455,12 +516,13 @@ impl Zonal {
             VmEvent::PcpFence => pcps.map(PerCpuPages::fences).fold(n, u64::wrapping_add),
             // The single order-0 paths count in their caches' words (`pcp::word`).
             // The caches of orders 1 to 3 count theirs in their words too.
-            VmEvent::PgallocNormal => {
-                pcps.map(|p| p.fast_counts().0.wrapping_add(p.small_counts().0)).fold(n, u64::wrapping_add)
-            }
-            VmEvent::Pgfree => {
-                pcps.map(|p| p.fast_counts().1.wrapping_add(p.small_counts().1)).fold(n, u64::wrapping_add)
-            }
+            // The slow paths count theirs by zone, in the lists of their zone.
+            VmEvent::PgallocNormal => pcps
+                .map(|p| p.fast_counts().0.wrapping_add(p.small_counts().0).wrapping_add(p.slow_counts().0))
+                .fold(n, u64::wrapping_add),
+            VmEvent::Pgfree => pcps
+                .map(|p| p.fast_counts().1.wrapping_add(p.small_counts().1).wrapping_add(p.slow_counts().1))
+                .fold(n, u64::wrapping_add),
             _ => n,
         }
     }
@@ -669,6 +731,64 @@ mod tests {
         drop(pcps);
         drop(zones);
         assert!(r.is_ok(), "a report waited for a lock the allocation paths take");
+    }
+
+    /// Pages allocated and freed are counted by zone on every path (`zone_page_events`):
+    /// over the zones they sum to the handle's `pgalloc_normal` and `pgfree`, and what a
+    /// path took from or gave to node 1 is counted on node 1's zone, page for page, whatever
+    /// the CPU (the rseq fast paths, orders 1 to 3 and 9, the locked path, a virtual CPU's,
+    /// the bulk calls).
+    #[test]
+    fn pages_are_counted_by_zone_on_every_path() {
+        let t = Topology::parse("nodes=2,size=8M,vcpus=8,cpus=0-3:4-7").unwrap();
+        let z = Zonal::new(Config::new(t)).unwrap();
+        let zones = |n: u16| z.node_zones(NodeId(n)).unwrap().to_vec();
+        let pages =
+            |n: u16| zones(n).iter().map(|&id| z.zone_page_events(id)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        let check_sum = || {
+            let all = (0..2).map(pages).fold((0, 0), |a: (u64, u64), b| (a.0 + b.0, a.1 + b.1));
+            assert_eq!(all, (z.event(VmEvent::PgallocNormal), z.event(VmEvent::Pgfree)), "zones against the handle");
+        };
+        for node in [0u16, 1] {
+            let (before, other) = (pages(node), pages(1 - node));
+            let mut held = Vec::new();
+            for order in [0u32, 0, 1, 2, 3, 9, 0, 1] {
+                held.push((z.alloc_pages_node(NodeId(node), Gfp::THISNODE, order).unwrap(), order));
+            }
+            let acting = z.act_as_cpu(7).unwrap();
+            for order in [0u32, 3] {
+                held.push((acting.alloc_pages_node(NodeId(node), Gfp::THISNODE, order).unwrap(), order));
+            }
+            let want: u64 = held.iter().map(|&(_, o)| 1u64 << o).sum();
+            assert_eq!(pages(node).0 - before.0, want, "node {node}: pages allocated");
+            check_sum();
+            for (i, &(p, o)) in held.iter().enumerate() {
+                match i % 3 {
+                    0 => acting.free_pages(p.as_ptr(), o).unwrap(),
+                    1 => {
+                        z.hold(p.as_ptr(), o).unwrap();
+                        // SAFETY: this test holds the block, once, and frees it once.
+                        unsafe { z.free_held(p.as_ptr(), o) }.unwrap()
+                    }
+                    _ => z.free_pages(p.as_ptr(), o).unwrap(),
+                }
+            }
+            assert_eq!(pages(node).1 - before.1, want, "node {node}: pages freed");
+            assert_eq!(pages(1 - node), other, "node {node}'s traffic counted on node {}", 1 - node);
+            check_sum();
+        }
+        // The bulk calls: by the zone each page came from, as many as they moved.
+        let before = [pages(0), pages(1)];
+        let mut list = Vec::new();
+        let got = z.alloc_pages_bulk_list(Gfp::KERNEL, 300, &mut list);
+        let on = |n: u16| list.iter().filter(|p| z.page_to_nid(p.as_ptr()) == Ok(NodeId(n))).count() as u64;
+        assert_eq!(got, 300);
+        assert_eq!([pages(0).0 - before[0].0, pages(1).0 - before[1].0], [on(0), on(1)]);
+        check_sum();
+        assert_eq!(z.free_pages_bulk(&list), Ok(300));
+        assert_eq!([pages(0).1 - before[0].1, pages(1).1 - before[1].1], [on(0), on(1)]);
+        check_sum();
+        z.check_invariants().unwrap();
     }
 
     /// A huge `stat_interval` is the bound, not its milliseconds cut to 64 bits (which made

@@ -364,6 +364,12 @@ pub struct PerCpuPages {
     /// `membarrier` calls made to fence this CPU's sections (the `pcp_fence` event), written
     /// under the lock when a holder fences.
     fences: AtomicU64,
+    /// The frames of this zone the CPU allocated and freed outside the caches' words
+    /// (`pgalloc_normal` and `pgfree` of the locked and slow paths, as Linux counts
+    /// `PGALLOC` by zone): with the words' counts, a zone's pages allocated and freed
+    /// ([`Zonal::zone_page_events`](crate::Zonal::zone_page_events)). Written by the
+    /// CPU's own paths as its event counters are (a load and a store), read by reports.
+    slow_counts: [AtomicU64; 2],
     /// Frames on the THP list as of the last unlock. They are not in the zone's
     /// `nr_zone_pcp_pages` counter: every move of a 512-frame block would pass the per-CPU
     /// diff's threshold and fold into the zone's shared line, two atomic adds per pair on a
@@ -488,6 +494,7 @@ impl PerCpuPages {
             cache_settled: AtomicUsize::new(0),
             decay_idle: AtomicBool::new(false),
             fences: AtomicU64::new(0),
+            slow_counts: [AtomicU64::new(0), AtomicU64::new(0)],
             thp_hint: AtomicUsize::new(0),
             folded: [AtomicU64::new(0), AtomicU64::new(0)],
             folded_small: [AtomicU64::new(0), AtomicU64::new(0)],
@@ -969,6 +976,19 @@ impl PerCpuPages {
             }
             std::hint::spin_loop();
         }
+    }
+
+    /// Adds `n` frames (wrapping: a negative count is a correction) to what the slow paths
+    /// allocated (`free` false) or freed here.
+    #[inline]
+    pub fn count_slow(&self, free: bool, n: u64) {
+        let c = &self.slow_counts[free as usize];
+        c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+    }
+
+    /// Frames the slow paths allocated and freed here (see `count_slow`).
+    pub fn slow_counts(&self) -> (u64, u64) {
+        (self.slow_counts[0].load(Ordering::Relaxed), self.slow_counts[1].load(Ordering::Relaxed))
     }
 
     /// The frames the sections of the caches of orders 1 to 3 and of the THP cache popped
