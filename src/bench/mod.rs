@@ -260,6 +260,22 @@ pub fn parse_child_steps(arg: &str) -> Result<(usize, usize), String> {
     Ok((done, total))
 }
 
+/// An emulated memory penalty from the environment variable `var` (ns, at most 1 ms; `default`
+/// when unset): `ZONAL_NUMAB_REMOTE_PENALTY_NS` (`bench numab`), `ZONAL_TIER_PENALTY_NS`
+/// (`bench tier`).
+pub fn penalty_from_env(var: &str, default: std::time::Duration) -> Result<std::time::Duration, String> {
+    match std::env::var(var) {
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|&n| n <= 1_000_000)
+            .map(std::time::Duration::from_nanos)
+            .ok_or_else(|| format!("{var}=`{v}`: need ns from 0 to 1000000")),
+        Err(_) => Ok(default),
+    }
+}
+
 /// One line on how the CPU is found and which caches tcmalloc runs on.
 pub fn cpu_identity_note() -> String {
     let rseq = zonal::cpu::glibc_rseq_registered();

@@ -77,20 +77,6 @@ impl Variant {
 const VARIANTS: [Variant; 4] =
     [Variant::Mode1, Variant::Mode2(MigrateMode::Delayed), Variant::Mode2(MigrateMode::Eager), Variant::Ideal];
 
-/// `ZONAL_TIER_PENALTY_NS`, 150 when unset.
-fn penalty() -> Result<Duration, String> {
-    match std::env::var("ZONAL_TIER_PENALTY_NS") {
-        Ok(v) => v
-            .trim()
-            .parse::<u64>()
-            .ok()
-            .filter(|&n| n <= 1_000_000)
-            .map(Duration::from_nanos)
-            .ok_or_else(|| format!("ZONAL_TIER_PENALTY_NS=`{v}`: need ns from 0 to 1000000")),
-        Err(_) => Ok(Duration::from_nanos(150)),
-    }
-}
-
 /// The fixed content of word `w` of page `p` (splitmix64's finalizer).
 fn pattern(p: usize, w: usize) -> u64 {
     let mut x = ((p as u64) << 9 | w as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -330,7 +316,7 @@ fn run_one(v: Variant, opts: &BenchOpts, penalty: Duration) -> Result<RunResult,
 
 /// Runs the experiment, prints its table and targets, and returns its records.
 pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
-    let penalty = penalty()?;
+    let penalty = super::penalty_from_env("ZONAL_TIER_PENALTY_NS", Duration::from_nanos(150))?;
     let reps = opts.reps.min(MAX_REPS);
     let short = BenchOpts { reps, ..opts.clone() };
     let mut results: Vec<Vec<RunResult>> = vec![Vec::new(); VARIANTS.len()];

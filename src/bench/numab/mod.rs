@@ -133,20 +133,6 @@ impl Phases {
     }
 }
 
-/// `ZONAL_NUMAB_REMOTE_PENALTY_NS`, 0 when unset.
-fn remote_penalty() -> Result<Duration, String> {
-    match std::env::var("ZONAL_NUMAB_REMOTE_PENALTY_NS") {
-        Ok(v) => v
-            .trim()
-            .parse::<u64>()
-            .ok()
-            .filter(|&n| n <= 1_000_000)
-            .map(Duration::from_nanos)
-            .ok_or_else(|| format!("ZONAL_NUMAB_REMOTE_PENALTY_NS=`{v}`: need ns from 0 to 1000000")),
-        Err(_) => Ok(Duration::ZERO),
-    }
-}
-
 mod flush;
 mod report;
 mod workload;
@@ -509,7 +495,7 @@ impl RunResult {
 /// Runs the experiment, prints its table and targets, and returns its records.
 pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
     let phases = Phases::from_env()?;
-    let penalty = remote_penalty()?;
+    let penalty = crate::bench::penalty_from_env("ZONAL_NUMAB_REMOTE_PENALTY_NS", Duration::ZERO)?;
     let mut variants = Vec::new();
     let mut notes = Vec::new();
     match zonal_numab::userfaultfd_available() {
