@@ -6,9 +6,7 @@
 //! `numa_balancing_hot_threshold_ms` and `numa_balancing_promote_rate_limit_MBps`, and
 //! `/sys/kernel/mm/numa/demotion_enabled`.
 
-use crate::{Error, Result, Shared};
-use std::sync::atomic::Ordering;
-use std::sync::Weak;
+use crate::{Error, Result};
 
 /// One tunable of the balancer.
 #[derive(Debug)]
@@ -94,84 +92,6 @@ pub fn parse(name: &str, value: &str) -> Result<u64> {
                 _ => format!("a whole number of {} from {} to {}", t.unit, t.min, t.max),
             }
         ))),
-    }
-}
-
-impl Shared {
-    /// See `Balancer::set_numa_balancing`.
-    pub(crate) fn set_numa_balancing(&self, bits: u8) -> Result<()> {
-        if bits > 3 {
-            return Err(Error::InvalidConfig(format!(
-                "numa_balancing: `{bits}` is not 0 (off), 1 (normal), 2 (memory tiering) or 3 (both)"
-            )));
-        }
-        self.cfg.enabled.store(bits & 1 != 0, Ordering::Relaxed);
-        self.cfg.tiering.store(bits & 2 != 0, Ordering::Relaxed);
-        self.kick();
-        Ok(())
-    }
-
-    pub(crate) fn numa_balancing(&self) -> u8 {
-        self.cfg.enabled.load(Ordering::Relaxed) as u8 | (self.cfg.tiering.load(Ordering::Relaxed) as u8) << 1
-    }
-
-    pub(crate) fn set_hot_threshold_ms(&self, ms: u64) {
-        self.cfg.hot_threshold_ms.store(ms, Ordering::Relaxed);
-        self.tier_nodes.iter().for_each(|n| n.threshold_ms.store(0, Ordering::Relaxed));
-    }
-
-    pub(crate) fn set_demotion_enabled(&self, on: bool) {
-        self.cfg.demotion_enabled.store(on, Ordering::Relaxed);
-        self.kick();
-    }
-
-    /// A tunable's value by name.
-    pub(crate) fn sysctl_get(&self, name: &str) -> Result<String> {
-        let c = &self.cfg;
-        Ok(match tunable(name)?.name {
-            "numa_balancing" => self.numa_balancing().to_string(),
-            "numa_balancing_hot_threshold_ms" => c.hot_threshold_ms.load(Ordering::Relaxed).to_string(),
-            "numa_balancing_promote_rate_limit_MBps" => c.promote_rate_limit_mbps.load(Ordering::Relaxed).to_string(),
-            _ => (c.demotion_enabled.load(Ordering::Relaxed) as u8).to_string(),
-        })
-    }
-
-    /// Sets a tunable by name; an invalid value is refused and the old one kept.
-    pub(crate) fn sysctl_set(&self, name: &str, value: &str) -> Result<()> {
-        let n = parse(name, value)?;
-        match name {
-            "numa_balancing" => self.set_numa_balancing(n as u8)?,
-            "numa_balancing_hot_threshold_ms" => self.set_hot_threshold_ms(n),
-            "numa_balancing_promote_rate_limit_MBps" => self.cfg.promote_rate_limit_mbps.store(n, Ordering::Relaxed),
-            _ => self.set_demotion_enabled(n != 0),
-        }
-        Ok(())
-    }
-
-    /// Every tunable with its value.
-    pub(crate) fn sysctl_all(&self) -> Vec<(&'static str, String)> {
-        TUNABLES.iter().map(|t| (t.name, self.sysctl_get(t.name).unwrap_or_default())).collect()
-    }
-}
-
-/// The balancer's tunables in its handle's `sysctl` (`Zonal::add_tunable_source`), so that
-/// `zonal --pid P sysctl numa_balancing=2` reaches a running balancer. A weak reference: the
-/// handle must not keep the balancer alive (the balancer holds the handle).
-pub(crate) struct Source(pub(crate) Weak<Shared>);
-
-impl zonal::sysctl::TunableSource for Source {
-    fn all(&self) -> Vec<(&'static str, String)> {
-        self.0.upgrade().map(|s| s.sysctl_all()).unwrap_or_default()
-    }
-
-    fn get(&self, name: &str) -> Option<String> {
-        tunable(name).ok()?;
-        self.0.upgrade()?.sysctl_get(name).ok()
-    }
-
-    fn set(&self, name: &str, value: &str) -> Option<std::result::Result<(), String>> {
-        tunable(name).ok()?;
-        Some(self.0.upgrade()?.sysctl_set(name, value).map_err(|e| e.to_string()))
     }
 }
 

@@ -7,22 +7,7 @@
 
 use crate::error::{Error, Result};
 use crate::page_alloc::Zonal;
-pub use crate::tunables::{parse_value, tunable, Bounds, Knob, Tunable, TUNABLES};
-
-/// A layer's tunables, reached by name through the handle's `sysctl` ([`Zonal::sysctl_get`],
-/// [`Zonal::sysctl_set`], [`Zonal::sysctl_all`]) and so through the live `sysctl` requests of
-/// `zonal --pid P sysctl`: NUMA balancing adds its own this way
-/// ([`Zonal::add_tunable_source`]), as a kernel module adds its knobs beside the kernel's.
-/// zonal's own names come first: a source's tunable of the same name is never reached.
-pub trait TunableSource: Send + Sync {
-    /// Every tunable of the source with its value.
-    fn all(&self) -> Vec<(&'static str, String)>;
-    /// A tunable's value; `None` when the name is not the source's.
-    fn get(&self, name: &str) -> Option<String>;
-    /// Sets a tunable (an invalid value refused with why, the old value kept); `None` when
-    /// the name is not the source's.
-    fn set(&self, name: &str, value: &str) -> Option<std::result::Result<(), String>>;
-}
+pub use crate::tunables::{parse_value, tunable, Bounds, Knob, Tunable, TunableSource, TUNABLES};
 
 impl Zonal {
     /// The current value of a tunable.

@@ -85,7 +85,7 @@ pub struct Zonal {
     /// Counters that layers on top of this handle add to its reports (NUMA balancing's).
     sources: Sources<CounterSource>,
     /// Tunables that layers on top of this handle add to its `sysctl` (NUMA balancing's).
-    tunable_sources: Sources<std::sync::Arc<dyn crate::sysctl::TunableSource>>,
+    tunable_sources: Sources<std::sync::Arc<dyn crate::tunables::TunableSource>>,
     worker: Option<Worker>,
     /// Held for writing by each housekeeping pass (the worker's, `decay_pcp_high`,
     /// `refresh_vm_stats`), for reading by the exact readers ([`Zonal::settled`]).
@@ -166,7 +166,7 @@ impl Zonal {
     /// Adds a layer's tunables to this handle's `sysctl` (get, set, all; and so to the live
     /// `sysctl` requests of `zonal --pid P sysctl`), after zonal's own, which keep their
     /// names. Returns the id that removes it.
-    pub fn add_tunable_source(&self, s: std::sync::Arc<dyn crate::sysctl::TunableSource>) -> u64 {
+    pub fn add_tunable_source(&self, s: std::sync::Arc<dyn crate::tunables::TunableSource>) -> u64 {
         self.tunable_sources.add(s)
     }
 
@@ -177,7 +177,7 @@ impl Zonal {
 
     /// The added tunable sources, in the order they were added (copied out, so that a
     /// source runs without the list's lock).
-    pub(crate) fn tunable_sources(&self) -> Vec<std::sync::Arc<dyn crate::sysctl::TunableSource>> {
+    pub(crate) fn tunable_sources(&self) -> Vec<std::sync::Arc<dyn crate::tunables::TunableSource>> {
         self.tunable_sources.list().iter().map(|(_, s)| s.clone()).collect()
     }
 }
