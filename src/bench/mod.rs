@@ -59,7 +59,7 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
     ),
 ];
 
-/// The experiments `zonal bench` runs only when named: `tier` takes ~35 s (two repetitions), and
+/// The experiments `zonal bench` runs only when named: `tier` takes ~55 s (two repetitions), and
 /// the full run is kept to a few minutes.
 pub const ON_REQUEST: &[&str] = &["tier"];
 

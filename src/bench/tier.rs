@@ -13,15 +13,23 @@
 //! tiering with demotion, delayed and eager mapping), and `ideal` (balancing off, the hot set
 //! first-touched first, so it sits in the fast node from the start and nothing moves).
 //!
+//! Each variant first runs 4 s alone, from the first touch: its convergence, promotions,
+//! demotions and steady-state promotions come from that run. Its steady accesses/s come from
+//! the turns that follow, with all four alive: round after round, each variant runs 300 ms
+//! with its balancer on while the others wait paused. On a shared VM the rate drifts ±15%
+//! over seconds, so one variant's 1.5 s against another's measured seconds later read
+//! 95-116% for the same mechanism; turns put every slow phase on all the variants alike.
+//!
 //! The fast node's `watermark_scale_factor` is 300 (3% of the node between watermarks, as
 //! tiered deployments raise it to keep room for promotions): with Linux's default 10 a
 //! demotion round makes room for ~30 pages and the hot set needs ~150 scan periods.
-//! Not in the default `zonal bench` run (it runs when named): its 4 variants take ~17 s a
-//! repetition, and the full run is kept to a few minutes.
+//! Not in the default `zonal bench` run (it runs when named): a repetition takes ~26 s (four
+//! 4 s runs, 8 rounds of four 300 ms turns, the first touches and byte checks), and the full
+//! run is kept to a few minutes.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-use super::{paired_ratio, print_table, verdict, BenchOpts, Record, Summary};
+use super::{print_table, verdict, BenchOpts, Record, Summary};
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -46,14 +54,17 @@ const TAG: u64 = 0x71e2_0041_0000_0000;
 const RUN: Duration = Duration::from_millis(4000);
 const STEADY: Duration = Duration::from_millis(1500);
 const WINDOW: Duration = Duration::from_millis(100);
+/// The steady state's turns: each variant runs `TURN` per round, `ROUNDS` rounds (a turn
+/// spans at least one scan period, so each holds its balancer's periodic work).
+const TURN: Duration = Duration::from_millis(300);
+const ROUNDS: usize = 8;
 /// The fast node's watermark_scale_factor (see the module's docs).
 const WSF: &str = "300";
 /// The scanner: a pass at most every 100 ms, at least every 200 ms (a promotion that finds
 /// no room counts as a failed migration, which doubles Linux's period: up to this bound).
 const PERIOD_MIN_MS: u64 = 100;
 const PERIOD_MAX_MS: u64 = 200;
-/// Repetitions at most (one is ~17 s), so that the steady-state ratios pair runs of the
-/// same rotation (the machine's phases cancel) and the experiment stays under a minute.
+/// Repetitions at most (one is ~26 s), so that the experiment stays near a minute.
 const MAX_REPS: usize = 2;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -125,8 +136,12 @@ struct RunResult {
     /// above its high watermark then (the promotions it had room for).
     hot_slow_start: usize,
     room_start: usize,
-    /// Accesses/s over the last `STEADY`, and per window (end s, accesses/s, hot share fast).
+    /// Accesses/s over the convergence run's last `STEADY`; the steady state's accesses/s
+    /// (the mean of its turns') and each turn's, in order ([`interleave`]).
+    run_tail: f64,
     steady: f64,
+    windows: Vec<f64>,
+    /// Per window of the convergence run: end s, accesses/s, hot share fast.
     timeline: Vec<(f64, f64, f64)>,
     /// ms until 95% of the hot set was on the fast node (None: never).
     converge_ms: Option<f64>,
@@ -160,7 +175,95 @@ fn hot_on_fast(r: &Region) -> usize {
         .count()
 }
 
-fn run_one(v: Variant, opts: &BenchOpts, penalty: Duration) -> Result<RunResult, String> {
+/// One variant's allocator, balancer and region, kept alive from its convergence run through
+/// the interleaved steady state to the byte check.
+struct Live {
+    v: Variant,
+    z: Arc<Zonal>,
+    bal: Balancer,
+    region: Region,
+    /// Per thread, the accesses it made to each hot page (the page's counter word must hold it).
+    tally: Vec<Vec<u64>>,
+    bad_reads: u64,
+    result: RunResult,
+}
+
+impl Variant {
+    /// Its `numa_balancing` while it runs (0 while another variant's windows run).
+    fn bits(self) -> u8 {
+        match self {
+            Variant::Mode1 => 1,
+            Variant::Mode2(_) => 2,
+            Variant::Ideal => 0,
+        }
+    }
+}
+
+/// Runs the access threads over the hot set of `region` for `dur`, calling `tick` with the
+/// time since the start and the accesses so far at the end of every `WINDOW` (the last at
+/// `dur`). Returns the reads that found a wrong value.
+fn access(
+    region: &Region,
+    tally: &mut [Vec<u64>],
+    penalty: Duration,
+    dur: Duration,
+    mut tick: impl FnMut(Duration, u64),
+) -> u64 {
+    let base = region.as_ptr() as usize;
+    let stop = AtomicBool::new(false);
+    let done: [Padded; THREADS] = Default::default();
+    let ncpu = zonal::cpu::nr_cpus_online().max(1) as u32;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = tally
+            .iter_mut()
+            .enumerate()
+            .map(|(t, tally)| {
+                let (stop, done) = (&stop, &done);
+                s.spawn(move || {
+                    let _ = zonal::cpu::set_affinity(t as u32 % ncpu);
+                    let (mut bad, mut n) = (0u64, 0u64);
+                    let mut rng = 0x2545_f491_4f6c_dd1d_u64 ^ ((t as u64 + 1) << 32) ^ tally.iter().sum::<u64>();
+                    while !stop.load(Ordering::Relaxed) {
+                        for _ in 0..64 {
+                            let r = xorshift(&mut rng);
+                            let h = (r >> 32) as usize % HOT;
+                            let p = HOT_FIRST + h;
+                            let w = FIRST_DATA + (r as usize % (WORDS - FIRST_DATA));
+                            let addr = (base + p * PAGE) as *const u8;
+                            if region.page_to_nid(addr).ok().flatten().is_some_and(|n| n.0 != 0) {
+                                let s = Instant::now();
+                                while s.elapsed() < penalty {
+                                    std::hint::spin_loop();
+                                }
+                            }
+                            bad += (at(base, p, w).load(Ordering::Relaxed) != pattern(p, w)) as u64;
+                            at(base, p, 1 + t).fetch_add(1, Ordering::Relaxed);
+                            tally[h] += 1;
+                            n += 1;
+                        }
+                        done[t].0.store(n, Ordering::Relaxed);
+                    }
+                    bad
+                })
+            })
+            .collect();
+        let t0 = Instant::now();
+        let mut k = 1;
+        while WINDOW * k <= dur {
+            std::thread::sleep((t0 + WINDOW * k).saturating_duration_since(Instant::now()));
+            tick(t0.elapsed(), done.iter().map(|d| d.0.load(Ordering::Relaxed)).sum());
+            k += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        // A thread that panicked counts as reads gone wrong: the byte check then tells.
+        hs.into_iter().map(|h| h.join().unwrap_or(1)).sum()
+    })
+}
+
+/// Builds variant `v`, first-touches its region and runs it `RUN` from the start: the
+/// convergence, promotions, demotions and thrash figures come from this run; its steady
+/// accesses/s from [`interleave`].
+fn converge(v: Variant, opts: &BenchOpts, penalty: Duration) -> Result<Live, String> {
     let z = allocator(opts)?;
     let cfg = zonal_numab::Config {
         enabled: v == Variant::Mode1,
@@ -201,68 +304,23 @@ fn run_one(v: Variant, opts: &BenchOpts, penalty: Duration) -> Result<RunResult,
     let high = z.zones()[0].watermark(Watermark::High);
     let room_start = z.nr_free_pages_approx(NodeId(0)).unwrap_or(0).saturating_sub(high);
 
-    let stop = AtomicBool::new(false);
-    let done: [Padded; THREADS] = Default::default();
-    let ncpu = zonal::cpu::nr_cpus_online().max(1) as u32;
-    let t0 = Instant::now();
-    let (outs, samples) = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let (stop, done, region) = (&stop, &done, &region);
-                s.spawn(move || {
-                    let _ = zonal::cpu::set_affinity(t as u32 % ncpu);
-                    let mut tally = vec![0u64; HOT];
-                    let (mut bad, mut n) = (0u64, 0u64);
-                    let mut rng = 0x2545_f491_4f6c_dd1d_u64 ^ ((t as u64 + 1) << 32);
-                    while !stop.load(Ordering::Relaxed) {
-                        for _ in 0..64 {
-                            let r = xorshift(&mut rng);
-                            let h = (r >> 32) as usize % HOT;
-                            let p = HOT_FIRST + h;
-                            let w = FIRST_DATA + (r as usize % (WORDS - FIRST_DATA));
-                            let addr = (base + p * PAGE) as *const u8;
-                            if region.page_to_nid(addr).ok().flatten().is_some_and(|n| n.0 != 0) {
-                                let s = Instant::now();
-                                while s.elapsed() < penalty {
-                                    std::hint::spin_loop();
-                                }
-                            }
-                            bad += (at(base, p, w).load(Ordering::Relaxed) != pattern(p, w)) as u64;
-                            at(base, p, 1 + t).fetch_add(1, Ordering::Relaxed);
-                            tally[h] += 1;
-                            n += 1;
-                        }
-                        done[t].0.store(n, Ordering::Relaxed);
-                    }
-                    (tally, bad)
-                })
-            })
-            .collect();
-        let sample = |at: Duration| {
-            let st = bal.stats();
-            Sample {
-                at,
-                accesses: done.iter().map(|d| d.0.load(Ordering::Relaxed)).sum(),
-                hot_fast: hot_on_fast(&region),
-                promoted: st.pgpromote_success,
-                demoted: st.pgdemote_kswapd + st.pgdemote_direct,
-                faults: st.numa_hint_faults,
-                hidden: st.numa_pte_updates,
-                collapsed: st.collapsed_pages,
-            }
-        };
-        let mut samples = vec![sample(Duration::ZERO)];
-        let mut k = 1;
-        while WINDOW * k <= RUN {
-            let next = t0 + WINDOW * k;
-            std::thread::sleep(next.saturating_duration_since(Instant::now()));
-            samples.push(sample(t0.elapsed()));
-            k += 1;
+    let mut tally = vec![vec![0u64; HOT]; THREADS];
+    let sample = |at: Duration, accesses: u64| {
+        let st = bal.stats();
+        Sample {
+            at,
+            accesses,
+            hot_fast: hot_on_fast(&region),
+            promoted: st.pgpromote_success,
+            demoted: st.pgdemote_kswapd + st.pgdemote_direct,
+            faults: st.numa_hint_faults,
+            hidden: st.numa_pte_updates,
+            collapsed: st.collapsed_pages,
         }
-        stop.store(true, Ordering::Relaxed);
-        let outs: Vec<(Vec<u64>, u64)> = hs.into_iter().map(|h| h.join().unwrap_or_default()).collect();
-        (outs, samples)
-    });
+    };
+    let mut samples = vec![sample(Duration::ZERO, 0)];
+    let bad_reads = access(&region, &mut tally, penalty, RUN, |at, n| samples.push(sample(at, n)));
+    // Paused until its windows of the steady state.
     bal.set_numa_balancing(0).map_err(|e| e.to_string())?;
     let last = samples.last().ok_or("tier: no sample")?;
     let from = samples.iter().rev().find(|s| last.at - s.at >= STEADY).unwrap_or(&samples[0]);
@@ -275,14 +333,65 @@ fn run_one(v: Variant, opts: &BenchOpts, penalty: Duration) -> Result<RunResult,
         .windows(2)
         .map(|w| (w[1].at.as_secs_f64(), rate(&w[0], &w[1]), w[1].hot_fast as f64 / HOT as f64))
         .collect();
-    // Every byte against what it must hold.
+    let secs = (last.at - from.at).as_secs_f64().max(1e-9);
+    let per_s = |f: fn(&Sample) -> u64| (f(last) - f(from)) as f64 / secs;
+    let result = RunResult {
+        hot_slow_start,
+        room_start,
+        run_tail: rate(from, last),
+        steady: f64::NAN,
+        windows: Vec::new(),
+        timeline,
+        converge_ms: converged.map(|c| c.at.as_secs_f64() * 1e3),
+        promoted: last.promoted,
+        demoted: last.demoted,
+        thrash_per_s,
+        steady_faults: per_s(|s| s.faults),
+        steady_hidden: per_s(|s| s.hidden),
+        steady_collapsed: per_s(|s| s.collapsed),
+        corrupted_bytes: 0,
+        bad_reads: 0,
+        invariants: Ok(0),
+    };
+    Ok(Live { v, z, bal, region, tally, bad_reads, result })
+}
+
+/// The steady state, measured in turns: `ROUNDS` rounds in which every variant, converged and
+/// paused, runs its balancer and its threads for one `TURN` while the others wait paused
+/// (the order rotated each round). A variant's steady accesses/s is its accesses over its
+/// turns' time, and the machine's slow phases (another tenant, the host) fall on every
+/// variant alike instead of on whichever ran its steady seconds then.
+fn interleave(lives: &mut [Live], penalty: Duration) -> Result<(), String> {
+    let n = lives.len();
+    for round in 0..ROUNDS {
+        for j in 0..n {
+            let live = &mut lives[(j + round) % n];
+            live.bal.set_numa_balancing(live.v.bits()).map_err(|e| e.to_string())?;
+            let mut last = (Duration::ZERO, 0);
+            live.bad_reads += access(&live.region, &mut live.tally, penalty, TURN, |at, k| last = (at, k));
+            live.bal.set_numa_balancing(0).map_err(|e| e.to_string())?;
+            live.result.windows.push(last.1 as f64 / last.0.as_secs_f64().max(1e-9));
+        }
+    }
+    for live in lives.iter_mut() {
+        let w = &live.result.windows;
+        live.result.steady = w.iter().sum::<f64>() / w.len().max(1) as f64;
+    }
+    Ok(())
+}
+
+/// Checks every byte of the variant's region against what it must hold, then tears it down
+/// and checks the allocator's invariants.
+fn finish(live: Live) -> RunResult {
+    let Live { z, bal, region, tally, bad_reads, mut result, .. } = live;
+    let base = region.as_ptr() as usize;
     let mut corrupted_bytes = 0u64;
     for p in 0..PAGES {
         for w in 0..WORDS {
             let want = match w {
                 0 => TAG ^ p as u64,
                 w if w < FIRST_DATA => match p.checked_sub(HOT_FIRST) {
-                    Some(h) => outs.get(w - 1).map_or(0, |o| o.0[h]),
+                    Some(h) => tally.get(w - 1).map_or(0, |t| t[h]),
                     None => 0,
                 },
                 w => pattern(p, w),
@@ -291,27 +400,12 @@ fn run_one(v: Variant, opts: &BenchOpts, penalty: Duration) -> Result<RunResult,
             corrupted_bytes += (got ^ want).to_le_bytes().iter().filter(|&&b| b != 0).count() as u64;
         }
     }
-    let (promoted, demoted) = (last.promoted, last.demoted);
-    let secs = (last.at - from.at).as_secs_f64().max(1e-9);
-    let per_s = |f: fn(&Sample) -> u64| (f(last) - f(from)) as f64 / secs;
     drop(region);
     drop(bal);
-    Ok(RunResult {
-        hot_slow_start,
-        room_start,
-        steady: rate(from, last),
-        timeline,
-        converge_ms: converged.map(|c| c.at.as_secs_f64() * 1e3),
-        promoted,
-        demoted,
-        thrash_per_s,
-        steady_faults: per_s(|s| s.faults),
-        steady_hidden: per_s(|s| s.hidden),
-        steady_collapsed: per_s(|s| s.collapsed),
-        corrupted_bytes,
-        bad_reads: outs.iter().map(|o| o.1).sum(),
-        invariants: z.check_invariants().map_err(|e| e.to_string()),
-    })
+    result.corrupted_bytes = corrupted_bytes;
+    result.bad_reads = bad_reads;
+    result.invariants = z.check_invariants().map_err(|e| e.to_string());
+    result
 }
 
 /// Runs the experiment, prints its table and targets, and returns its records.
@@ -320,16 +414,31 @@ pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
     let reps = opts.reps.min(MAX_REPS);
     let short = BenchOpts { reps, ..opts.clone() };
     let mut results: Vec<Vec<RunResult>> = vec![Vec::new(); VARIANTS.len()];
+    let mut lives: Vec<Live> = Vec::new();
     let mut err = None;
     super::rotate(&short, "tier", VARIANTS.len(), |i| {
         if err.is_some() {
             return;
         }
-        match run_one(VARIANTS[i], opts, penalty) {
-            Ok(r) => results[i].push(r),
+        match converge(VARIANTS[i], opts, penalty) {
+            Ok(live) => lives.push(live),
             Err(e) => err = Some(e),
         }
+        // The repetition's last variant has converged: the steady state, in turns.
+        if lives.len() == VARIANTS.len() {
+            if let Err(e) = interleave(&mut lives, penalty) {
+                err = Some(e);
+            }
+            for live in lives.drain(..) {
+                let k = VARIANTS.iter().position(|&v| v == live.v).unwrap_or(0);
+                results[k].push(finish(live));
+            }
+        }
     });
+    // An interrupted repetition's variants still have their bytes checked and go.
+    for live in lives.drain(..) {
+        let _ = finish(live);
+    }
     if let Some(e) = err {
         return Err(e);
     }
@@ -337,6 +446,18 @@ pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
         return Ok(Vec::new());
     }
     report(&results, penalty, reps)
+}
+
+/// Variant `a`'s steady accesses/s over variant `b`'s: the median, over every round of every
+/// repetition, of the ratio of their turns in that round (turns seconds apart, so a phase of
+/// the machine slows both).
+fn turn_ratio(results: &[Vec<RunResult>], a: usize, b: usize) -> f64 {
+    let r: Vec<f64> = results[a]
+        .iter()
+        .zip(&results[b])
+        .flat_map(|(x, y)| x.windows.iter().zip(&y.windows).map(|(p, q)| p / q.max(1e-9)))
+        .collect();
+    Summary::of(&r).median
 }
 
 fn report(results: &[Vec<RunResult>], penalty: Duration, reps: usize) -> Result<Vec<Record>, String> {
@@ -347,9 +468,11 @@ fn report(results: &[Vec<RunResult>], penalty: Duration, reps: usize) -> Result<
         "tier (issue 41): a fast node of {} MiB with both CPUs and a memory-only node of {} MiB (the tier below); a \
          {} MiB region first-touched cold first, its hot {}% ({HOT} pages) last, so on the slow node ({} pages there \
          at the start); {THREADS} pinned threads read + atomically add uniformly over the hot set, {} ns busy-waited \
-         per slow-tier access; runs of {:.1} s, steady state the last {:.1} s; scan period {PERIOD_MIN_MS}-{PERIOD_MAX_MS} \
-         ms, demotion on, fast node watermark_scale_factor {WSF}; medians of {reps} repetition(s), variants rotated. \
-         TPP (ASPLOS'23): tiered within ~1% of all-local",
+         per slow-tier access; each variant converges in a run of {:.1} s of its own, then the steady state is \
+         measured in turns: {ROUNDS} rounds of {} ms per variant, its balancer on, the others paused (\"/ ideal\" is \
+         the median of the per-turn ratios to the ideal's turn of the same round); scan period \
+         {PERIOD_MIN_MS}-{PERIOD_MAX_MS} ms, demotion on, fast node watermark_scale_factor {WSF}; medians of {reps} \
+         repetition(s), variants rotated. TPP (ASPLOS'23): tiered within ~1% of all-local",
         FAST >> 20,
         SLOW >> 20,
         (PAGES * PAGE) >> 20,
@@ -357,7 +480,7 @@ fn report(results: &[Vec<RunResult>], penalty: Duration, reps: usize) -> Result<
         results[del][0].hot_slow_start,
         penalty.as_nanos(),
         RUN.as_secs_f64(),
-        STEADY.as_secs_f64(),
+        TURN.as_millis(),
     );
     let fmt_ms = |x: f64| if x.is_nan() { "-".to_string() } else { format!("{x:.0}") };
     let rows: Vec<Vec<String>> = VARIANTS
@@ -367,7 +490,7 @@ fn report(results: &[Vec<RunResult>], penalty: Duration, reps: usize) -> Result<
             vec![
                 v.name().to_string(),
                 format!("{:.1}M", med(i, &|r| r.steady) / 1e6),
-                format!("{:.3}", paired_ratio(&col(i, &|r| r.steady), &col(ideal, &|r| r.steady))),
+                format!("{:.3}", turn_ratio(results, i, ideal)),
                 fmt_ms(med(i, &|r| r.converge_ms.unwrap_or(f64::NAN))),
                 format!("{:.0}", med(i, &|r| r.promoted as f64)),
                 format!("{:.0}", med(i, &|r| r.demoted as f64)),
@@ -405,7 +528,7 @@ fn report(results: &[Vec<RunResult>], penalty: Duration, reps: usize) -> Result<
         .collect::<Vec<_>>()
         .join(", ");
     println!("  hot set on the fast node, mode 2 delayed: {line}");
-    let pr = |a: usize, b: usize| paired_ratio(&col(a, &|r| r.steady), &col(b, &|r| r.steady));
+    let pr = |a: usize, b: usize| turn_ratio(results, a, b);
     let target = |name: &str, figures: String, met: bool| println!("  target: {name}: {figures}: {}", verdict(met));
     for (i, v) in [(del, "delayed"), (eag, "eager")] {
         let r = pr(i, ideal);
@@ -462,6 +585,9 @@ fn report(results: &[Vec<RunResult>], penalty: Duration, reps: usize) -> Result<
                 "pgdemote": results[i].iter().map(|r| r.demoted).collect::<Vec<_>>(),
                 "promotions_per_s_after_convergence": results[i].iter().map(|r| r.thrash_per_s).collect::<Vec<_>>(),
                 "corrupted_bytes": results[i].iter().map(|r| r.corrupted_bytes).sum::<u64>(),
+                "turn_ms": TURN.as_millis() as u64,
+                "turns_accesses_per_s": results[i].iter().map(|r| r.windows.clone()).collect::<Vec<_>>(),
+                "convergence_run_last_accesses_per_s": results[i].iter().map(|r| r.run_tail).collect::<Vec<_>>(),
                 "timeline": {
                     "window_ms": WINDOW.as_millis() as u64,
                     "runs": results[i].iter().map(|r| json!({
@@ -473,7 +599,7 @@ fn report(results: &[Vec<RunResult>], penalty: Duration, reps: usize) -> Result<
             }),
             ns_per_op: Summary::of(&col(i, &ns)),
             reference: VARIANTS[ideal].name().into(),
-            ratio_to_reference: paired_ratio(&col(i, &ns), &col(ideal, &ns)),
+            ratio_to_reference: 1.0 / turn_ratio(results, i, ideal),
             reps: results[i].len(),
             samples: col(i, &ns),
         })
