@@ -478,6 +478,11 @@ impl Balancer {
     /// A balancer over `z` with `cfg`: installs the fault handler (once per process) and
     /// starts the balancer's thread, which fills the reserves and scans.
     pub fn new(z: Arc<Zonal>, cfg: Config) -> Result<Balancer> {
+        Balancer::with_env(z, cfg, |var| std::env::var(var).ok())
+    }
+
+    /// [`Balancer::new`] with `env` for the environment's `ZONAL_<NAME>` tunables.
+    pub(crate) fn with_env(z: Arc<Zonal>, cfg: Config, env: impl Fn(&str) -> Option<String>) -> Result<Balancer> {
         fault::install().map_err(|errno| Error::Os { call: "sigaction", errno })?;
         let uffd = match cfg.backend {
             Backend::Mprotect => None,
@@ -555,6 +560,7 @@ impl Balancer {
         });
         let now = shared.clock.now_ms();
         shared.tier_nodes.iter().for_each(|n| n.start(now));
+        shared.sysctl_from(env)?;
         // The layer's counters in the handle's vmstat, JSON and Prometheus reports. A weak
         // reference: the handle must not keep the balancer alive (it holds the handle).
         let weak = Arc::downgrade(&shared);
@@ -990,6 +996,16 @@ impl Shared {
             "numa_balancing_hot_threshold_ms" => self.set_hot_threshold_ms(n),
             "numa_balancing_promote_rate_limit_MBps" => self.cfg.promote_rate_limit_mbps.store(n, Ordering::Relaxed),
             _ => self.set_demotion_enabled(n != 0),
+        }
+        Ok(())
+    }
+
+    /// Applies the tunables `lookup` gives (`ZONAL_<NAME>` from the environment, when a
+    /// balancer starts: they override its `Config`, as zonal's variables override its own);
+    /// an invalid value is an error naming its variable.
+    pub(crate) fn sysctl_from(&self, lookup: impl Fn(&str) -> Option<String>) -> Result<()> {
+        for (name, var, value) in crate::tunable::from_env(lookup) {
+            self.sysctl_set(name, &value).map_err(|e| Error::InvalidConfig(format!("{var}: {e}")))?;
         }
         Ok(())
     }

@@ -95,9 +95,57 @@ pub fn parse(name: &str, value: &str) -> Result<u64> {
     }
 }
 
+/// The environment variable that sets tunable `t` when a balancer starts: `ZONAL_<NAME>`,
+/// upper case, as zonal's own tunables (`zonal::sysctl::OTHER_ENV` lists these names, so
+/// that zonal's warning of unknown `ZONAL_` variables leaves them alone).
+pub fn env_var(t: &Tunable) -> String {
+    format!("ZONAL_{}", t.name.to_ascii_uppercase())
+}
+
+/// The tunables `lookup` (the environment, in [`crate::Balancer::new`]) sets, as (name,
+/// value) in the table's order.
+pub(crate) fn from_env(lookup: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, String, String)> {
+    TUNABLES.iter().filter_map(|t| lookup(&env_var(t)).map(|v| (t.name, env_var(t), v))).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_tunable_has_a_variable_zonal_knows() {
+        for t in TUNABLES {
+            assert!(zonal::sysctl::OTHER_ENV.contains(&env_var(t).as_str()), "{} is not in OTHER_ENV", env_var(t));
+        }
+        let set = from_env(|k| (k == "ZONAL_NUMA_BALANCING_PROMOTE_RATE_LIMIT_MBPS").then(|| "5".to_string()));
+        assert_eq!(set, vec![("numa_balancing_promote_rate_limit_MBps", env_var(&TUNABLES[2]), "5".to_string())]);
+    }
+
+    /// A balancer starts with the environment's tunables over its `Config`'s, and refuses to
+    /// start on an invalid one, naming the variable.
+    #[test]
+    fn a_balancer_starts_with_the_environments_tunables() {
+        let machine = zonal::topology::Machine { nr_cpus: 2, mem_total: 1 << 30 };
+        let topo = zonal::Topology::parse_for("nodes=2,size=16M,cpus=0-1:", machine).unwrap();
+        let z = std::sync::Arc::new(zonal::Zonal::new(zonal::Config::new(topo)).unwrap());
+        let cfg = || crate::Config { scan_delay_ms: 3_600_000, ..Default::default() };
+        let env = |k: &str| match k {
+            "ZONAL_NUMA_BALANCING" => Some("2".to_string()),
+            "ZONAL_NUMA_BALANCING_HOT_THRESHOLD_MS" => Some("250".to_string()),
+            "ZONAL_DEMOTION_ENABLED" => Some("true".to_string()),
+            _ => None,
+        };
+        let b = crate::Balancer::with_env(z.clone(), cfg(), env).unwrap();
+        let got: Vec<String> = TUNABLES.iter().map(|t| b.sysctl_get(t.name).unwrap()).collect();
+        assert_eq!(got, ["2", "250", "65536", "1"]);
+        drop(b);
+        let bad = |k: &str| (k == "ZONAL_NUMA_BALANCING").then(|| "5".to_string());
+        let e = crate::Balancer::with_env(z.clone(), cfg(), bad).err().expect("refused").to_string();
+        assert!(e.contains("ZONAL_NUMA_BALANCING: numa_balancing: `5` is not valid"), "{e}");
+        // The refused balancer left no tunables or counters behind in the handle.
+        let e = z.sysctl_get("numa_balancing").unwrap_err().to_string();
+        assert!(e.contains("unknown tunable `numa_balancing`"), "{e}");
+    }
 
     #[test]
     fn values_are_checked_against_the_table() {

@@ -128,9 +128,14 @@ impl Zonal {
 }
 
 /// The `ZONAL_` variables read outside the tunables' table: by the library (publishing,
-/// the socket directory, the rseq switch), by the `zonal` command's bench, and by the
-/// project's tests and CI scripts (`ZONAL_TEST_*` are the tests' own).
+/// the socket directory, the rseq switch), by the NUMA balancer when it starts (its tunables,
+/// `zonal_numab::tunable`), by the `zonal` command's bench, and by the project's tests and
+/// CI scripts (`ZONAL_TEST_*` are the tests' own).
 pub const OTHER_ENV: &[&str] = &[
+    "ZONAL_NUMA_BALANCING",
+    "ZONAL_NUMA_BALANCING_HOT_THRESHOLD_MS",
+    "ZONAL_NUMA_BALANCING_PROMOTE_RATE_LIMIT_MBPS",
+    "ZONAL_DEMOTION_ENABLED",
     "ZONAL_PUBLISH",
     "ZONAL_RUNTIME_DIR",
     "ZONAL_NO_RSEQ",
