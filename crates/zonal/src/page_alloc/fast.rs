@@ -88,7 +88,7 @@ impl Zonal {
     /// docs/PERFORMANCE.md, "Orders 1–3 and 9", for what it saved. The caller has found the
     /// thread without a policy for this handle, and on `cpu`, which the general path goes on
     /// with when this returns `None`.
-    #[inline]
+    #[inline(always)]
     pub(super) fn alloc_pcp_fast(&self, cpu: usize, order: Order) -> Option<NonNull<u8>> {
         if !self.cpus.pcp_enabled {
             return None;

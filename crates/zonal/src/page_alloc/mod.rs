@@ -410,7 +410,7 @@ impl Zonal {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn pcp(&self, cpu: usize, zone: ZoneId) -> &PerCpuPages {
         &self.cpus.pcps[cpu * self.mem.zones.len() + zone.0 as usize]
     }

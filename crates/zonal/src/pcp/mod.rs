@@ -1338,7 +1338,7 @@ impl PerCpuPages {
     /// allocation up to `CACHE_REFILL` with their state lines prefetched for writing (see
     /// [`PcpGuard::fill_for_allocations`]), and sets the bound that keeps `count + cache <=
     /// high + batch` (lock held). Without rseq the cache stays empty.
-    #[inline]
+    #[inline(always)]
     fn fill_cache(&self, zone: &Zone, inner: &mut PcpInner, allocating: bool) {
         if !self.sections {
             return;
