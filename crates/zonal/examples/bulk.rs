@@ -1,6 +1,6 @@
 //! A loop of bulk allocations of N order-0 frames, each batch freed with one bulk free, for
 //! profilers (`valgrind --tool=callgrind`, `perf`):
-//! `cargo run --release -p zonal --example bulk -- [N] [ROUNDS]`.
+//! `cargo run --release -p zonal --features examples --example bulk -- [N] [ROUNDS]`.
 
 use std::ptr::NonNull;
 use zonal::{Config, Gfp, Topology, Zonal};

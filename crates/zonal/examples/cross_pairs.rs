@@ -2,7 +2,7 @@
 //! a single-producer single-consumer ring to a thread on CPU 1 that frees them (RX buffers
 //! freed by workers), against the same ring carrying frames a thread of CPU 1 never frees
 //! (the ring alone), in alternating repetitions; ns per frame:
-//! `cargo run --release -p zonal --example cross_pairs -- [reps] [frames]`.
+//! `cargo run --release -p zonal --features examples --example cross_pairs -- [reps] [frames]`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;

@@ -3,7 +3,7 @@
 //! (nothing of zonal's shared), in alternating repetitions. What the shared handle loses
 //! beyond the per-thread handles is what the CPUs of one node share in zonal; what both lose
 //! is the machine's (SMT siblings, frequency):
-//! `cargo run --release -p zonal --example node_pairs -- [reps] [pairs]`.
+//! `cargo run --release -p zonal --features examples --example node_pairs -- [reps] [pairs]`.
 
 use std::time::Instant;
 use zonal::{Config, Gfp, Topology, Zonal};

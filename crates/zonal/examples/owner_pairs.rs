@@ -2,7 +2,7 @@
 //! CPUs 0 and 1, the per-thread time of order-0 alloc + free pairs at T = 2 against T = 1,
 //! on a fresh handle and on the same handle after a phase where CPU 0 allocates and CPU 1
 //! frees (what `zonal bench cross` does), with the ideal per-thread stack as control:
-//! `cargo run --release -p zonal --example owner_pairs -- [reps] [pairs] [cross frames]`.
+//! `cargo run --release -p zonal --features examples --example owner_pairs -- [reps] [pairs] [cross frames]`.
 //! Each repetition builds a fresh handle; medians over the repetitions.
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,5 +1,5 @@
 //! A loop of alloc + free pairs of one order, for profilers (`valgrind --tool=callgrind`,
-//! `perf`): `cargo run --release -p zonal --example pairs -- [N] [ORDER]` (order 0 by
+//! `perf`): `cargo run --release -p zonal --features examples --example pairs -- [N] [ORDER]` (order 0 by
 //! default; 1–3 and 9 take the per-CPU lists' locked paths).
 
 use zonal::{Config, Gfp, Topology, Zonal};

@@ -2,7 +2,7 @@
 //! `valgrind --tool=callgrind`): 28 nodes, every CPU on node 0, every zone of node 0's
 //! zonelist but the last held down to its `min` watermark, and threads allocating order-0
 //! frames past them in rounds of 1024, then freeing them.
-//! `cargo run --release -p zonal --example zlc_hog -- [ROUNDS] [on|off] [THREADS] [touch]`
+//! `cargo run --release -p zonal --features examples --example zlc_hog -- [ROUNDS] [on|off] [THREADS] [touch]`
 //! (20 000 rounds, the zonelist cache on, one thread by default; `touch` writes a word of
 //! each frame between the allocations and the frees, as the seed's hog and `bench zlc` do).
 //! Prints each thread's ns a page: the allocations alone and the whole round.
