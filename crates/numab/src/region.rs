@@ -92,6 +92,7 @@ impl RegionShared {
         }
     }
 
+    #[inline]
     pub(crate) fn contains(&self, addr: usize) -> bool {
         addr.wrapping_sub(self.start) < self.entries.len() * PAGE
     }
@@ -216,6 +217,7 @@ impl Region {
         &self.shared.policy
     }
 
+    #[inline]
     fn page_of(&self, addr: *const u8) -> Result<usize> {
         let a = addr as usize;
         if !self.shared.contains(a) {
@@ -224,7 +226,9 @@ impl Region {
         Ok((a - self.shared.start) / PAGE)
     }
 
-    /// The node of the frame behind `addr`, `None` while the page has none.
+    /// The node of the frame behind `addr`, `None` while the page has none. Inline: a
+    /// program may ask it per access (the benches' penalty emulation does).
+    #[inline]
     pub fn page_to_nid(&self, addr: *const u8) -> Result<Option<NodeId>> {
         let e = &self.shared.entries[self.page_of(addr)?];
         let f = e.frame.load(Ordering::Acquire);

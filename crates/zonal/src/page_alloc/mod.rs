@@ -585,12 +585,15 @@ impl Zonal {
         }
     }
 
-    /// The node a frame of zonal belongs to (`page_to_nid`).
+    /// The node a frame of zonal belongs to (`page_to_nid`). Inline, as Linux's: callers
+    /// in other crates test it per access (NUMA balancing's penalty emulation does).
+    #[inline]
     pub fn page_to_nid(&self, addr: *const u8) -> Result<NodeId> {
         Ok(self.owning_zone(addr as usize)?.0.node)
     }
 
     /// The frame number of an address zonal owns.
+    #[inline]
     pub fn addr_to_pfn(&self, addr: *const u8) -> Result<Pfn> {
         Ok(self.owning_zone(addr as usize)?.1)
     }
