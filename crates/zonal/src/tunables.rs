@@ -238,11 +238,13 @@ fn describe_bounds(b: Bounds) -> String {
     }
 }
 
-/// A layer's tunables, reached by name through the handle's `sysctl` ([`Zonal::sysctl_get`](crate::Zonal::sysctl_get),
-/// [`Zonal::sysctl_set`](crate::Zonal::sysctl_set), [`Zonal::sysctl_all`](crate::Zonal::sysctl_all)) and so through the live `sysctl` requests of
-/// `zonal --pid P sysctl`: NUMA balancing adds its own this way
-/// ([`Zonal::add_tunable_source`](crate::Zonal::add_tunable_source)), as a kernel module adds its knobs beside the kernel's.
-/// zonal's own names come first: a source's tunable of the same name is never reached.
+/// A layer's tunables, reached by name through the handle's `sysctl`
+/// ([`Zonal::sysctl_get`](crate::Zonal::sysctl_get), [`Zonal::sysctl_set`](crate::Zonal::sysctl_set),
+/// [`Zonal::sysctl_all`](crate::Zonal::sysctl_all)) and so through the live `sysctl` requests
+/// of `zonal --pid P sysctl`: NUMA balancing adds its own this way
+/// ([`Zonal::add_tunable_source`](crate::Zonal::add_tunable_source)), as a kernel module adds
+/// its knobs beside the kernel's. zonal's own names come first: a source's tunable of the
+/// same name is never reached.
 pub trait TunableSource: Send + Sync {
     /// Every tunable of the source with its value.
     fn all(&self) -> Vec<(&'static str, String)>;
