@@ -11,8 +11,8 @@ use std::path::Path;
 use std::time::Duration;
 use zonal::live;
 
-/// How long a scrape waits for one handle.
-const HANDLE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a scrape waits for the handles unless `--timeout` says otherwise.
+pub const HANDLE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// One metric family: its help and type lines and its samples.
 #[derive(Default)]
@@ -72,7 +72,7 @@ impl Families {
 }
 
 /// The body of one scrape of `dir`.
-pub fn scrape(dir: &Path) -> String {
+pub fn scrape(dir: &Path, timeout: Duration) -> String {
     let mut fams = Families::default();
     // A directory refused (someone else's, a link, open to others) is said on every scrape,
     // on stderr and in the body, and read as holding nothing.
@@ -83,9 +83,9 @@ pub fn scrape(dir: &Path) -> String {
             (Vec::new(), Some(e.to_string()))
         }
     };
-    // Every handle at once under one deadline: the scrape answers within HANDLE_TIMEOUT
+    // Every handle at once under one deadline: the scrape answers within the timeout
     // whatever the handles do, a stopped one included.
-    let answers = live::request_all(&handles, "vmstat prometheus", HANDLE_TIMEOUT);
+    let answers = live::request_all(&handles, "vmstat prometheus", timeout);
     let mut up = Vec::new();
     for (p, answer) in handles.iter().zip(answers) {
         // The pid is the kernel's word for the server (SO_PEERCRED), not the socket's name.
@@ -136,7 +136,7 @@ pub fn listen_addr(listen: &str) -> Result<String, String> {
 
 /// Serves `/metrics` on `listen` until the process is stopped; prints the address it bound
 /// (a port of 0 picks a free one) as the first line on stdout.
-pub fn run(listen: &str, dir: &Path) -> Result<(), String> {
+pub fn run(listen: &str, dir: &Path, timeout: Duration) -> Result<(), String> {
     let listen = &listen_addr(listen)?;
     // A directory that is there but refused is an error at once, not a silent empty scrape.
     live::list(dir).map_err(|e| e.to_string())?;
@@ -151,7 +151,7 @@ pub fn run(listen: &str, dir: &Path) -> Result<(), String> {
         let method = req.method().clone();
         let resp = match (&method, path.as_str()) {
             (tiny_http::Method::Get | tiny_http::Method::Head, "/metrics") => {
-                tiny_http::Response::from_string(scrape(dir))
+                tiny_http::Response::from_string(scrape(dir, timeout))
                     .with_header(text_header("text/plain; version=0.0.4; charset=utf-8"))
             }
             (tiny_http::Method::Get | tiny_http::Method::Head, "/") => tiny_http::Response::from_string(

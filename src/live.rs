@@ -6,33 +6,51 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use zonal::live::{self, Published};
 
-/// How long a live command waits for each step of a request.
+/// How long a live command waits for a process's answer unless `--timeout` says otherwise.
 pub const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The `--timeout SECS` a live command was given, checked, or `default`.
+pub fn timeout(secs: Option<f64>, default: Duration) -> Result<Duration, String> {
+    match secs {
+        None => Ok(default),
+        Some(s) if (0.1..=3600.0).contains(&s) => Ok(Duration::from_secs_f64(s)),
+        Some(s) => Err(format!("--timeout {s}: give 0.1 to 3600 seconds")),
+    }
+}
 
 /// The directory of published handles: `--dir`, else zonal's default.
 pub fn dir(arg: Option<&Path>) -> PathBuf {
     arg.map(Path::to_path_buf).unwrap_or_else(live::runtime_dir)
 }
 
-/// The published handle the command line names.
-pub fn target(dir: &Path, pid: i32, handle: Option<u64>) -> Result<Published, String> {
-    live::find(dir, pid, handle).map_err(|e| e.to_string())
+/// The published handle the command line names, asked with `timeout`.
+pub fn target(dir: &Path, pid: i32, handle: Option<u64>, timeout: Duration) -> Result<Remote, String> {
+    live::find(dir, pid, handle).map(|handle| Remote { handle, timeout }).map_err(|e| e.to_string())
 }
 
-/// Sends one request and returns the reply body; the whole exchange takes at most
-/// [`TIMEOUT`], whatever the process does (stopped, its queue full). A request that failed
-/// only when its time ran out failed because the process did not answer, which is what the
-/// error says, whichever step was waiting (the connection's accept, the reply, an `EAGAIN`
-/// from a socket timeout).
-pub fn ask(p: &Published, line: &str) -> Result<String, String> {
-    let start = Instant::now();
-    p.request(line, TIMEOUT).map_err(|e| {
-        if start.elapsed() + TICK_SLACK >= TIMEOUT {
-            format!("process {} did not answer within {} s (stopped, or busy)", p.pid, TIMEOUT.as_secs())
-        } else {
-            format!("process {} handle {}: {e}", p.pid, p.handle)
-        }
-    })
+/// A running process's published handle, and how long to wait for each of its answers.
+pub struct Remote {
+    pub handle: Published,
+    pub timeout: Duration,
+}
+
+impl Remote {
+    /// Sends one request and returns the reply body; the whole exchange takes at most the
+    /// timeout, whatever the process does (stopped, its queue full). A request that failed
+    /// only when its time ran out failed because the process did not answer, which is what
+    /// the error says, whichever step was waiting (the connection's accept, the reply, an
+    /// `EAGAIN` from a socket timeout).
+    pub fn ask(&self, line: &str) -> Result<String, String> {
+        let (p, start) = (&self.handle, Instant::now());
+        p.request(line, self.timeout).map_err(|e| {
+            if start.elapsed() + TICK_SLACK >= self.timeout {
+                let secs = self.timeout.as_secs_f64();
+                format!("process {} did not answer within {secs} s (stopped, or busy)", p.pid)
+            } else {
+                format!("process {} handle {}: {e}", p.pid, p.handle)
+            }
+        })
+    }
 }
 
 /// How early a socket timeout may end before its deadline: the kernel counts it in ticks
@@ -49,10 +67,10 @@ fn pid_source(p: &Published) -> &'static str {
 }
 
 /// `zonal ps`: the user's published handles. Every handle is asked at once, so the command
-/// takes at most [`TIMEOUT`] however many of them are stopped.
-pub fn ps(dir: &Path, json: bool) -> Result<String, String> {
+/// takes at most `timeout` however many of them are stopped.
+pub fn ps(dir: &Path, json: bool, timeout: Duration) -> Result<String, String> {
     let all = live::list(dir).map_err(|e| e.to_string())?;
-    let answers = live::request_all(&all, "info", TIMEOUT);
+    let answers = live::request_all(&all, "info", timeout);
     let infos: Vec<(Published, Result<serde_json::Value, String>)> = all
         .into_iter()
         .zip(answers)
@@ -139,8 +157,8 @@ struct NodeSample {
     numa: std::collections::BTreeMap<String, u64>,
 }
 
-fn sample(p: &Published) -> Result<Sample, String> {
-    let text = ask(p, "top")?;
+fn sample(r: &Remote) -> Result<Sample, String> {
+    let text = r.ask("top")?;
     let at = Instant::now();
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("bad top sample: {e}"))?;
     let num = |v: &serde_json::Value, k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
@@ -328,16 +346,16 @@ fn frame(p: &Published, now: &Sample, prev: Option<&Sample>, interval: Duration)
 
 /// `zonal top`: a frame every `interval`, `count` frames (0: until interrupted). On a
 /// terminal each frame replaces the last; otherwise frames follow one another.
-pub fn top(p: &Published, interval: Duration, count: u64) -> Result<(), String> {
+pub fn top(r: &Remote, interval: Duration, count: u64) -> Result<(), String> {
     let tty = std::io::stdout().is_terminal();
     let mut prev: Option<Sample> = None;
     let mut shown = 0u64;
     loop {
-        let now = sample(p)?;
-        let text = frame(p, &now, prev.as_ref(), interval);
+        let now = sample(r)?;
+        let text = frame(&r.handle, &now, prev.as_ref(), interval);
         let mut out = std::io::stdout().lock();
-        let r = if tty { write!(out, "\x1b[H\x1b[2J{text}") } else { writeln!(out, "{text}") };
-        r.and_then(|_| out.flush()).map_err(|e| format!("cannot write: {e}"))?;
+        let w = if tty { write!(out, "\x1b[H\x1b[2J{text}") } else { writeln!(out, "{text}") };
+        w.and_then(|_| out.flush()).map_err(|e| format!("cannot write: {e}"))?;
         drop(out);
         shown += 1;
         if count != 0 && shown >= count {

@@ -91,6 +91,10 @@ struct LiveArgs {
     #[arg(long, value_name = "H", requires = "pid")]
     handle: Option<u64>,
 
+    /// With --pid: seconds to wait for the process's answer (0.1 to 3600) [default: 5].
+    #[arg(long, value_name = "SECS", requires = "pid")]
+    timeout: Option<f64>,
+
     #[command(flatten)]
     dir: DirArg,
 }
@@ -106,6 +110,10 @@ struct TopTarget {
     /// Which of the process's published handles (needed when it has several).
     #[arg(long, value_name = "H")]
     handle: Option<u64>,
+
+    /// Seconds to wait for each of the process's answers (0.1 to 3600) [default: 5].
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<f64>,
 
     #[command(flatten)]
     dir: DirArg,
@@ -246,6 +254,10 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Seconds to wait for the handles' answers, all asked at once (0.1 to 3600)
+        /// [default: 5]. A handle that does not answer in time is listed as such.
+        #[arg(long, value_name = "SECS")]
+        timeout: Option<f64>,
         #[command(flatten)]
         dir: DirArg,
     },
@@ -274,6 +286,10 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:9835", value_name = "ADDR")]
         listen: String,
+        /// Seconds a scrape waits for the handles' answers, all asked at once (0.1 to 3600)
+        /// [default: 2]. A handle that does not answer in time is reported with zonal_up 0.
+        #[arg(long, value_name = "SECS")]
+        timeout: Option<f64>,
         #[command(flatten)]
         dir: DirArg,
     },
@@ -562,10 +578,11 @@ fn run_live(command: &Command, alloc: &AllocArgs, target: &LiveArgs, pid: i32) -
         }
         None => Ok(()),
     };
-    let h = || live::target(&dir, pid, target.handle);
+    let timeout = live::timeout(target.timeout, live::TIMEOUT)?;
+    let h = || live::target(&dir, pid, target.handle, timeout);
     match command {
         Command::Topology { json, .. } => {
-            let text = live::ask(&h()?, if *json { "topology json" } else { "topology" })?;
+            let text = h()?.ask(if *json { "topology json" } else { "topology" })?;
             // The tiers from the spec the process reports (its own balancer, if any, ranks
             // the same topology the same way).
             let spec = match *json {
@@ -582,11 +599,11 @@ fn run_live(command: &Command, alloc: &AllocArgs, target: &LiveArgs, pid: i32) -
         }
         Command::Zoneinfo { workload, json, .. } => {
             no_workload(workload)?;
-            out(&live::ask(&h()?, if *json { "zoneinfo json" } else { "zoneinfo" })?)
+            out(&h()?.ask(if *json { "zoneinfo json" } else { "zoneinfo" })?)
         }
         Command::Buddyinfo { workload, json, .. } => {
             no_workload(workload)?;
-            out(&live::ask(&h()?, if *json { "buddyinfo json" } else { "buddyinfo" })?)
+            out(&h()?.ask(if *json { "buddyinfo json" } else { "buddyinfo" })?)
         }
         Command::Vmstat { workload, json, prometheus, .. } => {
             no_workload(workload)?;
@@ -597,7 +614,7 @@ fn run_live(command: &Command, alloc: &AllocArgs, target: &LiveArgs, pid: i32) -
             } else {
                 "vmstat"
             };
-            out(&live::ask(&h()?, req)?)
+            out(&h()?.ask(req)?)
         }
         Command::Numastat { node, workload, json, .. } => {
             no_workload(workload)?;
@@ -608,7 +625,7 @@ fn run_live(command: &Command, alloc: &AllocArgs, target: &LiveArgs, pid: i32) -
             if *json {
                 req += " json";
             }
-            out(&live::ask(&h()?, &req)?)
+            out(&h()?.ask(&req)?)
         }
         Command::Sysctl { items, all, doc, json, .. } => {
             if *doc {
@@ -626,22 +643,23 @@ fn run_live(command: &Command, alloc: &AllocArgs, target: &LiveArgs, pid: i32) -
                     Some(v) if v.is_empty() || v.contains(char::is_whitespace) => {
                         return Err(format!("`{item}`: the value must be one word"))
                     }
-                    Some(v) => live::ask(&h, &format!("sysctl set {name} {v}")),
-                    None => live::ask(&h, &format!("sysctl get {name}")),
+                    Some(v) => h.ask(&format!("sysctl set {name} {v}")),
+                    None => h.ask(&format!("sysctl get {name}")),
                 };
                 // A balancer's tunable is the process's only while a balancer runs on the handle.
                 let got = got.map_err(|e| match zonal_numab::tunable::tunable(name) {
                     Ok(_) if e.contains("unknown tunable") => format!(
                         "process {pid} handle {} runs no NUMA balancing (a zonal-numab Balancer), whose \
                          tunable `{name}` is",
-                        h.handle
+                        h.handle.handle
                     ),
                     _ => e,
                 })?;
                 shown.push((name.to_string(), got.trim().to_string()));
             }
             if *all || items.is_empty() {
-                shown = live::ask(&h, "sysctl all")?
+                shown = h
+                    .ask("sysctl all")?
                     .lines()
                     .filter_map(|l| l.split_once(" = ").map(|(n, v)| (n.to_string(), v.to_string())))
                     .collect();
@@ -760,13 +778,20 @@ fn sysctl_doc(items: &[String], json: bool) -> Result<(), String> {
 
 fn run(command: &Command, publish: bool) -> Result<(), String> {
     let (alloc, target) = match command {
-        Command::Ps { json, dir } => return out(&live::ps(&live::dir(dir.runtime_dir.as_deref()), *json)?),
-        Command::Exporter { listen, dir } => return exporter::run(listen, &live::dir(dir.runtime_dir.as_deref())),
+        Command::Ps { json, timeout, dir } => {
+            let timeout = live::timeout(*timeout, live::TIMEOUT)?;
+            return out(&live::ps(&live::dir(dir.runtime_dir.as_deref()), *json, timeout)?);
+        }
+        Command::Exporter { listen, timeout, dir } => {
+            let timeout = live::timeout(*timeout, exporter::HANDLE_TIMEOUT)?;
+            return exporter::run(listen, &live::dir(dir.runtime_dir.as_deref()), timeout);
+        }
         Command::Top { interval, count, target } => {
             if !(0.05..=3600.0).contains(interval) {
                 return Err(format!("--interval {interval}: give 0.05 to 3600 seconds"));
             }
-            let h = live::target(&live::dir(target.dir.runtime_dir.as_deref()), target.pid, target.handle)?;
+            let timeout = live::timeout(target.timeout, live::TIMEOUT)?;
+            let h = live::target(&live::dir(target.dir.runtime_dir.as_deref()), target.pid, target.handle, timeout)?;
             return live::top(&h, Duration::from_secs_f64(*interval), *count);
         }
         Command::Bench(_) => return Err("bench was dispatched before this point".into()),

@@ -115,6 +115,19 @@ fn top_shows_each_node_and_its_rates() {
     assert!(frames[1].contains("all nodes: pgalloc/s"), "{}", frames[1]);
     assert!(err(&zonal(&dir, &["top"])).contains("--pid"));
     assert!(err(&zonal(&dir, &["--pid", &pid, "top", "--interval", "0"])).contains("--interval"));
+    // --timeout: a bound in range is taken, one out of it refused with the range, and it
+    // means nothing without a process to wait for.
+    ok(&zonal(&dir, &["--pid", &pid, "vmstat", "--timeout", "0.5"]));
+    ok(&zonal(&dir, &["ps", "--timeout", "3600"]));
+    for (args, want) in [
+        (&["--pid", &pid, "top", "--count", "1", "--timeout", "0"][..], "--timeout 0: give 0.1 to 3600 seconds"),
+        (&["ps", "--timeout", "99999"][..], "--timeout 99999: give 0.1 to 3600 seconds"),
+        (&["exporter", "--timeout", "0.01"][..], "--timeout 0.01: give 0.1 to 3600 seconds"),
+        (&["vmstat", "--timeout", "1"][..], "--pid"),
+    ] {
+        let e = err(&zonal(&dir, args));
+        assert!(e.contains(want), "{args:?}: {e}");
+    }
     drop(z);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -155,7 +168,7 @@ fn the_exporter_serves_every_handle_to_a_prometheus_scrape() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_zonal"))
         .arg("--dir")
         .arg(&dir)
-        .args(["exporter", "--listen", "127.0.0.1:0"])
+        .args(["exporter", "--listen", "127.0.0.1:0", "--timeout", "1"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -459,7 +472,7 @@ fn the_exporter_and_ps_answer_within_their_bound_while_a_published_process_is_st
     let mut exporter = Command::new(env!("CARGO_BIN_EXE_zonal"))
         .arg("--dir")
         .arg(&dir)
-        .args(["exporter", "--listen", "127.0.0.1:0"])
+        .args(["exporter", "--listen", "127.0.0.1:0", "--timeout", "1"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -470,9 +483,9 @@ fn the_exporter_and_ps_answer_within_their_bound_while_a_published_process_is_st
     let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(60))).build().into();
     let pid = std::process::id().to_string();
     let child_pid_s = child_pid.to_string();
-    // The exporter asks each handle for 2 s; a scrape must answer within that and a margin,
-    // whatever the stopped process does.
-    let bound = Duration::from_secs(6);
+    // The exporter asks the handles for 1 s (`--timeout`; 2 s by default); a scrape must
+    // answer within that and a margin, whatever the stopped process does.
+    let bound = Duration::from_secs(5);
     let scrape = || {
         let t = std::time::Instant::now();
         let text = agent.get(&url).call().and_then(|mut r| r.body_mut().read_to_string()).unwrap();
@@ -506,8 +519,8 @@ fn the_exporter_and_ps_answer_within_their_bound_while_a_published_process_is_st
         }
         assert_eq!(scrape(), ("1".into(), "0".into()), "the stopped handle is down, the other up (full {full})");
         let t = std::time::Instant::now();
-        let ps = ok(&zonal(&dir, &["ps"]));
-        assert!(t.elapsed() < Duration::from_secs(15), "ps took {:?}", t.elapsed());
+        let ps = ok(&zonal(&dir, &["ps", "--timeout", "1"]));
+        assert!(t.elapsed() < Duration::from_secs(5), "ps took {:?}", t.elapsed());
         let row = ps.lines().find(|l| l.starts_with(&child_pid_s)).unwrap_or_else(|| panic!("{ps}"));
         assert!(row.contains("(no answer"), "{ps}");
         assert!(ps.lines().any(|l| l.starts_with(&pid) && !l.contains("(no answer")), "{ps}");
@@ -575,11 +588,13 @@ fn top_and_vmstat_say_a_stopped_process_did_not_answer() {
     // SAFETY: `status` is valid for a write; the child is ours, not yet reaped.
     let r = unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) };
     assert!(r == pid && libc::WIFSTOPPED(status), "waitpid: {r} {status:#x}");
-    let want = format!("zonal: error: process {pid} did not answer within 5 s (stopped, or busy)");
-    // Both commands at once: each waits out its 5 s.
+    // `--timeout` (5 s by default) bounds the wait, and the error names it.
+    let want = format!("zonal: error: process {pid} did not answer within 1.5 s (stopped, or busy)");
+    // Both commands at once: each waits out its 1.5 s.
     let readers = || {
         let pid = pid.to_string();
-        let (vmstat, top) = (["--pid", &pid, "vmstat"], ["--pid", &pid, "top", "--count", "1"]);
+        let vmstat = ["--pid", &pid, "vmstat", "--timeout", "1.5"];
+        let top = ["--pid", &pid, "top", "--count", "1", "--timeout", "1.5"];
         let runs: Vec<_> = [&vmstat[..], &top[..]]
             .into_iter()
             .map(|args| {
