@@ -4,11 +4,11 @@
 //! (`Zonal::act_as_cpu`, the locked per-CPU path). Per topology: the metadata the handle
 //! allocates (glibc's `mallinfo2`, in use before and after the build; the arena's frames
 //! are a memfd nothing touches), one housekeeping pass with nothing to do (the worker's
-//! decay and fold), a `vmstat` and a `zoneinfo` report, `drain_all_pages` with every CPU's
-//! lists holding frames, an allocation and free when every zone is below its `low` watermark
-//! (the slow path, which read every CPU's counter diffs until this bench timed it), a refill
-//! of one CPU's lists
-//! while every other CPU holds frames, and the order-0 pair on the fast path of the CPU the
+//! decay and fold in one sweep, `Zonal::vmstat_update`), a `vmstat` and a `zoneinfo`
+//! report, `drain_all_pages` with every CPU's lists holding frames, an allocation and free
+//! when every zone is below its `low` watermark (the slow path, which read every CPU's
+//! counter diffs until this bench timed it), a refill of one CPU's lists while every other
+//! CPU holds frames, and the order-0 pair on the fast path of the CPU the
 //! bench runs on. Each figure is the median of the repetitions; its growth from 2 to 1024
 //! CPUs is printed beside the CPUs' own (512×). The metadata target is measured on a handle
 //! of 256 CPUs and 8 nodes of 4 GiB built for it (a 32 GiB memfd, untouched).
@@ -137,8 +137,7 @@ fn measure(opts: &BenchOpts, cpus: usize, nodes: usize) -> Result<Cell, String> 
     let (z, heap, _) = build(opts, cpus, nodes, NODE_SIZE, mem_total)?;
     let managed = z.zones().iter().map(|zn| zn.managed).sum();
     let pass = || {
-        z.decay_pcp_high();
-        z.refresh_vm_stats();
+        z.vmstat_update();
     };
     // The first passes lock every list once (a new list has not been seen idle yet).
     pass();

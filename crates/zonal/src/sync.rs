@@ -44,6 +44,19 @@ pub fn prefetch_write<T>(p: *const T) {
     let _ = p;
 }
 
+/// Asks the CPU to bring the line holding `p` into its cache ahead of a load from it
+/// (`prefetcht0`): a hint, as [`prefetch_write`].
+#[inline(always)]
+pub fn prefetch_read<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as in `prefetch_write`: a prefetch reads and writes nothing and cannot fault.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// A cell whose contents a lock elsewhere protects (the per-CPU page lists): loom's
 /// `UnsafeCell` under `cfg(loom)`, so the model checks every access against the lock.
 #[derive(Debug)]

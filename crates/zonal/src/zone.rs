@@ -16,7 +16,7 @@
 use crate::buddy::{Buddy, FreeArea};
 use crate::mem_map;
 use crate::mem_map::{MemMap, ZoneMap};
-use crate::sync::{self, AtomicBool, AtomicU8, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{self, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::types::{NodeId, Order, Pfn, ZoneId, PAGE_SHIFT};
 use crate::vmstat::{self, PerCpuZoneDiffs, ZoneCounters, ZoneStatItem};
 use crossbeam_utils::CachePadded;
@@ -249,6 +249,11 @@ struct LockedArea {
     /// The transfer list (see [`Transfer`]): the CPUs that drain into it and refill from it
     /// are the zone lock's takers, and nothing on the allocation's fast way reads it.
     transfer: Transfer,
+    /// A bit per CPU (as [`Zone::diffs`] indexes them) whose free-page diffs of this zone
+    /// may be non-zero: set by the holder that adds to them, cleared by the fold that takes
+    /// them, both under the zone lock (so a load and a store). The fold then reads the diffs
+    /// of the CPUs that took the lock since the last one, not of every CPU.
+    diff_cpus: Box<[AtomicU64]>,
 }
 
 impl fmt::Debug for Zone {
@@ -318,6 +323,7 @@ impl Zone {
                 lock: Mutex::new(FreeArea::new(pages)),
                 free_pages: AtomicUsize::new(0),
                 transfer: Transfer::new(),
+                diff_cpus: (0..nr_cpus.max(1).div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             }),
             mem_map: map,
         };
@@ -428,8 +434,18 @@ impl Zone {
     /// for every CPU's, and at 1024 CPUs on 8 nodes the divisions were half the pass.
     #[inline]
     fn diffs(&self, cpu: usize) -> &PerCpuZoneDiffs {
+        &self.pcpu[self.diff_index(cpu)]
+    }
+
+    /// The index of CPU `cpu`'s diffs (see [`Zone::diffs`]).
+    #[inline]
+    fn diff_index(&self, cpu: usize) -> usize {
         let n = self.pcpu.len();
-        &self.pcpu[if cpu < n { cpu } else { cpu % n }]
+        if cpu < n {
+            cpu
+        } else {
+            cpu % n
+        }
     }
 
     fn fold_in(&self, item: ZoneStatItem, v: isize) {
@@ -456,6 +472,12 @@ impl Zone {
     /// skipping folds that would find nothing), exact once changes stop.
     pub(crate) fn diff(&self, cpu: usize, item: ZoneStatItem) -> isize {
         self.diffs(cpu).diff(item)
+    }
+
+    /// Prefetches CPU `cpu`'s diffs, for a sweep that reads them next.
+    #[inline]
+    pub(crate) fn prefetch_diffs(&self, cpu: usize) {
+        crate::sync::prefetch_read(self.diffs(cpu));
     }
 
     /// The threshold CPU `cpu` folds this zone's diffs at (`vm stats threshold`).
@@ -851,15 +873,25 @@ impl ZoneLocked<'_> {
     }
 
     /// Folds every CPU's diffs of the items the zone lock guards (the periodic fold and
-    /// `vm.stat_refresh`).
+    /// `vm.stat_refresh`): those of the CPUs marked in `diff_cpus`, the only ones that can
+    /// be non-zero.
     pub(crate) fn fold_diffs(&mut self) {
         self.account();
         let zone = self.zone;
-        for d in zone.pcpu.iter() {
-            for item in std::iter::once(ZoneStatItem::NrFreePages)
-                .chain((0..=zone.max_order.0).map(|o| ZoneStatItem::NrFreeOrder(Order(o))))
-            {
-                zone.fold_from(d, item);
+        for (w, word) in zone.locked.diff_cpus.iter().enumerate() {
+            let mut bits = word.load(Ordering::Relaxed);
+            if bits == 0 {
+                continue;
+            }
+            word.store(0, Ordering::Relaxed);
+            while bits != 0 {
+                let d = &zone.pcpu[w * 64 + bits.trailing_zeros() as usize];
+                bits &= bits - 1;
+                for item in std::iter::once(ZoneStatItem::NrFreePages)
+                    .chain((0..=zone.max_order.0).map(|o| ZoneStatItem::NrFreeOrder(Order(o))))
+                {
+                    zone.fold_from(d, item);
+                }
             }
         }
     }
@@ -871,6 +903,13 @@ impl ZoneLocked<'_> {
             return;
         }
         let cpu = crate::sys::current_cpu() as usize;
+        // The lock is held: a load and a store cannot race with another writer.
+        let i = self.zone.diff_index(cpu);
+        let word = &self.zone.locked.diff_cpus[i / 64];
+        let marked = word.load(Ordering::Relaxed);
+        if marked & 1 << (i % 64) == 0 {
+            word.store(marked | 1 << (i % 64), Ordering::Relaxed);
+        }
         let mut pages = 0isize;
         for (o, &d) in self.area.take_changes().iter().enumerate().filter(|(_, &d)| d != 0) {
             self.zone.mod_page_state(cpu, ZoneStatItem::NrFreeOrder(Order(o as u8)), d as isize);

@@ -72,7 +72,7 @@ impl Zonal {
             return 0;
         }
         let _pass = self.pass();
-        decay_all(&self.mem.zones, &self.cpus.pcps)
+        sweep(&self.mem.zones, &self.cpus.pcps, true, false)
     }
 
     /// `vm.stat_refresh`: folds every CPU's zone-counter diffs now (the worker does it every
@@ -82,7 +82,18 @@ impl Zonal {
             return;
         }
         let _pass = self.pass();
-        fold_all(&self.mem.zones, &self.cpus.pcps);
+        sweep(&self.mem.zones, &self.cpus.pcps, false, true);
+    }
+
+    /// One pass of the background worker (`vmstat_update`), now: every CPU's lists that a
+    /// decay would change decayed and every count folded, in one sweep ([`Zonal::decay_pcp_high`] and
+    /// [`Zonal::refresh_vm_stats`] together). Returns the frames drained.
+    pub fn vmstat_update(&self) -> usize {
+        if self.inherited() {
+            return 0;
+        }
+        let _pass = self.pass();
+        sweep(&self.mem.zones, &self.cpus.pcps, true, true)
     }
 
     /// Runs a housekeeping pass (decay or fold) to the exclusion of the snapshot readers.
@@ -140,44 +151,61 @@ impl Zonal {
     }
 }
 
-/// `decay_pcp_high` over every CPU's lists, skipping those a decay would not change (a
-/// lock-free hint from their last unlock): on an idle handle the worker then takes no pcp
-/// lock and fences no CPU, however many CPUs there are.
-pub(super) fn decay_all(zones: &[Zone], pcps: &[PerCpuPages]) -> usize {
-    // A CPU's lists of every zone at a time (`pcps` is `[cpu * nr_zones + zone]`), each beside
-    // its zone with no division for the index.
-    pcps.chunks(zones.len())
-        .flat_map(|lists| zones.iter().zip(lists))
-        .filter(|(_, p)| p.needs_decay())
-        .map(|(z, p)| p.lock(z).with(|inner| pcp::decay_high(z, inner)))
-        .sum()
-}
-
-/// `refresh_cpu_vm_stats` for every CPU, and `vm.stat_refresh`: folds every zone-counter diff
-/// into the zone and global counters, each under the lock that guards it, and gives a zone
-/// under pressure its normal threshold back once its free frames are at or above `high`
-/// (where kswapd would go back to sleep).
+/// One housekeeping sweep (`refresh_cpu_vm_stats`, whose `do_pagesets` runs
+/// `decay_pcp_high` in the same loop): with `decay`, each CPU's lists that a decay would
+/// change are decayed; with `fold`, those with counts to fold (cache churn, a
+/// `nr_zone_pcp_pages` diff) are locked lists-only (which never fences: folding touches no
+/// cache) and folded, then each zone's free-page diffs, a decay's among them, and a zone
+/// under pressure gets its normal threshold back once its free frames are at or above `high`
+/// (where kswapd would go back to sleep). Returns the frames decays drained.
 ///
-/// As Linux's `refresh_cpu_vm_stats`, a CPU's lists with nothing to fold (a zero diff and no
-/// cache churn, read without the lock) are skipped; the others are locked lists-only, which
-/// never fences: folding touches no cache.
-pub(super) fn fold_all(zones: &[Zone], pcps: &[PerCpuPages]) {
-    // Zone by zone: each CPU's diffs of the zone are on one line, which the zone's fold has
-    // just read when its lists' test reads it again (CPU by CPU, at 1024 CPUs on 8 nodes, the
-    // second read found the line gone: `bench scale`).
-    for (i, z) in zones.iter().enumerate() {
-        z.lock().fold_diffs();
-        // The exact count, as the slow path reads it to set the pressure.
-        if z.under_pressure() && z.nr_free_exact() >= z.watermark(Watermark::High) {
-            z.set_pressure(false);
-        }
-        // `pcps` is `[cpu * nr_zones + zone]`.
-        for p in pcps.iter().skip(i).step_by(zones.len()) {
-            if p.unsettled() != 0 || z.diff(p.cpu(), ZoneStatItem::NrPcpPages) != 0 {
+/// Both tests are lock-free hints from the lists' last unlock, so on an idle handle the
+/// sweep takes no pcp lock and fences no CPU, however many CPUs there are: it reads the
+/// lists' first two lines, their inbox's and their zone diffs' (a CPU whose sections run
+/// there reads its caches' words too), and each zone's fold reads the diffs of the CPUs that
+/// took its lock since the last, not of every CPU. Lists are a few KiB apart, a stride
+/// hardware prefetchers do not follow, so the sweep prefetches the lists a few ahead; past
+/// ~2 MiB of those lines (1024 CPUs on 8 nodes: `bench scale`) they outgrow the caches.
+pub(super) fn sweep(zones: &[Zone], pcps: &[PerCpuPages], decay: bool, fold: bool) -> usize {
+    /// How many lists ahead the sweep prefetches: enough misses in flight to cover a
+    /// memory access's latency at a list's test of a few ns.
+    const AHEAD: usize = 4;
+    let nz = zones.len();
+    let mut drained = 0;
+    // The list `AHEAD` places on, as (CPU, zone), counted along without a division.
+    let (mut ahead_cpu, mut ahead_zone) = (AHEAD / nz, AHEAD % nz);
+    // In memory order, a CPU's lists of every zone at a time (`pcps` is
+    // `[cpu * nr_zones + zone]`), each beside its zone.
+    for (cpu, lists) in pcps.chunks(nz).enumerate() {
+        for (z, p) in zones.iter().zip(lists) {
+            if let Some(q) = pcps.get(ahead_cpu * nz + ahead_zone) {
+                // By index: `q.cpu()` would wait for the line being prefetched.
+                q.prefetch_idle_test();
+                zones[ahead_zone].prefetch_diffs(ahead_cpu);
+            }
+            ahead_zone += 1;
+            if ahead_zone == nz {
+                (ahead_cpu, ahead_zone) = (ahead_cpu + 1, 0);
+            }
+            debug_assert_eq!(p.cpu(), cpu);
+            if decay && p.needs_decay() {
+                drained += p.lock(z).with(|inner| pcp::decay_high(z, inner));
+            }
+            if fold && (p.unsettled() != 0 || z.diff(cpu, ZoneStatItem::NrPcpPages) != 0) {
                 p.lock_lists(z).fold_diff();
             }
         }
     }
+    if fold {
+        for z in zones {
+            z.lock().fold_diffs();
+            // The exact count, as the slow path reads it to set the pressure.
+            if z.under_pressure() && z.nr_free_exact() >= z.watermark(Watermark::High) {
+                z.set_pressure(false);
+            }
+        }
+    }
+    drained
 }
 
 /// The background worker (`vmstat_update`): every interval, decays idle pcps' `high` and
@@ -208,8 +236,7 @@ impl Worker {
                     stopped = g;
                     if !*stopped && timeout.timed_out() {
                         let _pass = pass.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-                        decay_all(&zones, &pcps);
-                        fold_all(&zones, &pcps);
+                        sweep(&zones, &pcps, true, true);
                     }
                 }
             })

@@ -658,8 +658,19 @@ impl PerCpuPages {
     pub fn needs_decay(&self) -> bool {
         !self.decay_idle.load(Ordering::Relaxed)
             || self.unsettled() != 0
-            || self.thp_cache.len() != 0
+            || self.thp_cached() != 0
             || self.inbox.len_hint() != 0
+    }
+
+    /// Prefetches the lines [`PerCpuPages::needs_decay`] and [`PerCpuPages::unsettled`]
+    /// read of every lists, for a housekeeping sweep that tests these lists next. Lists
+    /// whose sections run also have their caches' words read; whether they do is on the
+    /// first line, which the prefetch must not wait for, so those are left to the demand.
+    #[inline]
+    pub(crate) fn prefetch_idle_test(&self) {
+        crate::sync::prefetch_read(&self.cache_word);
+        crate::sync::prefetch_read(&self.decay_idle);
+        crate::sync::prefetch_read(&*self.inbox);
     }
 
     /// The inbox (see the field): other CPUs' frees of this CPU's runs.

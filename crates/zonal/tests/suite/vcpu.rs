@@ -189,3 +189,60 @@ fn frees_on_another_virtual_cpu_go_back_to_the_owner() {
     assert_eq!(z.check_invariants(), Ok(0));
     assert_eq!(z.nr_free_pages(NodeId(0)), Ok(z.zones()[0].managed));
 }
+
+/// The worker's pass, one sweep zone by zone (`vmstat_update`), does what a decay pass and
+/// a fold do one after the other: two handles given the same traffic by virtual CPUs of
+/// every node hold the same lists after it, each decay drained as many frames, and every
+/// zone's folded counters equal their exact snapshots.
+#[test]
+fn one_sweep_decays_and_folds_as_the_two_passes_do() {
+    let spec = "nodes=4,size=16M,vcpus=64";
+    // Every third CPU allocates 300 frames of its node and frees 250 of them, so its lists
+    // hold frames, its `high` has grown and its counter diffs are not zero.
+    let traffic = |z: &Zonal| -> Vec<(usize, usize)> {
+        let mut held = Vec::new();
+        for cpu in (0..64).step_by(3) {
+            let a = z.act_as_cpu(cpu).unwrap();
+            let got: Vec<_> = (0..300).map(|_| a.alloc_pages(Gfp::KERNEL, 0).unwrap()).collect();
+            for p in &got[50..] {
+                a.free_pages(p.as_ptr(), 0).unwrap();
+            }
+            held.extend(got[..50].iter().map(|p| (cpu, p.as_ptr() as usize)));
+        }
+        held
+    };
+    let lists = |z: &Zonal| -> Vec<(usize, usize)> {
+        (0..4)
+            .flat_map(|n| (0..64).map(move |c| (c, ZoneId(n))))
+            .map(|(c, zone)| z.pcp_info(c, zone).map(|i| (i.count, i.high)).unwrap())
+            .collect()
+    };
+    let (two, one) = (zonal_on(spec), zonal_on(spec));
+    let (held_two, held_one) = (traffic(&two), traffic(&one));
+    assert_eq!(lists(&two), lists(&one), "the same traffic leaves the same lists");
+    // Pass after pass, `high` comes down by the count the lists kept through the last
+    // interval (a fifth of `high` at most), until it is below the count and a decay drains.
+    let mut drained = 0;
+    for pass in 0..30 {
+        let drained_two = two.decay_pcp_high();
+        two.refresh_vm_stats();
+        let drained_one = one.vmstat_update();
+        assert_eq!(drained_one, drained_two, "pass {pass}");
+        assert_eq!(lists(&one), lists(&two), "pass {pass}");
+        drained += drained_one;
+    }
+    assert!(drained > 0, "the decays drained frames");
+    for n in 0..4 {
+        for item in [ZoneStatItem::NrFreePages, ZoneStatItem::NrPcpPages] {
+            let folded = one.zone_page_state(ZoneId(n), item).unwrap();
+            assert_eq!(folded, one.zone_page_state_snapshot(ZoneId(n), item).unwrap(), "zone {n} {item:?}");
+            assert_eq!(folded, two.zone_page_state(ZoneId(n), item).unwrap(), "zone {n} {item:?}");
+        }
+    }
+    for (z, held) in [(&one, held_one), (&two, held_two)] {
+        for (cpu, p) in held {
+            z.act_as_cpu(cpu).unwrap().free_pages(p as *mut u8, 0).unwrap();
+        }
+        assert_eq!(z.check_invariants().unwrap(), 0);
+    }
+}
