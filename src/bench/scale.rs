@@ -8,10 +8,13 @@
 //! report, `drain_all_pages` with every CPU's lists holding frames, an allocation and free
 //! when every zone is below its `low` watermark (the slow path, which read every CPU's
 //! counter diffs until this bench timed it), a refill of one CPU's lists while every other
-//! CPU holds frames, and the order-0 pair on the fast path of the CPU the
-//! bench runs on. Each figure is the median of the repetitions; its growth from 2 to 1024
-//! CPUs is printed beside the CPUs' own (512×). The metadata target is measured on a handle
-//! of 256 CPUs and 8 nodes of 4 GiB built for it (a 32 GiB memfd, untouched).
+//! CPU holds frames, and the order-0 pair on the fast path of the CPU the bench runs on.
+//! Each figure is the median of the repetitions; its growth from 2 to 1024 CPUs is printed
+//! beside the CPUs' own (512×). The pass and the pair, a few hundred ns and a few ns, are
+//! timed in turns with a 2-CPU handle of as many nodes in each repetition, and grow by the
+//! median of those ratios: a ratio of medians taken apart read the machine's drift between
+//! them (the pair "grew" 1.4–2.1× in half the runs). The metadata target is measured on a
+//! handle of 256 CPUs and 8 nodes of 4 GiB built for it (a 32 GiB memfd, untouched).
 
 use super::{fmt_ns, print_table, verdict, BenchOpts, Record, Summary};
 use serde_json::json;
@@ -59,6 +62,10 @@ struct Cell {
     managed: usize,
     heap: Option<usize>,
     times: Vec<Vec<f64>>,
+    /// Per column, per repetition: the time over that of a handle of the smallest CPU count
+    /// on as many nodes, timed right beside it ([`paired`]); empty for the columns timed
+    /// alone.
+    vs_smallest: Vec<Vec<f64>>,
 }
 
 /// Bytes in use by malloc (glibc's `mallinfo2`: every arena's allocated chunks and the
@@ -119,6 +126,33 @@ fn per_rep(reps: usize, n: u64, mut f: impl FnMut()) -> Vec<f64> {
         .collect()
 }
 
+/// [`per_rep`] for `f` and for `g`, its control, in turns within each repetition (which one
+/// goes first alternates): `f`'s ns per run, and per repetition `f`'s time over `g`'s. A
+/// ratio of two medians taken minutes apart carries the machine's drift between them (the
+/// VM's rate moves by tens of percent over seconds); one of times a few microseconds apart
+/// does not.
+fn paired(reps: usize, n: u64, mut f: impl FnMut(), mut g: impl FnMut()) -> (Vec<f64>, Vec<f64>) {
+    let time = |h: &mut dyn FnMut()| {
+        let t = Instant::now();
+        for _ in 0..n {
+            h();
+        }
+        t.elapsed().as_nanos() as f64 / n as f64
+    };
+    (0..reps)
+        .map(|r| {
+            let (a, b) = if r % 2 == 0 {
+                let a = time(&mut f);
+                (a, time(&mut g))
+            } else {
+                let b = time(&mut g);
+                (time(&mut f), b)
+            };
+            (a, a / b)
+        })
+        .unzip()
+}
+
 /// Every CPU acts once: one order-0 allocation from its node and its free, so that its lists
 /// keep the refill's frames.
 fn every_cpu_holds_frames(z: &Zonal) -> Result<(), String> {
@@ -130,20 +164,27 @@ fn every_cpu_holds_frames(z: &Zonal) -> Result<(), String> {
     Ok(())
 }
 
-/// One topology's measurements, in `reps` repetitions each.
-fn measure(opts: &BenchOpts, cpus: usize, nodes: usize) -> Result<Cell, String> {
+/// One topology's measurements, in `reps` repetitions each; the pass and the pair also
+/// against a handle of `smallest` CPUs on as many nodes, timed beside them.
+fn measure(opts: &BenchOpts, cpus: usize, nodes: usize, smallest: usize) -> Result<Cell, String> {
     let reps = opts.reps.max(1);
     let mem_total = Machine::current().map_err(|e| e.to_string())?.mem_total;
+    let (control, _, _) = build(opts, smallest, nodes, NODE_SIZE, mem_total)?;
     let (z, heap, _) = build(opts, cpus, nodes, NODE_SIZE, mem_total)?;
     let managed = z.zones().iter().map(|zn| zn.managed).sum();
-    let pass = || {
+    let pass = |z: &Zonal| {
         z.vmstat_update();
     };
     // The first passes lock every list once (a new list has not been seen idle yet).
-    pass();
-    pass();
+    for h in [&z, &control] {
+        pass(h);
+        pass(h);
+    }
     let mut times = Vec::with_capacity(TIMES.len());
-    times.push(per_rep(reps, 20, pass));
+    let mut vs_smallest = vec![Vec::new(); TIMES.len()];
+    let (t, r) = paired(reps, 20, || pass(&z), || pass(&control));
+    times.push(t);
+    vs_smallest[0] = r;
     let mut sink = 0usize;
     times.push(per_rep(reps, 3, || sink += z.vmstat().len()).into_iter().map(|ns| ns / 1e3).collect());
     times.push(per_rep(reps, 3, || sink += z.zoneinfo().len()).into_iter().map(|ns| ns / 1e3).collect());
@@ -157,11 +198,14 @@ fn measure(opts: &BenchOpts, cpus: usize, nodes: usize) -> Result<Cell, String> 
         drain.push(t.elapsed().as_nanos() as f64 / 1e3);
     }
     times.push(drain);
-    let pair = per_rep(reps, 20_000, || {
+    let pair = |z: &Zonal| {
         if let Ok(p) = z.alloc_pages(Gfp::KERNEL, 0) {
             let _ = z.free_pages(p.as_ptr(), 0);
         }
-    });
+    };
+    let (pair, r) = paired(reps, 20_000, || pair(&z), || pair(&control));
+    vs_smallest[TIMES.len() - 1] = r;
+    drop(control);
     // On CPU 0, acting as CPU 0: the lists' holder is on their CPU, so no fence (a real
     // CPU's cache runs, and a holder elsewhere would fence it, which is not what is measured).
     let pinned = zonal::cpu::set_affinity(0).is_ok();
@@ -175,7 +219,7 @@ fn measure(opts: &BenchOpts, cpus: usize, nodes: usize) -> Result<Cell, String> 
     times.push(refill?);
     times.push(pair);
     std::hint::black_box(sink);
-    Ok(Cell { cpus, nodes, managed, heap, times })
+    Ok(Cell { cpus, nodes, managed, heap, times, vs_smallest })
 }
 
 /// A refill of CPU 0's order-0 list from an empty one while every other CPU's lists hold
@@ -303,7 +347,7 @@ pub fn run(opts: &BenchOpts) -> Result<Vec<Record>, String> {
         NODES.iter().flat_map(|&n| CPUS.iter().map(move |&c| (c, n))).filter(|&(c, _)| c >= machine_cpus).collect();
     for (i, &(cpus, nodes)) in grid.iter().enumerate() {
         let shown = progress(opts, &format!("{cpus} cpus × {nodes} node(s), {} of {}", i + 1, grid.len()));
-        let c = measure(opts, cpus, nodes);
+        let c = measure(opts, cpus, nodes, CPUS.iter().copied().find(|&c| c >= machine_cpus).unwrap_or(cpus));
         super::clear_progress(opts, shown);
         cells.push(c?);
     }
@@ -357,10 +401,15 @@ fn cell(cells: &[Cell], cpus: usize, nodes: usize) -> Option<&Cell> {
     cells.iter().find(|c| c.cpus == cpus && c.nodes == nodes)
 }
 
-/// A column's median at the largest CPU count over its median at the smallest, per node count.
+/// A column's growth from the smallest CPU count to the largest, per node count: the median
+/// of the per-repetition ratios to the smallest count's handle timed beside it where the
+/// column has them, else the ratio of the two cells' medians.
 fn growth(cells: &[Cell], col: usize, nodes: usize) -> Option<f64> {
     let (lo, hi) = (cells.iter().filter(|c| c.nodes == nodes).min_by_key(|c| c.cpus)?, cell(cells, 1024, nodes)?);
-    Some(median(&hi.times[col]) / median(&lo.times[col]))
+    match hi.vs_smallest[col].is_empty() {
+        true => Some(median(&hi.times[col]) / median(&lo.times[col])),
+        false => Some(median(&hi.vs_smallest[col])),
+    }
 }
 
 fn print_report(
@@ -407,7 +456,10 @@ fn print_report(
     // Growth from 2 to 1024 CPUs, per column and node count, beside the CPUs' own ratio.
     let lo = cells.iter().map(|c| c.cpus).min().unwrap_or(2);
     let cpu_ratio = 1024.0 / lo as f64;
-    println!("growth from {lo} to 1024 CPUs (the CPUs grow {cpu_ratio:.0}×; metadata and the pass as totals):");
+    println!(
+        "growth from {lo} to 1024 CPUs (the CPUs grow {cpu_ratio:.0}×; metadata and the pass as totals; the pass and the \
+         pair as medians of per-repetition ratios to a {lo}-CPU handle of as many nodes timed beside them):"
+    );
     let mut grow_rows = Vec::new();
     let meta = |nodes: usize| {
         let (a, b) = (cells.iter().filter(|c| c.nodes == nodes).min_by_key(|c| c.cpus)?, cell(cells, 1024, nodes)?);
@@ -533,7 +585,10 @@ fn records(opts: &BenchOpts, cells: &[Cell], target: (usize, Option<usize>, isiz
                 params: params(unit),
                 ns_per_op: Summary::of(&c.times[i]),
                 reference: format!("{} cpus", base.cpus),
-                ratio_to_reference: median(&c.times[i]) / median(&base.times[i]),
+                ratio_to_reference: match c.vs_smallest[i].is_empty() {
+                    true => median(&c.times[i]) / median(&base.times[i]),
+                    false => median(&c.vs_smallest[i]),
+                },
                 reps: opts.reps,
                 samples: c.times[i].clone(),
             });
@@ -554,4 +609,19 @@ fn records(opts: &BenchOpts, cells: &[Cell], target: (usize, Option<usize>, isiz
         samples: vec![per],
     });
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each repetition runs both closures `n` times each, one after the other, and which
+    /// goes first alternates, so that neither always runs on the other's warm caches.
+    #[test]
+    fn paired_times_both_in_turns_and_alternates_which_goes_first() {
+        let order = std::cell::RefCell::new(String::new());
+        let (times, ratios) = paired(4, 3, || order.borrow_mut().push('f'), || order.borrow_mut().push('g'));
+        assert_eq!((times.len(), ratios.len()), (4, 4));
+        assert_eq!(order.into_inner(), "fffggggggfff".repeat(2));
+    }
 }

@@ -627,7 +627,8 @@ fn bench_scale_sweeps_virtual_cpus_and_judges_its_targets() {
         let row = s.lines().find(|l| l.split_whitespace().take(2).eq(["1024".to_string(), nodes.to_string()]));
         assert!(row.is_some(), "no row of 1024 CPUs on {nodes} nodes: {s}");
     }
-    line_of(&s, "growth from ");
+    let growth = line_of(&s, "growth from ");
+    assert!(growth.contains("the pass and the pair as medians of per-repetition ratios"), "{growth}");
     for target in [
         "metadata at 256 CPUs × 8 nodes of 4G:",
         "a housekeeping pass with nothing to do",
