@@ -466,7 +466,14 @@ impl Zonal {
             let mut g = self.pcp(cpu, zone.id).try_lock_thp(zone)?;
             return Some(g.with_thp(|p| pfns.iter().map(|&pfn| pcp::free_to_pcp(zone, p, pfn, order)).sum()));
         }
-        let mut g = self.pcp_try_lock(cpu, zone, order)?;
+        let pcp = self.pcp(cpu, zone.id);
+        // Frames of other CPUs' runs go to the outbox, which needs no flush of the caches.
+        let foreign = |p: &Pfn| !matches!(zone.run_owner(*p), o if o == cpu as u16 || o == mem_map::NO_OWNER);
+        let mut g = if order.0 == 0 && pcp.routes() && pfns.iter().all(foreign) {
+            pcp.try_lock_outbox(zone)?
+        } else {
+            self.pcp_try_lock(cpu, zone, order)?
+        };
         if order.0 > 0 {
             g.fill_small(order);
         }

@@ -167,9 +167,18 @@ const LIST_START: usize = 256;
 pub(crate) const OUTBOX_CAP: usize = 64;
 
 /// Frames a CPU's inbox ([`PerCpuPages::inbox`]) holds at most: other CPUs' deliveries of
-/// frames of its runs, which its next order-0 refill takes first. A delivery past it goes to
-/// the zone's transfer list, or the buddy, as a drain past `high` does.
-pub(crate) const INBOX_CAP: usize = 4 * OUTBOX_CAP;
+/// frames of its runs, which its next order-0 refill takes first. The bound is the owner's
+/// `high` within [`INBOX_MIN`] and this ([`PerCpuPages::inbox_cap`]): frames waiting there
+/// are the owner's per-CPU pages, so a zone whose lists may hold thousands lets its inboxes
+/// hold as many (within 4 MiB), and a small one keeps them small. A delivery past it goes to
+/// the zone's transfer list, or the buddy, as a drain past `high` does. At 256 frames, in
+/// `bench mixed` a fifth of the frames crossing CPUs overflowed there, and whichever CPU took
+/// them from the transfer list took their runs, so that both CPUs' frees of them crossed
+/// again and a hand-off of 64 frames touched 20–35 state lines instead of 3–8.
+pub(crate) const INBOX_CAP: usize = 16 * OUTBOX_CAP;
+
+/// The least bound of an inbox (see [`INBOX_CAP`]).
+pub(crate) const INBOX_MIN: usize = 4 * OUTBOX_CAP;
 
 /// Blocks the rseq front cache of one pcp holds at most: room for a bulk call of 128 frames
 /// and its free, in one critical section per 64.
@@ -301,6 +310,9 @@ pub struct PerCpuPages {
     /// syscall per lock), as under `ZONAL_NO_RSEQ`. In the padding before `cpu`: the fields
     /// the sections read keep their offsets.
     sections: bool,
+    /// A copy of [`PcpInner::routes`], read without the lock (it never changes after
+    /// [`PerCpuPages::routing`]). In the padding, as `sections`.
+    routes: bool,
     /// The CPU these lists belong to.
     cpu: u32,
     /// The frames of the zone these lists serve, `[span_start, span_start + span_pages)`
@@ -384,7 +396,7 @@ pub struct PerCpuPages {
     /// Odd while a holder folds the counts (a sequence lock for their readers).
     fold_seq: AtomicU64,
     /// The inbox: order-0 frames of runs this CPU owns that other CPUs freed and delivered
-    /// (`lists::deliver`), at most [`INBOX_CAP`], tagged `PCP` and counted as per-CPU pages,
+    /// (`lists::deliver`), at most [`PerCpuPages::inbox_cap`], tagged `PCP` and counted as per-CPU pages,
     /// which this CPU's next order-0 refill takes first. Under a lock of its own (taken
     /// under a pcp lock, the delivering CPU's or this one's, never with another inbox, the
     /// transfer list or the zone lock), on lines of its own: every other CPU of the zone
@@ -484,6 +496,7 @@ impl PerCpuPages {
             gate: std::sync::atomic::AtomicU8::new(0),
             lock: AtomicBool::new(false),
             sections: rseq::enabled(),
+            routes: false,
             cpu,
             span_start: 0,
             span_pages: 0,
@@ -547,16 +560,26 @@ impl PerCpuPages {
 
     /// These lists made a party to run ownership ([`PcpInner::routes`]): their CPU's local
     /// lists (of the zone on its node), and no other lists of the CPU.
-    pub fn routing(self) -> PerCpuPages {
+    pub fn routing(mut self) -> PerCpuPages {
+        self.routes = true;
         // SAFETY: `self` is owned here, so no guard (nor any other access) exists.
         unsafe {
             self.inner.with_mut(|i| {
                 i.routes = true;
                 i.outbox.reserve(2 * OUTBOX_CAP);
-                i.sorting.reserve(2 * OUTBOX_CAP);
+                // Room for a delivery's keys, and for a merge of a whole inbox
+                // (`lists::highest_first`), so that neither allocates under the lock.
+                i.sorting.reserve(2 * INBOX_CAP);
             })
         };
         self
+    }
+
+    /// Whether these lists send frames of other CPUs' runs to their owners (see
+    /// [`PerCpuPages::routing`]).
+    #[inline]
+    pub fn routes(&self) -> bool {
+        self.routes
     }
 
     /// The gate: the zone's `above_low` level as last copied here.
@@ -586,6 +609,17 @@ impl PerCpuPages {
     #[inline]
     pub fn try_lock_small_orders<'a>(&'a self, zone: &'a Zone) -> Option<PcpGuard<'a>> {
         self.try_lock_with(zone, Cache::Count)
+    }
+
+    /// [`PerCpuPages::try_lock`] for a free of other CPUs' frames whose push found the rseq
+    /// outbox full: the outbox moves to the locked one for the holder's delivery, and every
+    /// cache stays where it is and counts in `count`, as under
+    /// [`PerCpuPages::try_lock_small_orders`]. Flushing the order-0 cache there sent up to 256
+    /// frames to the list and 32 back, so each batch of foreign frees cost the CPU's own
+    /// allocations a refill soon after.
+    #[inline]
+    pub fn try_lock_outbox<'a>(&'a self, zone: &'a Zone) -> Option<PcpGuard<'a>> {
+        self.try_lock_with(zone, Cache::Outbox)
     }
 
     #[inline]
@@ -848,6 +882,14 @@ impl PerCpuPages {
         // The lock is held: a plain add cannot race with another writer.
         self.fences.store(self.fences.load(Ordering::Relaxed) + calls, Ordering::Relaxed);
         done
+    }
+
+    /// The most frames the inbox takes: these lists' `high` as of the last unlock, within
+    /// [`INBOX_MIN`] and [`INBOX_CAP`] (read without the lock by the CPUs that deliver).
+    #[inline]
+    pub(crate) fn inbox_cap(&self) -> usize {
+        let high = (self.shape_hint.load(Ordering::Relaxed) & 0xFFFF_FFFF) as usize;
+        high.clamp(INBOX_MIN, INBOX_CAP)
     }
 
     /// `(count, high, batch)` without the lock: the lists as of the last unlock plus the
@@ -1134,6 +1176,9 @@ enum Cache {
     /// Counts its blocks in `count` during its work and sets its bound after, moving none
     /// (`try_lock_small_orders`, with the fence done or not needed).
     Count,
+    /// As `Count`, and moves the rseq outbox to the locked one before its work and opens it
+    /// again after (`try_lock_outbox`, with the fence done or not needed).
+    Outbox,
     /// Leaves it alone (`lock_lists`, `try_lock_lists`, or a fence that failed).
     Leave,
     /// Leaves every cache alone but the THP cache, which it flushes into the THP list before
@@ -1194,6 +1239,7 @@ impl PcpGuard<'_> {
             Cache::Flush if self.keep_small => 0,
             Cache::Count if small != 0 => 1 << small,
             Cache::Flush | Cache::Count => SMALL_ORDERS,
+            Cache::Outbox => 0,
         };
         // Drains, decay, tuning and the bulk calls see the THP list whole.
         let flush_thp = mode == Cache::Flush && !self.keep_small && rseq_on;
@@ -1207,13 +1253,16 @@ impl PcpGuard<'_> {
                 // a cache meanwhile (the fence is done or not needed, and new sections find
                 // the lock held), so these lengths hold.
                 let mut counted = 0;
-                if matches!(mode, Cache::Flush | Cache::Count) && rseq_on {
+                if matches!(mode, Cache::Flush | Cache::Count | Cache::Outbox) && rseq_on {
                     pcp.fold_counts();
                     pcp.flush_small(inner, flushed);
                     counted = pcp.small_frames_but(flushed);
                 }
-                if mode == Cache::Count {
+                if matches!(mode, Cache::Count | Cache::Outbox) {
                     counted += pcp.cache_len();
+                }
+                if mode == Cache::Outbox && rseq_on {
+                    pcp.flush_outbox(inner);
                 }
                 if mode == Cache::Flush {
                     pcp.flush_cache(inner);
@@ -1244,7 +1293,11 @@ impl PcpGuard<'_> {
                         }
                         pcp.set_cache_limits_now(inner);
                     }
-                    Cache::Count | Cache::Leave | Cache::Thp => {}
+                    Cache::Outbox if rseq_on => {
+                        pcp.set_cache_limits_now(inner);
+                        pcp.outbox_limit.store(OUTBOX_CAP, Ordering::Relaxed);
+                    }
+                    Cache::Count | Cache::Outbox | Cache::Leave | Cache::Thp => {}
                 }
                 pcp.count_hint.store(inner.held(), Ordering::Relaxed);
                 pcp.thp_hint.store(inner.thp.len() << PCP_THP_ORDER.0, Ordering::Relaxed);
