@@ -197,82 +197,65 @@ fn take_frames(zone: &Zone, pcp: &mut PcpInner, from: &crate::zone::Transfer, wa
 }
 
 /// Puts `frames` in address order, highest first, with `scratch` (the lists' `sorting`) as
-/// room: no allocation. Frames come back in the order the other CPU freed them, which is the
-/// order this CPU handed them out, upwards within each refill: an inbox is a few ascending
-/// runs, one per refill whose frames crossed, so it is merged in a pass per doubling of the
-/// runs ([`merge_runs`]), where a sort cost a tenth of `bench mixed`'s time at T = 2.
-/// Anything else (more than [`MAX_RUNS`] runs, or a take larger than the room) is sorted.
+/// room: no allocation. A take in either order already costs a pass; anything else is
+/// radix-sorted ([`radix_highest_first`]). Frames come back in the order the other CPU freed
+/// them, which in `bench mixed` is runs of about six: a comparison sort of them was a tenth
+/// of the time at T = 2. A take larger than the room, or frames further apart than the radix
+/// passes cover, are sorted.
 #[inline]
 fn highest_first(frames: &mut [usize], scratch: &mut Vec<u64>) {
     if frames.is_sorted_by(|a, b| a >= b) {
         return;
     }
-    if !merge_runs(frames, scratch) {
+    if frames.is_sorted() {
+        frames.reverse();
+    } else if !radix_highest_first(frames, scratch) {
         frames.sort_unstable_by(|a, b| b.cmp(a));
     }
 }
 
-/// The most ascending runs [`merge_runs`] merges.
-const MAX_RUNS: usize = 32;
+/// The most 8-bit digits [`radix_highest_first`] sorts on: frames up to 2^24 apart (64 GiB).
+const RADIX_PASSES: u32 = 3;
 
-/// Sorts `v` highest first by merging its ascending runs, in `scratch` (two halves of
-/// `v.len()`, ping-pong), when it has at most [`MAX_RUNS`] of them and `scratch` holds
-/// `2 * v.len()` without growing; `false` (and `v` unchanged) otherwise.
-fn merge_runs(v: &mut [usize], scratch: &mut Vec<u64>) -> bool {
+/// Sorts `v` highest first by a least-significant-digit radix sort of each frame's distance
+/// below the highest, 8 bits a pass, in `scratch` (two halves of `v.len()`, ping-pong), when
+/// `scratch` holds `2 * v.len()` without growing and the frames lie within
+/// [`RADIX_PASSES`] digits of each other; `false` (and `v` unchanged) otherwise.
+fn radix_highest_first(v: &mut [usize], scratch: &mut Vec<u64>) -> bool {
     let n = v.len();
-    if scratch.capacity() < 2 * n {
+    let (Some(&lo), Some(&hi)) = (v.iter().min(), v.iter().max()) else {
+        return true;
+    };
+    let passes = (usize::BITS - (hi - lo).leading_zeros()).div_ceil(8);
+    if scratch.capacity() < 2 * n || passes > RADIX_PASSES {
         return false;
     }
-    // Run `r` is `bounds[r]..bounds[r + 1]`.
-    let mut bounds = [0usize; MAX_RUNS + 1];
-    let mut runs = 1;
-    for i in 1..n {
-        if v[i - 1] > v[i] {
-            if runs == MAX_RUNS {
-                return false;
-            }
-            bounds[runs] = i;
-            runs += 1;
-        }
-    }
-    bounds[runs] = n;
     scratch.clear();
-    scratch.extend(v.iter().map(|&p| p as u64));
+    scratch.extend(v.iter().map(|&p| (hi - p) as u64));
     scratch.resize(2 * n, 0);
     let (a, b) = scratch.split_at_mut(n);
     let (mut src, mut dst) = (a, b);
-    while runs > 1 {
-        let mut merged = 0;
-        for r in (0..runs).step_by(2) {
-            let (lo, mid) = (bounds[r], bounds[r + 1]);
-            let hi = if r + 1 < runs { bounds[r + 2] } else { mid };
-            merge(&src[lo..mid], &src[mid..hi], &mut dst[lo..hi]);
-            bounds[merged] = lo;
-            merged += 1;
+    for pass in 0..passes {
+        let digit = |k: u64| (k >> (8 * pass)) as usize & 0xff;
+        let mut at = [0usize; 256];
+        for &k in src.iter() {
+            at[digit(k)] += 1;
         }
-        bounds[merged] = n;
-        runs = merged;
+        let mut sum = 0;
+        for slot in at.iter_mut() {
+            (*slot, sum) = (sum, sum + *slot);
+        }
+        for &k in src.iter() {
+            let d = digit(k);
+            dst[at[d]] = k;
+            at[d] += 1;
+        }
         std::mem::swap(&mut src, &mut dst);
     }
-    for (slot, &p) in v.iter_mut().zip(src.iter().rev()) {
-        *slot = p as usize;
+    for (slot, &k) in v.iter_mut().zip(src.iter()) {
+        *slot = hi - k as usize;
     }
     true
-}
-
-/// Merges the ascending `x` and `y` into `out` (of their total length), ascending.
-#[inline]
-fn merge(x: &[u64], y: &[u64], out: &mut [u64]) {
-    let (mut i, mut j) = (0, 0);
-    for slot in out.iter_mut() {
-        if j == y.len() || (i < x.len() && x[i] <= y[j]) {
-            *slot = x[i];
-            i += 1;
-        } else {
-            *slot = y[j];
-            j += 1;
-        }
-    }
 }
 
 /// Refills the order-0 list with up to `want` frames from the zone's transfer list (the
@@ -1162,15 +1145,18 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// `highest_first` orders any frames highest first, merging ascending runs or
-        /// sorting, and never grows its room: inboxes of a few runs (what deliveries make),
-        /// many runs, and frames in no order.
+        /// `highest_first` orders any frames highest first, by a pass, a radix sort or a
+        /// comparison sort, and never grows its room: inboxes of ascending runs (what
+        /// deliveries make), frames in no order, and frames too far apart for the radix.
         #[test]
         fn highest_first_orders_without_allocating(
             runs in proptest::collection::vec(proptest::collection::vec(0usize..1 << 20, 0..80), 0..40),
             shuffled in proptest::collection::vec(0usize..1 << 20, 0..300),
+            far in proptest::collection::vec(0usize..1 << 40, 0..100),
         ) {
-            for mut v in [runs.into_iter().flat_map(|mut r| { r.sort(); r }).collect::<Vec<usize>>(), shuffled] {
+            let ascending: Vec<usize> = runs.iter().flatten().copied().collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+            let in_runs = runs.into_iter().flat_map(|mut r| { r.sort(); r }).collect::<Vec<usize>>();
+            for mut v in [in_runs, shuffled, far, ascending] {
                 let mut scratch: Vec<u64> = Vec::with_capacity(2 * INBOX_CAP);
                 let capacity = scratch.capacity();
                 let mut want = v.clone();
@@ -1192,17 +1178,16 @@ mod tests {
     }
 
     #[test]
-    fn merge_runs_merges_up_to_its_bound_of_runs() {
-        let runs = |k: usize| -> Vec<usize> { (0..k).flat_map(|r| (0..8).map(move |i| i * 64 + r)).collect() };
+    fn the_radix_sort_leaves_what_it_cannot_do_unchanged() {
         let mut scratch: Vec<u64> = Vec::with_capacity(2 * INBOX_CAP);
-        let mut v = runs(MAX_RUNS);
-        assert!(merge_runs(&mut v, &mut scratch), "{MAX_RUNS} runs merge");
-        assert!(v.is_sorted_by(|a, b| a > b));
-        let mut v = runs(MAX_RUNS + 1);
-        let before = v.clone();
-        assert!(!merge_runs(&mut v, &mut scratch), "one run more is left to the sort");
-        assert_eq!(v, before);
-        let mut long = vec![0usize; INBOX_CAP + 1];
-        assert!(!merge_runs(&mut long, &mut scratch), "more than the room is left to the sort");
+        let mut near = vec![5usize, (1 << 24) + 4, 9, 1 << 24];
+        assert!(radix_highest_first(&mut near, &mut scratch), "three digits apart");
+        assert_eq!(near, [(1 << 24) + 4, 1 << 24, 9, 5]);
+        let mut far = vec![5usize, 1 << 24 | 1 << 25, 9];
+        assert!(!radix_highest_first(&mut far, &mut scratch), "four digits apart");
+        assert_eq!(far, [5, 1 << 24 | 1 << 25, 9]);
+        let mut long = [1usize, 0].repeat(INBOX_CAP / 2 + 1);
+        assert!(!radix_highest_first(&mut long, &mut scratch), "more than the room");
+        assert_eq!(scratch.capacity(), 2 * INBOX_CAP);
     }
 }

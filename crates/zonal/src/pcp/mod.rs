@@ -567,7 +567,7 @@ impl PerCpuPages {
             self.inner.with_mut(|i| {
                 i.routes = true;
                 i.outbox.reserve(2 * OUTBOX_CAP);
-                // Room for a delivery's keys, and for a merge of a whole inbox
+                // Room for a delivery's keys, and for a radix sort of a whole inbox
                 // (`lists::highest_first`), so that neither allocates under the lock.
                 i.sorting.reserve(2 * INBOX_CAP);
             })
