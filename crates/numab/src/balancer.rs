@@ -528,6 +528,7 @@ impl Balancer {
             chunk_refills: AtomicU32::new(0),
             chunk_migration: cfg.chunk_migration,
             aligned_migration: cfg.window_migration,
+            kswapd: cfg.kswapd,
             blocks: (0..nodes).map(|_| Reserve::new(2)).collect(),
             blocks_out: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
             ft_regions: AtomicUsize::new(0),
@@ -903,7 +904,7 @@ fn worker(weak: Weak<Shared>) {
             next_scan = Some(now + Duration::from_millis(capped));
         }
         // kswapd's demotion: top-tier nodes below their promo watermark make room.
-        if s.tiering() && s.cfg.demotion_enabled.load(Ordering::Relaxed) && !over {
+        if s.kswapd && s.tiering() && s.cfg.demotion_enabled.load(Ordering::Relaxed) && !over {
             s.demote_pass(None);
         }
         // Collapses at most a tenth of `collapse_mb` each tenth of a second.

@@ -80,6 +80,11 @@ pub struct Config {
     /// `/sys/kernel/mm/numa/demotion_enabled` (false, as Linux): a top-tier node below its
     /// promotion watermark moves its coldest region pages to the next tier down.
     pub demotion_enabled: bool,
+    /// Whether the balancer's thread demotes (Linux's kswapd), on its own schedule (true).
+    /// Off, only [`crate::Balancer::demote_now`] does, from the caller's thread, while the
+    /// scanner still ages the top tier: for a program that drives its own reclaim, and for
+    /// tests whose figures must not race a pass they did not start.
+    pub kswapd: bool,
     /// The tiering clock in ms, for tests and simulations: when set, hint-fault latencies and
     /// the rate limit's windows read it instead of the monotonic clock.
     pub tier_clock: Option<Arc<AtomicU64>>,
@@ -124,6 +129,7 @@ impl Default for Config {
             hot_threshold_ms: 1000,
             promote_rate_limit_mbps: 65536,
             demotion_enabled: false,
+            kswapd: true,
             tier_clock: None,
             mode: MigrateMode::Delayed,
             scan_delay_ms: 1000,

@@ -25,6 +25,8 @@ pub(crate) struct Shared {
     /// `Config::chunk_migration` and `Config::window_migration`.
     pub(crate) chunk_migration: bool,
     pub(crate) aligned_migration: bool,
+    /// `Config::kswapd`: whether the balancer's thread runs demotion passes.
+    pub(crate) kswapd: bool,
     /// Per node: windows that found `chunks` empty since the last refill (each asks for one
     /// more block at the next), and the refills of `chunks` ended, which a migration waiting
     /// for a block sleeps on.
