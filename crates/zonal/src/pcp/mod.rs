@@ -567,9 +567,9 @@ impl PerCpuPages {
             self.inner.with_mut(|i| {
                 i.routes = true;
                 i.outbox.reserve(2 * OUTBOX_CAP);
-                // Room for a delivery's keys, and for a radix sort of a whole inbox
-                // (`lists::highest_first`), so that neither allocates under the lock.
-                i.sorting.reserve(2 * INBOX_CAP);
+                // Room for a delivery's keys; a take from the inbox grows it once, as far
+                // as its radix sort needs (`lists::highest_first`).
+                i.sorting.reserve(2 * OUTBOX_CAP);
             })
         };
         self
