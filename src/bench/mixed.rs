@@ -1,9 +1,9 @@
 //! `mixed`: mixed traffic on one zone (issue 38). Every CPU on one node; T threads, thread `t`
 //! bound to CPU `t % nproc`, each keeping a steady population of [`LIVE`] order-0 frames:
 //! every step allocates a frame, and once the population is full gives up its oldest, freeing
-//! it itself on one step and handing it to the next thread (`t + 1`, through a bounded queue
-//! as `cross` passes frames) on the next; every thread frees what its previous thread hands
-//! it as it arrives. So half the frees are local and half cross CPUs, and frames are not all
+//! it itself on one step and handing it to the next thread (`t + 1`, through a bounded queue,
+//! [`HAND_BATCH`] frames at a time) on the next; every thread frees what its previous
+//! thread hands it as it arrives, looking for it every [`HAND_BATCH`] steps. So half the frees are local and half cross CPUs, and frames are not all
 //! freed at once, as in a server whose network receive and application run on different
 //! CPUs. ns per page (an allocation and, somewhere, its free) per thread, beside the peers,
 //! the ideal per-thread stack and the tcmalloc child's per-CPU caches; targets: zonal's
@@ -190,7 +190,7 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     let sw = sweep(&cells, &ts, opts, "mixed", 20_000, |_, _| {});
     println!(
         "mixed: every CPU on one zone; T threads each keeping {LIVE} order-0 frames, freeing half its oldest \
-         itself and handing half to the next thread to free; {} repetitions; ns per page per thread (× {REFERENCE}), \
+         itself and handing half to the next thread to free, {HAND_BATCH} at a time; {} repetitions; ns per page per thread (× {REFERENCE}), \
          total Mpages/s",
         opts.reps
     );

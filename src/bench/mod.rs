@@ -37,7 +37,7 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
     ("cross", "one thread allocates, another on the other CPU frees"),
     (
         "mixed",
-        "every CPU on one zone, each thread keeping 4096 frames, freeing half itself and handing half to the next CPU",
+        "every CPU on one zone, each thread keeping 4096 frames, freeing half itself and handing half to the next CPU in batches of 64",
     ),
     ("threshold", "seed 000: the NUMA counter threshold swept, all CPUs on one zone"),
     ("modes", "seed 001: numa_stats_mode strict, coarse, auto before and after a read"),
