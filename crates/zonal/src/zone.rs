@@ -198,7 +198,7 @@ pub struct Zone {
 /// `drain_all_pages` (so before any allocation fails).
 ///
 /// Each CPU's inbox (`PerCpuPages::inbox`) is a list of this kind too: frames of that CPU's
-/// runs that other CPUs freed, at most `pcp::INBOX_CAP`.
+/// runs that other CPUs freed, at most its owner's `high` within 256 and `pcp::INBOX_CAP`.
 ///
 /// Locking: the pcp lock of the CPU that drains or refills, then this lock; the zone lock is
 /// never taken while it is held, nor another list of this kind.

@@ -396,8 +396,8 @@ pub struct PerCpuPages {
     /// Odd while a holder folds the counts (a sequence lock for their readers).
     fold_seq: AtomicU64,
     /// The inbox: order-0 frames of runs this CPU owns that other CPUs freed and delivered
-    /// (`lists::deliver`), at most [`PerCpuPages::inbox_cap`], tagged `PCP` and counted as per-CPU pages,
-    /// which this CPU's next order-0 refill takes first. Under a lock of its own (taken
+    /// (`lists::deliver`), at most [`PerCpuPages::inbox_cap`], tagged `PCP` and counted as
+    /// per-CPU pages, which this CPU's next order-0 refill takes first. Under a lock of its own (taken
     /// under a pcp lock, the delivering CPU's or this one's, never with another inbox, the
     /// transfer list or the zone lock), on lines of its own: every other CPU of the zone
     /// writes it.
