@@ -519,6 +519,11 @@ fn bench_mixed_prints_its_rows_and_judges_its_targets() {
         // comparison at the end is measured.
         let l = line_of(&s[end..], "  mixed traffic, T = 1, ≤ Google tcmalloc per-CPU: ");
         assert!(l.contains("zonal ") && l.contains("× its mimalloc"), "{l}");
+        if cpus() >= 2 {
+            // tcmalloc per-CPU's own rate at T = 2 beside zonal's and the ideal stack's.
+            let l = line_of(&s[end..], "  mixed traffic, one zone, per-thread rate at T = 2");
+            assert!(l.contains("; the ideal stack ") && l.contains(", tcmalloc per-CPU "), "{l}");
+        }
     }
 }
 
