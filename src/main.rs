@@ -302,8 +302,8 @@ enum Command {
     /// and an ideal per-thread stack), parallel (T threads, page_bench03), bulk (N pages per
     /// call, page_bench04_bulk), cross (allocated on one CPU, freed on another), mixed (every
     /// CPU on one zone, each thread keeping 4096 frames and freeing half of them itself,
-    /// handing half to the next CPU's thread in batches of 64), threshold (seed 000's NUMA counter threshold),
-    /// modes (seed 001's numa_stats_mode), stats (seed 002: shared against per-CPU NUMA
+    /// handing half to the next CPU's thread in batches of 64), threshold (seed 000's NUMA
+    /// counter threshold), modes (seed 001's numa_stats_mode), stats (seed 002: shared against per-CPU NUMA
     /// counters, per-page against batched bulk accounting), zlc (seed 003: the zonelist cache
     /// on 8 and 28 fake nodes), numab (seed 004: NUMA balancing moving a region to its
     /// threads' node, delayed against eager mapping on the userfaultfd and mprotect backends;

@@ -3,9 +3,9 @@
 //! every step allocates a frame, and once the population is full gives up its oldest, freeing
 //! it itself on one step and handing it to the next thread (`t + 1`, through a bounded queue,
 //! [`HAND_BATCH`] frames at a time) on the next; every thread frees what its previous
-//! thread hands it as it arrives, looking for it every [`HAND_BATCH`] steps. So half the frees are local and half cross CPUs, and frames are not all
-//! freed at once, as in a server whose network receive and application run on different
-//! CPUs. ns per page (an allocation and, somewhere, its free) per thread, beside the peers,
+//! thread hands it as it arrives, looking for it every [`HAND_BATCH`] steps. So half the
+//! frees are local and half cross CPUs, and frames are not all freed at once, as in a server
+//! whose network receive and application run on different CPUs. ns per page (an allocation and, somewhere, its free) per thread, beside the peers,
 //! the ideal per-thread stack and the tcmalloc child's per-CPU caches; targets: zonal's
 //! figure over mimalloc at most tcmalloc per-CPU's over its own mimalloc (at the end of the
 //! report), and the per-thread rate at T = 2 at least 90% of T = 1.

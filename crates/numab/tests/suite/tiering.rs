@@ -25,9 +25,10 @@ fn zonal() -> Arc<Zonal> {
 
 /// A balancer in tiering mode alone whose thread never scans nor demotes (the tests do:
 /// a pass of the thread's own, started when a demotion's kick woke it, moved pages while a
-/// test read its counters), on the test's clock, keeping frames ready for a promotion of every page the promotion tests
-/// hide at once (a migration that finds the reserve empty fails, as Linux's does without
-/// a free page), and few for the demotion tests, whose node 0 is short.
+/// test read its counters), on the test's clock, keeping frames ready for a promotion of
+/// every page the promotion tests hide at once (a migration that finds the reserve empty
+/// fails, as Linux's does without a free page), and few for the demotion tests, whose node
+/// 0 is short.
 fn balancer(z: &Arc<Zonal>, clock: &Arc<AtomicU64>, demotion: bool, rate_mbps: u64) -> Balancer {
     Balancer::new(z.clone(), config(clock, demotion, rate_mbps)).unwrap()
 }

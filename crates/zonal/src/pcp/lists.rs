@@ -199,11 +199,11 @@ fn take_frames(zone: &Zone, pcp: &mut PcpInner, from: &crate::zone::Transfer, wa
 /// Puts `frames` in address order, highest first, with `scratch` (the lists' `sorting`) as
 /// room, which it grows to at most `2 * INBOX_CAP` (once per CPU: lists that never take an
 /// inbox keep none; reserving it up front for every CPU grew `bench scale`'s metadata at
-/// 1024 CPUs 91× from 2 CPUs, not 35×). A take in either order already costs a pass; anything else is
-/// radix-sorted ([`radix_highest_first`]). Frames come back in the order the other CPU freed
-/// them, which in `bench mixed` is runs of about six: a comparison sort of them was a tenth
-/// of the time at T = 2. A take larger than the room, or frames further apart than the radix
-/// passes cover, are sorted.
+/// 1024 CPUs 91× from 2 CPUs, not 35×). A take in either order already costs a pass;
+/// anything else is radix-sorted ([`radix_highest_first`]). Frames come back in the order
+/// the other CPU freed them, which in `bench mixed` is runs of about six: a comparison sort
+/// of them was a tenth of the time at T = 2. A take larger than the room, or frames further
+/// apart than the radix passes cover, are sorted.
 #[inline]
 fn highest_first(frames: &mut [usize], scratch: &mut Vec<u64>) {
     if frames.is_sorted_by(|a, b| a >= b) {
@@ -342,11 +342,11 @@ fn foreign_owner(zone: &Zone, pcp: &PcpInner, pfn: Pfn) -> bool {
 
 /// Hands the locked outbox's frames (order-0 frames freed here of runs other CPUs own) to
 /// their owners, grouped by owner, each group under one acquisition of the owner's inbox
-/// lock, as much as the inbox has room for ([`PerCpuPages::inbox_cap`]); what does not fit goes to the
-/// zone's transfer list (at or above the high watermark, as a drain past `high` does) or to
-/// the buddy (claimed first, as [`free_pcppages_bulk`] claims). A frame whose run is these
-/// lists' own by now (or nobody's) joins the order-0 list, drained past `high` as a free
-/// is. The frames keep their tag and stay per-CPU pages except those the buddy takes.
+/// lock, as much as the inbox has room for ([`PerCpuPages::inbox_cap`]); what does not fit
+/// goes to the zone's transfer list (at or above the high watermark, as a drain past `high`
+/// does) or to the buddy (claimed first, as [`free_pcppages_bulk`] claims). A frame whose
+/// run is these lists' own by now (or nobody's) joins the order-0 list, drained past `high`
+/// as a free is. The frames keep their tag and stay per-CPU pages except those the buddy takes.
 /// Returns the frames freed to the buddy.
 ///
 /// Locking: these lists' lock, then one inbox lock at a time, then the transfer list's or
@@ -1153,10 +1153,11 @@ mod tests {
 
     proptest::proptest! {
         /// `highest_first` orders any frames highest first, by a pass, a radix sort or a
-        /// comparison sort, and grows its room only as far as a whole inbox needs: inboxes of ascending runs (what
-        /// deliveries make), frames in no order, and frames too far apart for the radix.
+        /// comparison sort, and grows its room only as far as a whole inbox needs: inboxes
+        /// of ascending runs (what deliveries make), frames in no order, and frames too far
+        /// apart for the radix.
         #[test]
-        fn highest_first_orders_without_allocating(
+        fn highest_first_orders_any_frames_within_its_room(
             runs in proptest::collection::vec(proptest::collection::vec(0usize..1 << 20, 0..80), 0..40),
             shuffled in proptest::collection::vec(0usize..1 << 20, 0..300),
             far in proptest::collection::vec(0usize..1 << 40, 0..100),

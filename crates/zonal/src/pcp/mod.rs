@@ -397,10 +397,10 @@ pub struct PerCpuPages {
     fold_seq: AtomicU64,
     /// The inbox: order-0 frames of runs this CPU owns that other CPUs freed and delivered
     /// (`lists::deliver`), at most [`PerCpuPages::inbox_cap`], tagged `PCP` and counted as
-    /// per-CPU pages, which this CPU's next order-0 refill takes first. Under a lock of its own (taken
-    /// under a pcp lock, the delivering CPU's or this one's, never with another inbox, the
-    /// transfer list or the zone lock), on lines of its own: every other CPU of the zone
-    /// writes it.
+    /// per-CPU pages, which this CPU's next order-0 refill takes first. Under a lock of its
+    /// own (taken under a pcp lock, the delivering CPU's or this one's, never with another
+    /// inbox, the transfer list or the zone lock), on lines of its own: every other CPU of
+    /// the zone writes it.
     inbox: CachePadded<Transfer>,
 }
 
