@@ -5,8 +5,8 @@
 //! [`HAND_BATCH`] frames at a time) on the next; every thread frees what its previous
 //! thread hands it as it arrives, looking for it every [`HAND_BATCH`] steps. So half the
 //! frees are local and half cross CPUs, and frames are not all freed at once, as in a server
-//! whose network receive and application run on different CPUs. ns per page (an allocation and, somewhere, its free) per thread, beside the peers,
-//! the ideal per-thread stack and the tcmalloc child's per-CPU caches; targets: zonal's
+//! whose network receive and application run on different CPUs. ns per page (an allocation
+//! and, somewhere, its free) per thread, beside the peers, the ideal per-thread stack and the tcmalloc child's per-CPU caches; targets: zonal's
 //! figure over mimalloc at most tcmalloc per-CPU's over its own mimalloc (at the end of the
 //! report), and the per-thread rate at T = 2 at least 90% of T = 1.
 
@@ -56,7 +56,7 @@ impl Inbox {
     #[inline]
     fn free_all<A: PageAlloc>(&self, a: &A) {
         while let Some(batch) = self.queue.pop() {
-            batch.iter().for_each(|&p| a.free(p as *mut u8));
+            free_each(a, &batch);
         }
     }
 
@@ -68,9 +68,15 @@ impl Inbox {
     #[inline]
     fn hand<A: PageAlloc>(&self, batch: Batch, a: &A) {
         if let Err(back) = self.queue.push(batch) {
-            back.iter().for_each(|&p| a.free(p as *mut u8));
+            free_each(a, &back);
         }
     }
+}
+
+/// Frees every frame of `frames`.
+#[inline]
+fn free_each<A: PageAlloc>(a: &A, frames: &[usize]) {
+    frames.iter().for_each(|&p| a.free(p as *mut u8));
 }
 
 /// `n` steps on each of `threads` threads ([`on_bound_threads`]), each after filling its
@@ -123,8 +129,8 @@ pub fn cell<A: PageAlloc>(a: &A, threads: usize, n: u64) -> (f64, f64) {
         // Not timed: the population goes back, and what the previous thread still hands is
         // freed until it has handed everything (its pushes come before its flag).
         next.sender_done.store(true, Ordering::Release);
-        out[..outgoing].iter().for_each(|&p| a.free(p as *mut u8));
-        live.drain(..).for_each(|p| a.free(p as *mut u8));
+        free_each(a, &out[..outgoing]);
+        free_each(a, live.make_contiguous());
         loop {
             let done = own.sender_done.load(Ordering::Acquire);
             own.free_all(a);

@@ -102,13 +102,16 @@ pub fn evaluate(records: &[Value]) -> Vec<Target> {
             super::record_ratio(t1, find(records, process, experiment, subject, &[("threads", 2)])?)
         };
         let ours = rate(MAIN, subject, base)?;
-        let mut controls = String::new();
-        if let Some(r) = rate(MAIN, ideal, ideal) {
-            controls += &format!("; the ideal stack {:.0}%", r * 100.0);
-        }
-        if let Some(r) = rate(CHILD, TCMALLOC, TCMALLOC).or_else(|| rate(MAIN, TCMALLOC, TCMALLOC)) {
-            controls += &format!(", tcmalloc per-CPU {:.0}%", r * 100.0);
-        }
+        let controls: Vec<String> = [
+            rate(MAIN, ideal, ideal).map(|r| format!("the ideal stack {:.0}%", r * 100.0)),
+            rate(CHILD, TCMALLOC, TCMALLOC)
+                .or_else(|| rate(MAIN, TCMALLOC, TCMALLOC))
+                .map(|r| format!("tcmalloc per-CPU {:.0}%", r * 100.0)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let controls = if controls.is_empty() { String::new() } else { format!("; {}", controls.join(", ")) };
         Some((format!("{:.0}% of T = 1 (≥ 90%){controls}", ours * 100.0), ours >= 0.90))
     };
     let one_node = super::parallel::ONE_NODE;

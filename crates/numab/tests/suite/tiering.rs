@@ -193,6 +193,28 @@ fn promotions_stop_at_the_rate_limit_for_the_rest_of_the_second() {
     assert_eq!(z.check_invariants().unwrap(), 0);
 }
 
+/// A region of 512 pages on node 0, then node 0 made short (the eater, returned, takes what
+/// is left) and its pages aged by four scans, every fourth page (the hot ones, returned)
+/// touched after each: the cold pages are demotion's candidates.
+fn aged_on_a_short_node(
+    z: &Zonal,
+    b: &Balancer,
+    clock: &AtomicU64,
+    tag: u64,
+) -> (Region, Vec<(*mut u8, u32)>, Vec<usize>) {
+    let r = b.region(512 * PAGE, MemPolicy::Local).unwrap();
+    fill(&r, 0..512, tag);
+    assert_eq!(r.node_pages(), vec![512, 0]);
+    let eater = eat(z, 0);
+    let hot: Vec<usize> = (0..512).step_by(4).collect();
+    for _ in 0..4 {
+        clock.fetch_add(100, Ordering::Relaxed);
+        assert!(b.scan_now() > 0, "node 0 is short: its pages are aged");
+        touch(&r, hot.iter().copied(), tag);
+    }
+    (r, eater, hot)
+}
+
 /// Demotion: a top-tier node below its promo watermark has its pages aged by the scanner
 /// (hidden, under tiering alone, only while it is short), and the pages still untouched
 /// two passes later go to node 1, never one the program kept using. (Checked to fail with
@@ -202,17 +224,7 @@ fn the_coldest_pages_of_a_short_top_tier_node_are_demoted() {
     let z = zonal();
     let clock = Arc::new(AtomicU64::new(0));
     let b = balancer(&z, &clock, true, 65536);
-    let r = b.region(512 * PAGE, MemPolicy::Local).unwrap();
-    fill(&r, 0..512, 0x44_0000);
-    assert_eq!(r.node_pages(), vec![512, 0]);
-    // Node 0 below promo: the eater takes what is left.
-    let eater = eat(&z, 0);
-    let hot: Vec<usize> = (0..512).step_by(4).collect();
-    for _ in 0..4 {
-        clock.fetch_add(100, Ordering::Relaxed);
-        assert!(b.scan_now() > 0, "node 0 is short: its pages are aged");
-        touch(&r, hot.iter().copied(), 0x44_0000);
-    }
+    let (r, eater, hot) = aged_on_a_short_node(&z, &b, &clock, 0x44_0000);
     let moved = b.demote_now(usize::MAX);
     let s = b.stats();
     let demoted = s.pgdemote_kswapd + s.pgdemote_direct;
@@ -237,15 +249,7 @@ fn the_balancers_thread_demotes_by_itself() {
     let z = zonal();
     let clock = Arc::new(AtomicU64::new(0));
     let b = Balancer::new(z.clone(), zonal_numab::Config { kswapd: true, ..config(&clock, true, 65536) }).unwrap();
-    let r = b.region(512 * PAGE, MemPolicy::Local).unwrap();
-    fill(&r, 0..512, 0x46_0000);
-    let eater = eat(&z, 0);
-    let hot: Vec<usize> = (0..512).step_by(4).collect();
-    for _ in 0..4 {
-        clock.fetch_add(100, Ordering::Relaxed);
-        b.scan_now();
-        touch(&r, hot.iter().copied(), 0x46_0000);
-    }
+    let (r, eater, hot) = aged_on_a_short_node(&z, &b, &clock, 0x46_0000);
     let start = std::time::Instant::now();
     while b.stats().pgdemote_kswapd == 0 {
         assert!(start.elapsed() < std::time::Duration::from_secs(20), "the thread never demoted: {:?}", b.stats());

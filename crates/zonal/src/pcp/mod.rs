@@ -888,17 +888,16 @@ impl PerCpuPages {
     /// [`INBOX_MIN`] and [`INBOX_CAP`] (read without the lock by the CPUs that deliver).
     #[inline]
     pub(crate) fn inbox_cap(&self) -> usize {
-        let high = (self.shape_hint.load(Ordering::Relaxed) & 0xFFFF_FFFF) as usize;
-        high.clamp(INBOX_MIN, INBOX_CAP)
+        unshape(self.shape_hint.load(Ordering::Relaxed)).0.clamp(INBOX_MIN, INBOX_CAP)
     }
 
     /// `(count, high, batch)` without the lock: the lists as of the last unlock plus the
     /// caches, the outbox and the inbox as they are now; exact once allocation on these
     /// lists stops. What reports print, so that reading them never holds up an allocation.
     pub fn pageset_hint(&self) -> (usize, usize, usize) {
-        let s = self.shape_hint.load(Ordering::Relaxed);
+        let (high, batch) = unshape(self.shape_hint.load(Ordering::Relaxed));
         let count = self.count_hint.load(Ordering::Relaxed) + self.every_cache_frames() + self.inbox.len_hint();
-        (count, (s & 0xFFFF_FFFF) as usize, (s >> 32) as usize)
+        (count, high, batch)
     }
 
     /// Frames on the THP list as of the last unlock and in its cache now (exact once
@@ -1149,6 +1148,12 @@ impl PerCpuPages {
 fn shape(high: usize, batch: usize) -> u64 {
     let c = |v: usize| v.min(u32::MAX as usize) as u64;
     c(high) | c(batch) << 32
+}
+
+/// `(high, batch)` out of [`shape`]'s word.
+#[inline]
+fn unshape(s: u64) -> (usize, usize) {
+    ((s & 0xFFFF_FFFF) as usize, (s >> 32) as usize)
 }
 
 /// Proof that a `PerCpuPages` lock is held; unlocks on drop.
