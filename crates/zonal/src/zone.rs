@@ -13,7 +13,7 @@
 //! Invariant (quiescent): `nr_free + pcp + allocated == managed`, where `allocated` sums the
 //! blocks whose head is `ALLOCATED`; see `Zone::check_invariants`.
 
-use crate::buddy::{Buddy, FreeArea};
+use crate::buddy::{self, Buddy, FreeArea};
 use crate::mem_map;
 use crate::mem_map::{MemMap, ZoneMap};
 use crate::sync::{self, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Mutex, MutexGuard, Ordering};
@@ -202,9 +202,15 @@ pub struct Zone {
 ///
 /// Locking: the pcp lock of the CPU that drains or refills, then this lock; the zone lock is
 /// never taken while it is held, nor another list of this kind.
+///
+/// A frame is held as its offset from the zone's first frame, 4 bytes: a zone spans fewer
+/// than 2^32 frames (its buddy links are `u32`, `buddy::MAX_ZONE_FRAMES`), and what a list
+/// of this kind exists for is to carry frames from one CPU to another, whose reader then
+/// fetches every line its writer wrote: at 8 bytes a frame, the inbox's lines were an
+/// eighth of a line transfer each way per frame that `bench mixed` hands across CPUs.
 #[derive(Debug)]
 pub(crate) struct Transfer {
-    frames: Mutex<Vec<usize>>,
+    frames: Mutex<Vec<u32>>,
     /// `frames.len()` as of its last unlock, so that a refill finds an empty list without
     /// the lock.
     len: AtomicUsize,
@@ -215,10 +221,10 @@ impl Transfer {
         Transfer { frames: Mutex::new(Vec::new()), len: AtomicUsize::new(0) }
     }
 
-    /// The frames, locked.
+    /// The frames, locked; `zone` is the zone whose frames the list holds.
     #[inline]
-    pub(crate) fn lock(&self) -> TransferLocked<'_> {
-        TransferLocked { frames: sync::lock(&self.frames), len: &self.len }
+    pub(crate) fn lock<'a>(&'a self, zone: &Zone) -> TransferLocked<'a> {
+        TransferLocked { frames: sync::lock(&self.frames), len: &self.len, base: zone.start_pfn.0 }
     }
 
     /// The frames the list held at its last unlock.
@@ -230,8 +236,48 @@ impl Transfer {
 
 /// The transfer list, locked; publishes its length on unlock.
 pub(crate) struct TransferLocked<'a> {
-    pub(crate) frames: MutexGuard<'a, Vec<usize>>,
+    frames: MutexGuard<'a, Vec<u32>>,
     len: &'a AtomicUsize,
+    /// The zone's first frame, from which the list counts its frames.
+    base: usize,
+}
+
+impl TransferLocked<'_> {
+    /// The frames held.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// Appends `pfns`, frames of the list's zone.
+    #[inline]
+    pub(crate) fn extend(&mut self, pfns: impl IntoIterator<Item = usize>) {
+        let base = self.base;
+        self.frames.extend(pfns.into_iter().map(|pfn| {
+            debug_assert!(pfn.wrapping_sub(base) < buddy::MAX_ZONE_FRAMES, "frame {pfn:#x} outside the zone");
+            (pfn - base) as u32
+        }));
+    }
+
+    /// Moves the newest `n` frames (at most [`TransferLocked::len`]) onto the end of `into`,
+    /// oldest first.
+    #[inline]
+    pub(crate) fn take_newest(&mut self, n: usize, into: &mut Vec<usize>) {
+        let (start, base) = (self.frames.len() - n, self.base);
+        into.extend(self.frames[start..].iter().map(|&at| base + at as usize));
+        self.frames.truncate(start);
+    }
+
+    /// Takes every frame, oldest first, and gives the list's room back.
+    pub(crate) fn take_all(&mut self) -> Vec<usize> {
+        let base = self.base;
+        std::mem::take(&mut *self.frames).into_iter().map(|at| base + at as usize).collect()
+    }
+
+    /// The frames held, oldest first.
+    pub(crate) fn frames(&self) -> impl Iterator<Item = usize> + '_ {
+        self.frames.iter().map(|&at| self.base + at as usize)
+    }
 }
 
 impl Drop for TransferLocked<'_> {

@@ -177,15 +177,13 @@ fn take_inbox(zone: &Zone, pcp: &mut PcpInner, want: usize) -> usize {
 /// (see [`take_transfer`]), and names these lists the owner of their runs; returns how many.
 #[inline]
 fn take_frames(zone: &Zone, pcp: &mut PcpInner, from: &crate::zone::Transfer, want: usize, enough: usize) -> usize {
-    let mut t = from.lock();
-    let n = want.min(t.frames.len());
+    let mut t = from.lock(zone);
+    let n = want.min(t.len());
     if n < enough {
         return 0;
     }
-    let start = t.frames.len() - n;
     let at = pcp.lists[0].len();
-    pcp.lists[0].extend_from_slice(&t.frames[start..]);
-    t.frames.truncate(start);
+    t.take_newest(n, &mut pcp.lists[0]);
     drop(t);
     highest_first(&mut pcp.lists[0][at..], &mut pcp.sorting);
     if pcp.routes {
@@ -313,9 +311,9 @@ fn give_transfer_frames(zone: &Zone, frames: &[usize]) -> usize {
     if zone.transfer().len_hint() >= cap {
         return 0;
     }
-    let mut t = zone.transfer().lock();
-    let n = frames.len().min(cap.saturating_sub(t.frames.len()));
-    t.frames.extend_from_slice(&frames[..n]);
+    let mut t = zone.transfer().lock(zone);
+    let n = frames.len().min(cap.saturating_sub(t.len()));
+    t.extend(frames[..n].iter().copied());
     n
 }
 
@@ -373,9 +371,9 @@ pub(crate) fn deliver(zone: &Zone, pcp: &mut PcpInner) -> usize {
         let owner = (group[0] >> 48) as u16;
         match zone.lists(owner as usize).filter(|_| owner != me && owner != NO_OWNER) {
             Some(l) => {
-                let mut t = l.inbox().lock();
-                let k = group.len().min(l.inbox_cap().saturating_sub(t.frames.len()));
-                t.frames.extend(group[..k].iter().map(|&key| pfn_of(key)));
+                let mut t = l.inbox().lock(zone);
+                let k = group.len().min(l.inbox_cap().saturating_sub(t.len()));
+                t.extend(group[..k].iter().map(|&key| pfn_of(key)));
                 drop(t);
                 pcp.transferred += k as isize;
                 pcp.outbox.extend(group[k..].iter().map(|&key| pfn_of(key)));
@@ -436,7 +434,7 @@ fn drain_outbox(zone: &Zone, pcp: &mut PcpInner) -> usize {
 /// frames off `nr_zone_pcp_pages`. Returns the frames freed.
 fn drain_inbox(zone: &Zone, pcp: &mut PcpInner) -> usize {
     let Some(me) = zone.lists(pcp.cpu as usize).filter(|l| l.inbox().len_hint() > 0) else { return 0 };
-    let frames = std::mem::take(&mut *me.inbox().lock().frames);
+    let frames = me.inbox().lock(zone).take_all();
     pcp.transferred -= frames.len() as isize;
     free_listed(zone, &frames)
 }
@@ -446,21 +444,17 @@ fn drain_inbox(zone: &Zone, pcp: &mut PcpInner) -> usize {
 /// not know).
 pub fn check_inbox(zone: &Zone, cpu: usize) -> Result<usize, String> {
     let Some(l) = zone.lists(cpu) else { return Ok(0) };
-    let t = l.inbox().lock();
-    if t.frames.len() > INBOX_CAP {
-        return Err(format!(
-            "zone {}: cpu {cpu}'s inbox holds {} frames, above {INBOX_CAP}",
-            zone.id.0,
-            t.frames.len()
-        ));
+    let t = l.inbox().lock(zone);
+    if t.len() > INBOX_CAP {
+        return Err(format!("zone {}: cpu {cpu}'s inbox holds {} frames, above {INBOX_CAP}", zone.id.0, t.len()));
     }
-    for &pfn in t.frames.iter() {
+    for pfn in t.frames() {
         let s = if zone.contains(Pfn(pfn)) { zone.state(Pfn(pfn)).load(Ordering::Relaxed) } else { 0 };
         if s != mem_map::state(PCP, Order(0)) {
             return Err(format!("zone {}: frame {pfn:#x} in cpu {cpu}'s inbox has state {s:#x}", zone.id.0));
         }
     }
-    Ok(t.frames.len())
+    Ok(t.len())
 }
 
 /// Returns the zone's transfer list to the buddy (part of `drain_all_pages`), each frame
@@ -471,7 +465,7 @@ pub fn drain_transfer(zone: &Zone, pcp: &mut PcpInner) -> usize {
     if zone.transfer().len_hint() == 0 {
         return 0;
     }
-    let frames = std::mem::take(&mut *zone.transfer().lock().frames);
+    let frames = zone.transfer().lock(zone).take_all();
     pcp.transferred -= frames.len() as isize;
     free_listed(zone, &frames)
 }
@@ -479,14 +473,14 @@ pub fn drain_transfer(zone: &Zone, pcp: &mut PcpInner) -> usize {
 /// Checks the zone's transfer list: every frame on it tagged `PCP` at order 0. Returns its
 /// frames.
 pub fn check_transfer(zone: &Zone) -> Result<usize, String> {
-    let t = zone.transfer().lock();
-    for &pfn in t.frames.iter() {
+    let t = zone.transfer().lock(zone);
+    for pfn in t.frames() {
         let s = zone.state(Pfn(pfn)).load(Ordering::Relaxed);
         if s != mem_map::state(PCP, Order(0)) {
             return Err(format!("zone {}: frame {pfn:#x} on the transfer list has state {s:#x}", zone.id.0));
         }
     }
-    Ok(t.frames.len())
+    Ok(t.len())
 }
 
 /// [`rmqueue_pcplist`] for the THP list: refilled with `max(batch >> order, 2)` blocks
@@ -915,7 +909,7 @@ mod tests {
         // hands them out in address order, lowest first.
         let mut again: Vec<Pfn> = (0..c0).map(|_| pop(&mut g0)).collect();
         let free = snapshot(&z, ZoneStatItem::NrFreePages);
-        let listed = z.transfer().lock().frames.clone();
+        let listed = z.transfer().lock(&z).frames().collect::<Vec<_>>();
         let first = pop(&mut g0);
         assert_eq!(snapshot(&z, ZoneStatItem::NrFreePages), free, "the buddy was not touched");
         let refilled = g0.with(|i| i.count) + 1;
