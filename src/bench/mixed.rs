@@ -9,9 +9,15 @@
 //! and, somewhere, its free) per thread, beside the peers, the ideal per-thread stack and the tcmalloc child's per-CPU caches; targets: zonal's
 //! figure over mimalloc at most tcmalloc per-CPU's over its own mimalloc (at the end of the
 //! report), and the per-thread rate at T = 2 at least 90% of T = 1.
+//!
+//! The controls of that rate, in the same repetitions: the ideal stack, which shares
+//! nothing, in the same pattern (what handing frames across CPUs costs the experiment
+//! itself), and zonal and the ideal stack at T = 2 with each thread handing its batches to
+//! itself ([`Hand::Own`]: the same steps, queue and batches, and no frame crossing CPUs).
 
 use super::page_api::{peer_names, IdealStack, PageAlloc, ZonalPages, IDEAL};
-use super::parallel::{on_bound_threads, sweep, table, Cell, ONE_NODE};
+use super::paired_ratio;
+use super::parallel::{figure, on_bound_threads, sweep, table, Cell, ONE_NODE};
 use super::{print_table, BenchOpts, Record};
 use crossbeam_queue::ArrayQueue;
 use serde_json::json;
@@ -40,6 +46,18 @@ pub const HAND_BATCH: usize = 64;
 
 /// One hand-off.
 type Batch = [usize; HAND_BATCH];
+
+/// Where a thread hands the frames it does not free itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hand {
+    /// To the next thread (`t + 1`), on another CPU: the experiment.
+    Next,
+    /// To itself, through its own queue: the control in which no frame crosses CPUs.
+    Own,
+}
+
+/// What the control rows add to a subject's name (and their records' subjects).
+pub const TO_ITSELF: &str = ", handing to itself";
 
 /// The frames handed to one thread, and whether the thread that hands them has finished.
 struct Inbox {
@@ -80,14 +98,18 @@ fn free_each<A: PageAlloc>(a: &A, frames: &[usize]) {
 }
 
 /// `n` steps on each of `threads` threads ([`on_bound_threads`]), each after filling its
-/// population of [`LIVE`] frames (not timed); returns (mean ns per page per thread, total
+/// population of [`LIVE`] frames (not timed), handing as `hand` says; returns (mean ns per page per thread, total
 /// pages per µs: the sum of the threads' rates). A subject that runs out (the ideal stack, whose
 /// addresses move to the thread that frees them, should one thread outrun the other) skips the
 /// step's allocation, which is then not counted as a page.
-pub fn cell<A: PageAlloc>(a: &A, threads: usize, n: u64) -> (f64, f64) {
+pub fn cell<A: PageAlloc>(a: &A, threads: usize, n: u64, hand: Hand) -> (f64, f64) {
     let inboxes: Vec<Inbox> = (0..threads).map(|_| Inbox::new()).collect();
     let (per_thread, _) = on_bound_threads(threads, |t, start| {
-        let (own, next) = (&inboxes[t], &inboxes[(t + 1) % threads]);
+        let to = match hand {
+            Hand::Next => (t + 1) % threads,
+            Hand::Own => t,
+        };
+        let (own, next) = (&inboxes[t], &inboxes[to]);
         let mut live: VecDeque<usize> = VecDeque::with_capacity(LIVE);
         let (mut out, mut outgoing): (Batch, usize) = ([0; HAND_BATCH], 0);
         while live.len() < LIVE {
@@ -147,7 +169,12 @@ pub fn cell<A: PageAlloc>(a: &A, threads: usize, n: u64) -> (f64, f64) {
 }
 
 fn subject<'a, A: PageAlloc + 'a>(a: A) -> (String, Cell<'a>) {
-    (a.name(), Box::new(move |t, n| cell(&a, t, n)))
+    (a.name(), Box::new(move |t, n| cell(&a, t, n, Hand::Next)))
+}
+
+/// [`subject`] handing to itself ([`Hand::Own`]), named as the subject it controls.
+fn to_itself<'a, A: PageAlloc + 'a>(a: A) -> (String, Cell<'a>) {
+    (a.name(), Box::new(move |t, n| cell(&a, t, n, Hand::Own)))
 }
 
 /// Every subject of the experiment (name, cell), before `--only` chooses: the ideal stack,
@@ -156,6 +183,11 @@ fn subjects(shared: &Zonal) -> Vec<(String, Cell<'_>)> {
     let mut subjects = vec![subject(IdealStack), subject(ZonalPages { z: shared, label: ONE_NODE, bulk: None })];
     subjects.extend(crate::peer_subjects!(subject));
     subjects
+}
+
+/// The controls handing to itself: the ideal stack and zonal on `shared`.
+fn controls(shared: &Zonal) -> Vec<(String, Cell<'_>)> {
+    vec![to_itself(IdealStack), to_itself(ZonalPages { z: shared, label: ONE_NODE, bulk: None })]
 }
 
 /// The names of [`subjects`], without building an allocator.
@@ -192,8 +224,22 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     }
     let names: Vec<String> = subjects.iter().map(|(n, _)| n.clone()).collect();
     let ts = thread_counts(nproc);
+    let two = ts.iter().position(|&t| t == 2);
+    // The controls handing to itself, each measured at T = 2 right after the subject it
+    // controls, in the same repetition: (the subject's column, cell, ns, rates).
+    let mut own: Vec<(usize, Cell<'_>, Vec<f64>, Vec<f64>)> = controls(&shared)
+        .into_iter()
+        .filter_map(|(n, c)| Some((super::index_of(&names, &n)?, c, Vec::new(), Vec::new())))
+        .filter(|_| two.is_some())
+        .collect();
     let cells: Vec<&Cell<'_>> = subjects.iter().map(|(_, c)| c).collect();
-    let sw = sweep(&cells, &ts, opts, "mixed", 20_000, |_, _| {});
+    let sw = sweep(&cells, &ts, opts, "mixed", 20_000, |s, n| {
+        for (_, cell, times, rates) in own.iter_mut().filter(|o| o.0 == s) {
+            let (ns, rate) = cell(2, n);
+            times.push(ns);
+            rates.push(rate);
+        }
+    });
     println!(
         "mixed: every CPU on one zone; T threads each keeping {LIVE} order-0 frames, freeing half its oldest \
          itself and handing half to the next thread to free, {HAND_BATCH} at a time; {} repetitions; ns per page per thread (× {REFERENCE}), \
@@ -203,14 +249,34 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
     let reference = super::index_of(&names, REFERENCE).expect("the reference is always kept");
     let params = |t: usize| json!({"threads": t, "order": 0, "live_per_thread": LIVE});
     let kind = ("mixed", "total_mpages_per_s");
-    let (rows, records) = table(kind, &names, &ts, &sw, opts, |_| reference, params);
+    let (mut rows, mut records) = table(kind, &names, &ts, &sw, opts, |_| reference, params);
+    if let (Some(ti), false) = (two, own.is_empty()) {
+        // The controls' row, beside the reference's T = 2 cells of the same repetitions.
+        let mut row = vec!["2, to itself".to_string()];
+        row.extend((0..names.len()).map(|_| "-".to_string()));
+        for (s, _, times, rates) in &own {
+            let name = format!("{}{TO_ITSELF}", names[*s]);
+            let reference = (&names[reference][..], &sw.times[ti][reference][..]);
+            let (text, record) = figure(kind, &name, (times, rates), reference, params(2), opts);
+            row[s + 1] = text;
+            records.push(record);
+        }
+        rows.push(row);
+    }
     let mut header = vec!["T".to_string()];
     header.extend(names.iter().cloned());
     let h: Vec<&str> = header.iter().map(String::as_str).collect();
     print_table(&h, &rows);
-    // The target (issue 38): T = 2 against T = 1 in this pattern, with the ideal stack, which
-    // shares nothing, as the control (what the machine allows).
-    if let Some(two) = ts.iter().position(|&t| t == 2) {
+    if two.is_some() && !own.is_empty() {
+        println!(
+            "2, to itself: the same pattern at T = 2 with each thread handing its batches to itself (its own queue), \
+             so that no frame crosses CPUs, in each repetition"
+        );
+    }
+    // The target (issue 38): T = 2 against T = 1 in this pattern, with its controls: the ideal
+    // stack, which shares nothing (what handing frames across CPUs costs the experiment on
+    // this machine), and the rows handing to themselves (what the pattern costs without it).
+    if let Some(two) = two {
         let scaling = |name: &str| super::index_of(&names, name).map(|i| sw.scaling(two, i));
         if let Some(one) = scaling(ONE_NODE) {
             println!(
@@ -220,8 +286,17 @@ pub fn run(z: &Zonal, opts: &BenchOpts) -> Result<Vec<Record>, String> {
                 SCALING_TARGET * 100.0,
                 super::verdict(one >= SCALING_TARGET)
             );
-            if let Some(ideal) = scaling(IDEAL) {
-                println!("  control in the same run: the ideal per-thread stack: {:.0}%", ideal * 100.0);
+            let mut c: Vec<String> =
+                scaling(IDEAL).map(|r| format!("the ideal per-thread stack {:.0}%", r * 100.0)).into_iter().collect();
+            let itself: Vec<String> = own
+                .iter()
+                .map(|(s, _, times, _)| format!("{} {:.0}%", names[*s], 100.0 * paired_ratio(&sw.times[0][*s], times)))
+                .collect();
+            if !itself.is_empty() {
+                c.push(format!("handing to itself, no frame crossing CPUs: {}", itself.join(", ")));
+            }
+            if !c.is_empty() {
+                println!("  controls in the same run: {}", c.join("; "));
             }
         }
     }
@@ -255,19 +330,19 @@ mod tests {
     }
 
     /// Every frame the cell allocates comes back, whichever thread frees it, at every thread
-    /// count (the population, the frames in the queues, those handed after a thread's last step).
+    /// count and handing either way (the population, the frames in the queues, those handed after a thread's last step).
     #[test]
     fn the_cell_gives_every_frame_back() {
         let topo = zonal::Topology::parse("nodes=1,size=256M").expect("a valid spec");
         let z = Zonal::new(zonal::Config::new(topo)).expect("an allocator");
         let a = ZonalPages { z: &z, label: ONE_NODE, bulk: None };
-        for threads in [1, 2, 3] {
-            let (ns, rate) = cell(&a, threads, 3 * LIVE as u64);
-            assert!(ns > 0.0 && rate > 0.0, "{threads} threads: {ns} ns, {rate} pages/µs");
+        for (threads, hand) in [1, 2, 3].into_iter().flat_map(|t| [(t, Hand::Next), (t, Hand::Own)]) {
+            let (ns, rate) = cell(&a, threads, 3 * LIVE as u64, hand);
+            assert!(ns > 0.0 && rate > 0.0, "{threads} threads, {hand:?}: {ns} ns, {rate} pages/µs");
         }
         let _ = zonal::cpu::allow_all_cpus();
         assert_eq!(z.check_invariants(), Ok(0));
-        let (ns, _) = cell(&IdealStack, 2, 3 * LIVE as u64);
+        let (ns, _) = cell(&IdealStack, 2, 3 * LIVE as u64, Hand::Next);
         assert!(ns > 0.0);
     }
 }

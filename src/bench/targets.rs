@@ -102,11 +102,16 @@ pub fn evaluate(records: &[Value]) -> Vec<Target> {
             super::record_ratio(t1, find(records, process, experiment, subject, &[("threads", 2)])?)
         };
         let ours = rate(MAIN, subject, base)?;
+        // `mixed`'s rows with no frame crossing CPUs, where the run measured them.
+        let to_itself = |subject: &str| format!("{subject}{}", super::mixed::TO_ITSELF);
         let controls: Vec<String> = [
             rate(MAIN, ideal, ideal).map(|r| format!("the ideal stack {:.0}%", r * 100.0)),
             rate(CHILD, TCMALLOC, TCMALLOC)
                 .or_else(|| rate(MAIN, TCMALLOC, TCMALLOC))
                 .map(|r| format!("tcmalloc per-CPU {:.0}%", r * 100.0)),
+            rate(MAIN, &to_itself(subject), base).map(|r| format!("zonal handing to itself {:.0}%", r * 100.0)),
+            rate(MAIN, &to_itself(ideal), ideal)
+                .map(|r| format!("the ideal stack handing to itself {:.0}%", r * 100.0)),
         ]
         .into_iter()
         .flatten()
@@ -269,6 +274,9 @@ mod tests {
             rec(CHILD, "mixed", "mimalloc", t(2), 40.0, 1.0),
             rec(MAIN, "mixed", ideal, t(1), 4.0, 1.0),
             rec(MAIN, "mixed", ideal, t(2), 5.0, 1.0),
+            // The controls handing to themselves: 10.5 and 4 ns at T = 2.
+            rec(MAIN, "mixed", &format!("{one}{}", super::super::mixed::TO_ITSELF), t(2), 10.5, 1.0),
+            rec(MAIN, "mixed", &format!("{ideal}{}", super::super::mixed::TO_ITSELF), t(2), 4.0, 1.0),
             // parallel: 10 ns at T = 1, 10.5 fresh at T = 2 (95%), 20 after cross (50%).
             rec(MAIN, "parallel", one, t(1), 10.0, 1.0),
             rec(MAIN, "parallel", one, t(2), 10.5, 1.0),
@@ -280,7 +288,15 @@ mod tests {
         let figures: Vec<(String, bool)> = t[7..].iter().map(|t| t.figures.clone().expect("measured")).collect();
         assert!(figures[0].0.starts_with("zonal 0.50 × mimalloc, tcmalloc per-CPU 0.40") && !figures[0].1);
         assert!(figures[1].0.starts_with("zonal 0.30 × mimalloc, tcmalloc per-CPU 0.40") && figures[1].1);
-        assert_eq!(figures[2], ("83% of T = 1 (≥ 90%); the ideal stack 80%, tcmalloc per-CPU 50%".to_string(), false));
+        assert_eq!(
+            figures[2],
+            (
+                "83% of T = 1 (≥ 90%); the ideal stack 80%, tcmalloc per-CPU 50%, zonal handing to itself 95%, \
+                 the ideal stack handing to itself 100%"
+                    .to_string(),
+                false
+            )
+        );
         assert_eq!(figures[3], ("95% of T = 1 (≥ 90%); the ideal stack 100%".to_string(), true));
         assert_eq!(figures[4], ("50% of T = 1 (≥ 90%); the ideal stack 100%".to_string(), false));
     }

@@ -494,7 +494,9 @@ fn bench_mixed_prints_its_rows_and_judges_its_targets() {
     let s = stdout(&o);
     let header = line_of(&s, "mixed: every CPU on one zone; T threads each keeping 4096 order-0 frames");
     assert!(header.contains("× mimalloc"), "{header}");
-    let columns = line_of(&s, "T  ideal per-thread stack");
+    // The first column is as wide as its longest label ("2, to itself" where T = 2 ran).
+    let columns =
+        s.lines().find(|l| l.starts_with("T ") && l.contains("  ideal per-thread stack")).expect("the header");
     for subject in ["zonal pcp one node", "snmalloc", "tcmalloc", "mimalloc", "jemalloc", "glibc malloc"] {
         assert!(columns.contains(subject), "`{subject}` missing: {columns}");
     }
@@ -511,8 +513,17 @@ fn bench_mixed_prints_its_rows_and_judges_its_targets() {
         assert!(line_of(&s, "2 ").contains("M/s"), "{s}");
         let l = line_of(&s, "target: per-thread rate at T = 2 against T = 1 in the mixed pattern");
         assert!(l.ends_with(": met)") || l.ends_with(": not met)"), "{l}");
-        let control = line_of(&s, "  control in the same run: the ideal per-thread stack: ");
-        assert!(control.ends_with('%'), "{control}");
+        // The controls: the ideal stack in the pattern, and zonal and the ideal stack handing
+        // to themselves (a row of their own), so that no frame crosses CPUs.
+        let controls = line_of(&s, "  controls in the same run: the ideal per-thread stack ");
+        assert!(
+            controls.contains("; handing to itself, no frame crossing CPUs: ideal per-thread stack "),
+            "{controls}"
+        );
+        assert!(controls.contains(", zonal pcp one node ") && controls.ends_with('%'), "{controls}");
+        assert!(line_of(&s, "2, to itself ").contains("M/s"), "{s}");
+        let l = line_of(&s[end..], "  mixed traffic, one zone, per-thread rate at T = 2");
+        assert!(l.contains(", zonal handing to itself ") && l.contains(", the ideal stack handing to itself "), "{l}");
     }
     if s.contains("mixed again in a child process") {
         // The child's per-CPU tcmalloc is in the table after the main one's, and the
