@@ -6,9 +6,10 @@
 //! thread hands it as it arrives, looking for it every [`HAND_BATCH`] steps. So half the
 //! frees are local and half cross CPUs, and frames are not all freed at once, as in a server
 //! whose network receive and application run on different CPUs. ns per page (an allocation
-//! and, somewhere, its free) per thread, beside the peers, the ideal per-thread stack and the tcmalloc child's per-CPU caches; targets: zonal's
-//! figure over mimalloc at most tcmalloc per-CPU's over its own mimalloc (at the end of the
-//! report), and the per-thread rate at T = 2 at least 90% of T = 1.
+//! and, somewhere, its free) per thread, beside the peers, the ideal per-thread stack and the
+//! tcmalloc child's per-CPU caches; targets: zonal's figure over mimalloc at most tcmalloc
+//! per-CPU's over its own mimalloc (at the end of the report), and the per-thread rate at
+//! T = 2 at least 90% of T = 1.
 //!
 //! The controls of that rate, in the same repetitions: the ideal stack, which shares
 //! nothing, in the same pattern (what handing frames across CPUs costs the experiment
@@ -98,10 +99,10 @@ fn free_each<A: PageAlloc>(a: &A, frames: &[usize]) {
 }
 
 /// `n` steps on each of `threads` threads ([`on_bound_threads`]), each after filling its
-/// population of [`LIVE`] frames (not timed), handing as `hand` says; returns (mean ns per page per thread, total
-/// pages per µs: the sum of the threads' rates). A subject that runs out (the ideal stack, whose
-/// addresses move to the thread that frees them, should one thread outrun the other) skips the
-/// step's allocation, which is then not counted as a page.
+/// population of [`LIVE`] frames (not timed), handing as `hand` says; returns (mean ns per
+/// page per thread, total pages per µs: the sum of the threads' rates). A subject that runs
+/// out (the ideal stack, whose addresses move to the thread that frees them, should one
+/// thread outrun the other) skips the step's allocation, which is then not counted as a page.
 pub fn cell<A: PageAlloc>(a: &A, threads: usize, n: u64, hand: Hand) -> (f64, f64) {
     let inboxes: Vec<Inbox> = (0..threads).map(|_| Inbox::new()).collect();
     let (per_thread, _) = on_bound_threads(threads, |t, start| {
