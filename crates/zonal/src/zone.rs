@@ -214,17 +214,25 @@ pub(crate) struct Transfer {
     /// `frames.len()` as of its last unlock, so that a refill finds an empty list without
     /// the lock.
     len: AtomicUsize,
+    /// Frames the list has taken in since it was made (an inbox's: `pcp_routed`), written
+    /// under the lock.
+    received: AtomicU64,
 }
 
 impl Transfer {
     pub(crate) fn new() -> Transfer {
-        Transfer { frames: Mutex::new(Vec::new()), len: AtomicUsize::new(0) }
+        Transfer { frames: Mutex::new(Vec::new()), len: AtomicUsize::new(0), received: AtomicU64::new(0) }
     }
 
     /// The frames, locked; `zone` is the zone whose frames the list holds.
     #[inline]
     pub(crate) fn lock<'a>(&'a self, zone: &Zone) -> TransferLocked<'a> {
-        TransferLocked { frames: sync::lock(&self.frames), len: &self.len, base: zone.start_pfn.0 }
+        TransferLocked {
+            frames: sync::lock(&self.frames),
+            len: &self.len,
+            received: &self.received,
+            base: zone.start_pfn.0,
+        }
     }
 
     /// The frames the list held at its last unlock.
@@ -232,12 +240,19 @@ impl Transfer {
     pub(crate) fn len_hint(&self) -> usize {
         self.len.load(Ordering::Relaxed)
     }
+
+    /// The frames the list has taken in since it was made.
+    #[inline]
+    pub(crate) fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
 }
 
 /// The transfer list, locked; publishes its length on unlock.
 pub(crate) struct TransferLocked<'a> {
     frames: MutexGuard<'a, Vec<u32>>,
     len: &'a AtomicUsize,
+    received: &'a AtomicU64,
     /// The zone's first frame, from which the list counts its frames.
     base: usize,
 }
@@ -252,11 +267,14 @@ impl TransferLocked<'_> {
     /// Appends `pfns`, frames of the list's zone.
     #[inline]
     pub(crate) fn extend(&mut self, pfns: impl IntoIterator<Item = usize>) {
-        let base = self.base;
+        let (base, before) = (self.base, self.frames.len());
         self.frames.extend(pfns.into_iter().map(|pfn| {
             debug_assert!(pfn.wrapping_sub(base) < buddy::MAX_ZONE_FRAMES, "frame {pfn:#x} outside the zone");
             (pfn - base) as u32
         }));
+        // The lock is held: a plain add cannot race with another writer.
+        let n = (self.frames.len() - before) as u64;
+        self.received.store(self.received.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
     }
 
     /// Moves the newest `n` frames (at most [`TransferLocked::len`]) onto the end of `into`,

@@ -521,6 +521,8 @@ impl Zonal {
             // Counted by the lists fenced, under their lock: the worker that fences too has
             // no event counters of its own.
             VmEvent::PcpFence => pcps.map(PerCpuPages::fences).fold(n, u64::wrapping_add),
+            // Counted by the inboxes that take the frames, under their locks.
+            VmEvent::PcpRouted => pcps.map(PerCpuPages::routed).fold(n, u64::wrapping_add),
             // The single order-0 paths count in their caches' words (`pcp::word`).
             // The caches of orders 1 to 3 count theirs in their words too.
             // The slow paths count theirs by zone, in the lists of their zone.

@@ -81,6 +81,7 @@ fn a_frame_freed_on_another_cpu_goes_back_to_its_owner() {
     assert!(!cpu1.is_empty() && runs_of(&cpu1).is_disjoint(&runs_of(&pfns)));
 
     let frees = z.event(VmEvent::Pgfree);
+    assert_eq!(z.event(VmEvent::PcpRouted), 0, "no frame crossed yet");
     on(1, || {
         for &a in &held {
             z.free_pages(a as *mut u8, 0).unwrap();
@@ -101,6 +102,7 @@ fn a_frame_freed_on_another_cpu_goes_back_to_its_owner() {
     let inbox = p0.inbox().len_hint();
     assert!(outbox < 2 * pcp::OUTBOX_CAP, "{outbox} frames in CPU 1's outboxes");
     assert_eq!(inbox, p0.inbox_cap(), "the deliveries filled CPU 0's inbox");
+    assert_eq!(z.event(VmEvent::PcpRouted), inbox as u64, "pcp_routed counts what the inbox took in");
     assert_eq!(z.check_invariants(), Ok(0), "every frame accounted for, once");
     assert_eq!(z.nr_free_pages(node).unwrap() + z.nr_pcp_pages(node).unwrap(), zone.managed);
 
@@ -112,6 +114,7 @@ fn a_frame_freed_on_another_cpu_goes_back_to_its_owner() {
     }
     assert_eq!(p0.inbox().len_hint(), inbox);
     assert_eq!(z.event(VmEvent::Pgfree), frees + 2000, "the refused frees count nothing");
+    assert_eq!(z.event(VmEvent::PcpRouted), inbox as u64, "nor route anything");
     assert_eq!(z.check_invariants(), Ok(0));
 
     // CPU 0's refill takes its inbox first: the buddy gives nothing meanwhile.

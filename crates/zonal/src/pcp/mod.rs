@@ -718,6 +718,12 @@ impl PerCpuPages {
         self.fences.load(Ordering::Relaxed)
     }
 
+    /// Frames other CPUs freed of these lists' runs and handed to their inbox (the
+    /// `pcp_routed` event), since the lists were made.
+    pub fn routed(&self) -> u64 {
+        self.inbox.received()
+    }
+
     /// Checks the cache's blocks (each a frame of `zone` tagged `PCP|0`); returns how many
     /// there are. Call only while no allocation or free runs on these lists (it reads the
     /// cache without the fence a concurrent section would need).

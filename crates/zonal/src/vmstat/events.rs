@@ -42,6 +42,10 @@ counters! {
         /// `membarrier` calls a pcp lock holder made to restart another CPU's rseq sections
         /// (zonal's own: the cost of touching a remote cache, one IPI each).
         PcpFence => ["pcp_fence"],
+        /// Order-0 frames freed on a CPU whose lists do not own the frame's run, handed to
+        /// the owner's inbox (zonal's own: run ownership's traffic between the CPUs of a
+        /// zone; counted by the inboxes that take them).
+        PcpRouted => ["pcp_routed"],
         /// Zones a zonelist walk skipped because the zonelist cache had them full.
         ZlcSkipped => ["zlc_zones_skipped"],
         /// Zones the zonelist cache marked full.
