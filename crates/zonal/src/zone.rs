@@ -217,22 +217,20 @@ pub(crate) struct Transfer {
     /// Frames the list has taken in since it was made (an inbox's: `pcp_routed`), written
     /// under the lock.
     received: AtomicU64,
+    /// The first frame of the zone whose frames the list holds, from which it counts them.
+    base: usize,
 }
 
 impl Transfer {
-    pub(crate) fn new() -> Transfer {
-        Transfer { frames: Mutex::new(Vec::new()), len: AtomicUsize::new(0), received: AtomicU64::new(0) }
+    /// An empty list for the frames of the zone that starts at frame `base`.
+    pub(crate) fn new(base: usize) -> Transfer {
+        Transfer { frames: Mutex::new(Vec::new()), len: AtomicUsize::new(0), received: AtomicU64::new(0), base }
     }
 
-    /// The frames, locked; `zone` is the zone whose frames the list holds.
+    /// The frames, locked.
     #[inline]
-    pub(crate) fn lock<'a>(&'a self, zone: &Zone) -> TransferLocked<'a> {
-        TransferLocked {
-            frames: sync::lock(&self.frames),
-            len: &self.len,
-            received: &self.received,
-            base: zone.start_pfn.0,
-        }
+    pub(crate) fn lock(&self) -> TransferLocked<'_> {
+        TransferLocked { frames: sync::lock(&self.frames), list: self }
     }
 
     /// The frames the list held at its last unlock.
@@ -251,10 +249,7 @@ impl Transfer {
 /// The transfer list, locked; publishes its length on unlock.
 pub(crate) struct TransferLocked<'a> {
     frames: MutexGuard<'a, Vec<u32>>,
-    len: &'a AtomicUsize,
-    received: &'a AtomicU64,
-    /// The zone's first frame, from which the list counts its frames.
-    base: usize,
+    list: &'a Transfer,
 }
 
 impl TransferLocked<'_> {
@@ -267,41 +262,41 @@ impl TransferLocked<'_> {
     /// Appends `pfns`, frames of the list's zone.
     #[inline]
     pub(crate) fn extend(&mut self, pfns: impl IntoIterator<Item = usize>) {
-        let (base, before) = (self.base, self.frames.len());
+        let (base, before) = (self.list.base, self.frames.len());
         self.frames.extend(pfns.into_iter().map(|pfn| {
             debug_assert!(pfn.wrapping_sub(base) < buddy::MAX_ZONE_FRAMES, "frame {pfn:#x} outside the zone");
             (pfn - base) as u32
         }));
         // The lock is held: a plain add cannot race with another writer.
-        let n = (self.frames.len() - before) as u64;
-        self.received.store(self.received.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+        let (n, received) = ((self.frames.len() - before) as u64, &self.list.received);
+        received.store(received.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
     }
 
     /// Moves the newest `n` frames (at most [`TransferLocked::len`]) onto the end of `into`,
     /// oldest first.
     #[inline]
     pub(crate) fn take_newest(&mut self, n: usize, into: &mut Vec<usize>) {
-        let (start, base) = (self.frames.len() - n, self.base);
+        let (start, base) = (self.frames.len() - n, self.list.base);
         into.extend(self.frames[start..].iter().map(|&at| base + at as usize));
         self.frames.truncate(start);
     }
 
     /// Takes every frame, oldest first, and gives the list's room back.
     pub(crate) fn take_all(&mut self) -> Vec<usize> {
-        let base = self.base;
+        let base = self.list.base;
         std::mem::take(&mut *self.frames).into_iter().map(|at| base + at as usize).collect()
     }
 
     /// The frames held, oldest first.
     pub(crate) fn frames(&self) -> impl Iterator<Item = usize> + '_ {
-        self.frames.iter().map(|&at| self.base + at as usize)
+        self.frames.iter().map(|&at| self.list.base + at as usize)
     }
 }
 
 impl Drop for TransferLocked<'_> {
     #[inline]
     fn drop(&mut self) {
-        self.len.store(self.frames.len(), Ordering::Relaxed);
+        self.list.len.store(self.frames.len(), Ordering::Relaxed);
     }
 }
 
@@ -386,7 +381,7 @@ impl Zone {
             locked: CachePadded::new(LockedArea {
                 lock: Mutex::new(FreeArea::new(pages)),
                 free_pages: AtomicUsize::new(0),
-                transfer: Transfer::new(),
+                transfer: Transfer::new(start.0),
                 diff_cpus: (0..nr_cpus.max(1).div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             }),
             mem_map: map,

@@ -139,9 +139,8 @@ impl Zonal {
             .map(|(c, z)| self.pcp(c, z.id).lock_lists(z))
             .collect();
         let locked: Vec<_> = zones.iter().map(|z| z.lock()).collect();
-        let transfers: Vec<_> = zones.iter().map(|z| z.transfer().lock(z)).collect();
-        // The lists are `nr_zones` a CPU, in the zones' order.
-        let inboxes: Vec<_> = self.cpus.pcps.iter().zip(zones.iter().cycle()).map(|(p, z)| p.inbox().lock(z)).collect();
+        let transfers: Vec<_> = zones.iter().map(|z| z.transfer().lock()).collect();
+        let inboxes: Vec<_> = self.cpus.pcps.iter().map(|p| p.inbox().lock()).collect();
         let r = f();
         drop(inboxes);
         drop(transfers);

@@ -107,7 +107,7 @@ fn a_frame_freed_on_another_cpu_goes_back_to_its_owner() {
     assert_eq!(z.nr_free_pages(node).unwrap() + z.nr_pcp_pages(node).unwrap(), zone.managed);
 
     // A frame on its way back is free: a second free of it is refused, and changes nothing.
-    let back = p0.inbox().lock(zone).frames().next().expect("a frame on its way back");
+    let back = p0.inbox().lock().frames().next().expect("a frame on its way back");
     let again = z.pfn_to_ptr(Pfn(back)).as_ptr() as usize;
     for cpu in [0, 1] {
         assert_eq!(on(cpu, || z.free_pages(again as *mut u8, 0)), Err(Error::DoubleFree { pfn: Pfn(back) }));

@@ -177,7 +177,7 @@ fn take_inbox(zone: &Zone, pcp: &mut PcpInner, want: usize) -> usize {
 /// (see [`take_transfer`]), and names these lists the owner of their runs; returns how many.
 #[inline]
 fn take_frames(zone: &Zone, pcp: &mut PcpInner, from: &crate::zone::Transfer, want: usize, enough: usize) -> usize {
-    let mut t = from.lock(zone);
+    let mut t = from.lock();
     let n = want.min(t.len());
     if n < enough {
         return 0;
@@ -311,7 +311,7 @@ fn give_transfer_frames(zone: &Zone, frames: &[usize]) -> usize {
     if zone.transfer().len_hint() >= cap {
         return 0;
     }
-    let mut t = zone.transfer().lock(zone);
+    let mut t = zone.transfer().lock();
     let n = frames.len().min(cap.saturating_sub(t.len()));
     t.extend(frames[..n].iter().copied());
     n
@@ -371,7 +371,7 @@ pub(crate) fn deliver(zone: &Zone, pcp: &mut PcpInner) -> usize {
         let owner = (group[0] >> 48) as u16;
         match zone.lists(owner as usize).filter(|_| owner != me && owner != NO_OWNER) {
             Some(l) => {
-                let mut t = l.inbox().lock(zone);
+                let mut t = l.inbox().lock();
                 let k = group.len().min(l.inbox_cap().saturating_sub(t.len()));
                 t.extend(group[..k].iter().map(|&key| pfn_of(key)));
                 drop(t);
@@ -434,7 +434,7 @@ fn drain_outbox(zone: &Zone, pcp: &mut PcpInner) -> usize {
 /// frames off `nr_zone_pcp_pages`. Returns the frames freed.
 fn drain_inbox(zone: &Zone, pcp: &mut PcpInner) -> usize {
     let Some(me) = zone.lists(pcp.cpu as usize).filter(|l| l.inbox().len_hint() > 0) else { return 0 };
-    let frames = me.inbox().lock(zone).take_all();
+    let frames = me.inbox().lock().take_all();
     pcp.transferred -= frames.len() as isize;
     free_listed(zone, &frames)
 }
@@ -444,7 +444,7 @@ fn drain_inbox(zone: &Zone, pcp: &mut PcpInner) -> usize {
 /// not know).
 pub fn check_inbox(zone: &Zone, cpu: usize) -> Result<usize, String> {
     let Some(l) = zone.lists(cpu) else { return Ok(0) };
-    let t = l.inbox().lock(zone);
+    let t = l.inbox().lock();
     if t.len() > INBOX_CAP {
         return Err(format!("zone {}: cpu {cpu}'s inbox holds {} frames, above {INBOX_CAP}", zone.id.0, t.len()));
     }
@@ -465,7 +465,7 @@ pub fn drain_transfer(zone: &Zone, pcp: &mut PcpInner) -> usize {
     if zone.transfer().len_hint() == 0 {
         return 0;
     }
-    let frames = zone.transfer().lock(zone).take_all();
+    let frames = zone.transfer().lock().take_all();
     pcp.transferred -= frames.len() as isize;
     free_listed(zone, &frames)
 }
@@ -473,7 +473,7 @@ pub fn drain_transfer(zone: &Zone, pcp: &mut PcpInner) -> usize {
 /// Checks the zone's transfer list: every frame on it tagged `PCP` at order 0. Returns its
 /// frames.
 pub fn check_transfer(zone: &Zone) -> Result<usize, String> {
-    let t = zone.transfer().lock(zone);
+    let t = zone.transfer().lock();
     for pfn in t.frames() {
         let s = zone.state(Pfn(pfn)).load(Ordering::Relaxed);
         if s != mem_map::state(PCP, Order(0)) {
@@ -909,7 +909,7 @@ mod tests {
         // hands them out in address order, lowest first.
         let mut again: Vec<Pfn> = (0..c0).map(|_| pop(&mut g0)).collect();
         let free = snapshot(&z, ZoneStatItem::NrFreePages);
-        let listed = z.transfer().lock(&z).frames().collect::<Vec<_>>();
+        let listed = z.transfer().lock().frames().collect::<Vec<_>>();
         let first = pop(&mut g0);
         assert_eq!(snapshot(&z, ZoneStatItem::NrFreePages), free, "the buddy was not touched");
         let refilled = g0.with(|i| i.count) + 1;

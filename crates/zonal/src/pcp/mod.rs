@@ -539,7 +539,9 @@ impl PerCpuPages {
             outbox_word: AtomicU64::new(0),
             outbox_limit: AtomicUsize::new(0),
             outbox: std::array::from_fn(|_| AtomicUsize::new(0)),
-            inbox: CachePadded::new(Transfer::new()),
+            // Its zone's start comes with the zone (`watching`): lists that never watch one
+            // never route, so nothing reaches their inbox.
+            inbox: CachePadded::new(Transfer::new(0)),
         }
     }
 
@@ -547,6 +549,7 @@ impl PerCpuPages {
     /// gate, the allocation sections' watermark test, the zone keeps: `ZoneLists::install`).
     pub fn watching(mut self, zone: &Zone) -> PerCpuPages {
         (self.span_start, self.span_pages) = (zone.start_pfn.0, zone.spanned);
+        self.inbox = CachePadded::new(Transfer::new(zone.start_pfn.0));
         self
     }
 
